@@ -1,0 +1,1 @@
+"""Evolution layers: one generation function per file."""

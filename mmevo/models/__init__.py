@@ -1,0 +1,1 @@
+"""Backbones, necks and heads built on the evolution layers."""

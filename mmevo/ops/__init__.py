@@ -1,0 +1,4 @@
+"""Compiled evolution ops: window aggregation and local correlation."""
+from .evolution import evolution_aggregate, local_correlation, output_size
+
+__all__ = ['evolution_aggregate', 'local_correlation', 'output_size']

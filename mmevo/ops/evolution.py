@@ -1,0 +1,162 @@
+"""Public entry points of the evolution ops: validation and dispatch.
+
+Every argument is checked here, once, so that no kernel ever sees a shape it
+cannot handle. The kernels themselves live in ``cpu.py`` / ``triton_kernels.py``;
+``reference.py`` is the formula in plain PyTorch.
+"""
+from .reference import aggregate_reference, correlation_reference
+
+PADDING_MODES = ('zeros', 'reflect')
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f'{name} must be an int, got {type(value).__name__}')
+    if value < minimum:
+        raise ValueError(f'{name} must be >= {minimum}, got {value}')
+
+
+def resolve_window(kernel_size, stride, padding, dilation, padding_mode):
+    """Check the window arguments; return the padding ('same' resolved)."""
+    _check_int('kernel_size', kernel_size, 1)
+    _check_int('stride', stride, 1)
+    _check_int('dilation', dilation, 1)
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f'padding_mode must be one of {PADDING_MODES}, '
+                         f'got {padding_mode!r}')
+    if padding is None:
+        if kernel_size % 2 == 0:
+            raise ValueError(f'padding=None ("same") needs an odd kernel_size, '
+                             f'got {kernel_size}; pass padding explicitly')
+        return dilation * (kernel_size - 1) // 2
+    _check_int('padding', padding, 0)
+    return padding
+
+
+def output_size(size, kernel_size, stride, padding, dilation):
+    """Convolution output size rule: floor((H + 2p - d(K-1) - 1) / s) + 1."""
+    return (size + 2 * padding - dilation * (kernel_size - 1) - 1) // stride + 1
+
+
+def _check_tensor(name, t, ndim, shape_doc):
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f'{name} must be a Tensor, got {type(t).__name__}')
+    if t.dim() != ndim:
+        raise ValueError(f'{name} must be {shape_doc}, got {tuple(t.shape)}')
+    if not t.is_floating_point():
+        raise TypeError(f'{name} must be a floating point tensor, got {t.dtype}')
+
+
+def _check_pair(name_a, a, name_b, b):
+    if a.dtype != b.dtype:
+        raise TypeError(f'{name_a} and {name_b} must have the same dtype, '
+                        f'got {a.dtype} and {b.dtype}')
+    if a.device != b.device:
+        raise ValueError(f'{name_a} and {name_b} must be on the same device, '
+                         f'got {a.device} and {b.device}')
+
+
+def _check_map(name, size, kernel_size, stride, padding, dilation):
+    out = output_size(size, kernel_size, stride, padding, dilation)
+    if out < 1:
+        raise ValueError(
+            f'{name} of {size} is too small for kernel_size={kernel_size}, '
+            f'dilation={dilation}, padding={padding}: output would be empty')
+    return out
+
+
+def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
+                        padding_mode='zeros'):
+    """Apply a per-pixel, per-group K x K kernel to the windows of ``input``.
+
+    ``Y[b, c, i, j] = sum_{u, v} kernel[b, g(c), u, v, i, j] *
+    input[b, c, i*s - p + u*d, j*s - p + v*d]`` with ``g(c) = c // (C // G)``.
+
+    Args:
+        input (Tensor): (B, C, H, W).
+        kernel (Tensor): (B, G, K, K, H_out, W_out), C divisible by G.
+        stride (int): window step. Default: 1.
+        padding (int | None): padding on every side; None is "same",
+            ``dilation * (K - 1) // 2`` (K must be odd). Default: None.
+        dilation (int): spacing of the window taps. Default: 1.
+        padding_mode (str): 'zeros' or 'reflect' (numpy-style, also for
+            paddings not smaller than the map). Default: 'zeros'.
+
+    Returns:
+        Tensor: (B, C, H_out, W_out), the dtype of ``input``.
+
+    Example:
+        >>> x = torch.randn(2, 32, 9, 11)
+        >>> w = torch.randn(2, 4, 3, 3, 9, 11)
+        >>> evolution_aggregate(x, w).shape
+        torch.Size([2, 32, 9, 11])
+    """
+    _check_tensor('input', input, 4, '(B, C, H, W)')
+    _check_tensor('kernel', kernel, 6, '(B, G, K, K, H_out, W_out)')
+    _check_pair('input', input, 'kernel', kernel)
+    B, C, H, W = input.shape
+    K = kernel.shape[2]
+    if kernel.shape[3] != K:
+        raise ValueError(f'kernel must be (B, G, K, K, H_out, W_out) with the '
+                         f'same K in both window dims, got {tuple(kernel.shape)}')
+    padding = resolve_window(K, stride, padding, dilation, padding_mode)
+    G = kernel.shape[1]
+    if G < 1 or C % G:
+        raise ValueError(f'input channels ({C}) must be divisible by the '
+                         f'kernel groups G={G}; kernel {tuple(kernel.shape)}')
+    H_out = _check_map('input height', H, K, stride, padding, dilation)
+    W_out = _check_map('input width', W, K, stride, padding, dilation)
+    expected = (B, G, K, K, H_out, W_out)
+    if tuple(kernel.shape) != expected:
+        raise ValueError(f'kernel must be (B, G, K, K, H_out, W_out) = '
+                         f'{expected} for input {tuple(input.shape)}, '
+                         f'got {tuple(kernel.shape)}')
+    return aggregate_reference(input, kernel, stride, padding, dilation,
+                               padding_mode)
+
+
+def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
+                      dilation=1, padding_mode='zeros'):
+    """Per-group dot products of each query with the key window around it.
+
+    ``out[b, g, u, v, i, j] = sum_{c in g} query[b, c, i, j] *
+    key[b, c, i*s - p + u*d, j*s - p + v*d]``: the transpose of
+    :func:`evolution_aggregate`, so local attention is
+    ``evolution_aggregate(v, softmax(local_correlation(q, k, ...)))``.
+
+    Args:
+        query (Tensor): (B, C, H_out, W_out), at the output positions.
+        key (Tensor): (B, C, H, W).
+        groups (int): G, C divisible by G (the attention heads).
+        kernel_size (int): K, the window size.
+        stride, padding, dilation, padding_mode: as in
+            :func:`evolution_aggregate`.
+
+    Returns:
+        Tensor: (B, G, K, K, H_out, W_out), the dtype of ``query``.
+
+    Example:
+        >>> q, k = torch.randn(2, 32, 5, 6), torch.randn(2, 32, 9, 11)
+        >>> local_correlation(q, k, groups=4, kernel_size=3, stride=2).shape
+        torch.Size([2, 4, 3, 3, 5, 6])
+    """
+    _check_tensor('query', query, 4, '(B, C, H_out, W_out)')
+    _check_tensor('key', key, 4, '(B, C, H, W)')
+    _check_pair('query', query, 'key', key)
+    _check_int('groups', groups, 1)
+    padding = resolve_window(kernel_size, stride, padding, dilation,
+                             padding_mode)
+    B, C, H, W = key.shape
+    if C % groups:
+        raise ValueError(f'key channels ({C}) must be divisible by '
+                         f'groups={groups}')
+    H_out = _check_map('key height', H, kernel_size, stride, padding, dilation)
+    W_out = _check_map('key width', W, kernel_size, stride, padding, dilation)
+    expected = (B, C, H_out, W_out)
+    if tuple(query.shape) != expected:
+        raise ValueError(f'query must be (B, C, H_out, W_out) = {expected} '
+                         f'for key {tuple(key.shape)}, got '
+                         f'{tuple(query.shape)}')
+    return correlation_reference(query, key, groups, kernel_size, stride,
+                                 padding, dilation, padding_mode)

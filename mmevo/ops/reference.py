@@ -1,0 +1,72 @@
+"""Plain PyTorch reference of the evolution ops, readable as the formula.
+
+``Y[b, c, i, j] = sum_{u, v} W[b, g(c), u, v, i, j] * X[b, c, i*s - p + u*d, j*s - p + v*d]``
+
+Written for clarity, not speed: one gather per window offset, any dtype
+(float64 for tests). The compiled kernels are checked against these functions.
+"""
+import torch
+
+
+def window_index(size, out_size, kernel_size, stride, padding, dilation,
+                 padding_mode, device):
+    """Input index and validity of every (window offset, output position).
+
+    Returns:
+        tuple[Tensor, Tensor]: ``index`` (K, out_size) long, always inside
+        ``[0, size)``, and ``valid`` (K, out_size) bool, False where the
+        position falls into zero padding.
+    """
+    u = torch.arange(kernel_size, device=device).view(-1, 1)
+    i = torch.arange(out_size, device=device).view(1, -1)
+    pos = i * stride - padding + u * dilation
+    if padding_mode == 'zeros':
+        valid = (pos >= 0) & (pos < size)
+        return pos.clamp(0, size - 1), valid
+    # 'reflect' as numpy's: mirror without repeating the edge, again and
+    # again when the padding is not smaller than the map.
+    if size == 1:
+        return torch.zeros_like(pos), torch.ones_like(pos, dtype=torch.bool)
+    period = 2 * (size - 1)
+    pos = pos.remainder(period)
+    pos = torch.where(pos >= size, period - pos, pos)
+    return pos, torch.ones_like(pos, dtype=torch.bool)
+
+
+def _windows(x, kernel_size, out_hw, stride, padding, dilation, padding_mode):
+    """Yield ``(u, v, window)`` with window (B, C, H_out, W_out) = X at offset (u, v)."""
+    H, W = x.shape[-2:]
+    rows, rvalid = window_index(H, out_hw[0], kernel_size, stride, padding,
+                                dilation, padding_mode, x.device)
+    cols, cvalid = window_index(W, out_hw[1], kernel_size, stride, padding,
+                                dilation, padding_mode, x.device)
+    for u in range(kernel_size):
+        for v in range(kernel_size):
+            win = x[:, :, rows[u]][:, :, :, cols[v]]
+            mask = rvalid[u].view(-1, 1) & cvalid[v].view(1, -1)
+            yield u, v, win * mask.to(x.dtype)
+
+
+def aggregate_reference(input, kernel, stride, padding, dilation,
+                        padding_mode):
+    """Reference of :func:`mmevo.ops.evolution_aggregate` (arguments resolved)."""
+    B, C = input.shape[:2]
+    G, K = kernel.shape[1], kernel.shape[2]
+    out_hw = kernel.shape[-2:]
+    out = input.new_zeros(B, G, C // G, *out_hw)
+    for u, v, win in _windows(input, K, out_hw, stride, padding, dilation,
+                              padding_mode):
+        out = out + kernel[:, :, u, v].unsqueeze(2) * win.view_as(out)
+    return out.view(B, C, *out_hw)
+
+
+def correlation_reference(query, key, groups, kernel_size, stride, padding,
+                          dilation, padding_mode):
+    """Reference of :func:`mmevo.ops.local_correlation` (arguments resolved)."""
+    B, C, H_out, W_out = query.shape
+    q = query.view(B, groups, C // groups, H_out, W_out)
+    out = query.new_zeros(B, groups, kernel_size, kernel_size, H_out, W_out)
+    for u, v, win in _windows(key, kernel_size, (H_out, W_out), stride,
+                              padding, dilation, padding_mode):
+        out[:, :, u, v] = (q * win.view_as(q)).sum(2)
+    return out

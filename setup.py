@@ -1,0 +1,50 @@
+"""mmevo: dynamic-kernel ("evolution") vision operators for OpenMMLab."""
+import os
+import re
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def get_version():
+    with open(os.path.join(HERE, 'mmevo', 'version.py')) as f:
+        return re.search(r"__version__ = '([^']+)'", f.read()).group(1)
+
+
+def cpu_extension():
+    """The C++ CPU kernels of ``mmevo.ops`` (OpenMP-parallel)."""
+    csrc = os.path.join('mmevo', 'ops', 'csrc')
+    sources = sorted(
+        os.path.join(csrc, f) for f in os.listdir(os.path.join(HERE, csrc))
+        if f.endswith('.cpp'))
+    return CppExtension(
+        'mmevo._ext',
+        sources,
+        extra_compile_args={'cxx': ['-O3', '-fopenmp', '-std=c++20']},
+        extra_link_args=['-fopenmp'])
+
+
+setup(
+    name='mmevo',
+    version=get_version(),
+    description='Dynamic-kernel (evolution) vision operators for OpenMMLab: '
+    'involution, local self-attention, ELSA, ACmix, dynamic filters',
+    long_description=open(os.path.join(HERE, 'README.md')).read(),
+    long_description_content_type='text/markdown',
+    license='Apache-2.0',
+    python_requires='>=3.9',
+    packages=find_packages(exclude=('configs', 'tools', 'tests', 'docs')),
+    include_package_data=True,
+    install_requires=['torch>=2.1', 'mmengine>=0.10.0', 'mmcv>=2.0.0'],
+    extras_require={
+        'det': ['mmdet>=3.3.0', 'pycocotools'],
+        'seg': ['mmsegmentation>=1.2.2', 'ftfy', 'regex'],
+        'gpu': ['triton>=3.0'],
+        'tests': ['pytest', 'triton>=3.0'],
+    },
+    ext_modules=[cpu_extension()],
+    cmdclass={'build_ext': BuildExtension},
+    zip_safe=False,
+)
