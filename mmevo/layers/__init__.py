@@ -1,1 +1,17 @@
-"""Evolution layers: one generation function per file."""
+"""Evolution layers: one generation function per file.
+
+Every layer generates a kernel (B, G, K, K, H_out, W_out) and applies it with
+:func:`mmevo.ops.evolution_aggregate`; see ``docs/operators.md``.
+"""
+from .acmix import ACmix
+from .base import EvolutionLayer
+from .dynamic_filter import DynamicFilter
+from .elsa import ELSA
+from .evolution_conv import EvolutionConv
+from .involution import Involution
+from .local_self_attention import LocalSelfAttention
+
+__all__ = [
+    'EvolutionLayer', 'EvolutionConv', 'Involution', 'DynamicFilter',
+    'LocalSelfAttention', 'ELSA', 'ACmix'
+]

@@ -1,1 +1,10 @@
 """Backbones, necks and heads built on the evolution layers."""
+from .backbones import ACmixResNet, RedNet
+from .dense_heads import InvolutionRPNHead
+from .necks import InvolutionFPN
+from .roi_heads import InvolutionFCNMaskHead
+
+__all__ = [
+    'ACmixResNet', 'RedNet', 'InvolutionFPN', 'InvolutionRPNHead',
+    'InvolutionFCNMaskHead'
+]

@@ -1,10 +1,13 @@
 """Public entry points of the evolution ops: validation and dispatch.
 
 Every argument is checked here, once, so that no kernel ever sees a shape it
-cannot handle. The kernels themselves live in ``cpu.py`` / ``triton_kernels.py``;
-``reference.py`` is the formula in plain PyTorch.
+cannot handle; then the ``torch.ops.mmevo`` operator runs (registered in
+``library.py``, kernels in ``csrc/`` (C++), ``triton_kernels.py`` and
+``shift.py``). ``reference.py`` is the formula in plain PyTorch.
 """
-from .reference import aggregate_reference, correlation_reference
+import torch
+
+from . import library  # noqa: F401  (registers torch.ops.mmevo.*)
 
 PADDING_MODES = ('zeros', 'reflect')
 
@@ -39,7 +42,6 @@ def output_size(size, kernel_size, stride, padding, dilation):
 
 
 def _check_tensor(name, t, ndim, shape_doc):
-    import torch
     if not isinstance(t, torch.Tensor):
         raise TypeError(f'{name} must be a Tensor, got {type(t).__name__}')
     if t.dim() != ndim:
@@ -112,8 +114,8 @@ def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
         raise ValueError(f'kernel must be (B, G, K, K, H_out, W_out) = '
                          f'{expected} for input {tuple(input.shape)}, '
                          f'got {tuple(kernel.shape)}')
-    return aggregate_reference(input, kernel, stride, padding, dilation,
-                               padding_mode)
+    return torch.ops.mmevo.evolution_aggregate(input, kernel, stride, padding,
+                                               dilation, padding_mode)
 
 
 def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
@@ -158,5 +160,6 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
         raise ValueError(f'query must be (B, C, H_out, W_out) = {expected} '
                          f'for key {tuple(key.shape)}, got '
                          f'{tuple(query.shape)}')
-    return correlation_reference(query, key, groups, kernel_size, stride,
-                                 padding, dilation, padding_mode)
+    return torch.ops.mmevo.local_correlation(query, key, groups, kernel_size,
+                                             stride, padding, dilation,
+                                             padding_mode)

@@ -1,0 +1,121 @@
+"""Check, before anything is built, that a config's data is on disk.
+
+Without this check a missing data set surfaces as a ``FileNotFoundError``
+deep inside dataset construction (in a dataloader worker, or once per rank),
+after the model was built. :func:`check_data_exists` finds the first missing
+path of the dataloaders a run needs, and :class:`MissingDataError` carries a
+one-line message saying which path is missing and where the instructions
+to get the data are.
+"""
+import os
+import os.path as osp
+import sys
+
+# How to get the data, by dataset type (docs/datasets.md has the details).
+_HOW_TO_GET = {
+    'CocoDataset': 'download COCO 2017 as described in docs/datasets.md (COCO)',
+    'CityscapesDataset': 'download and convert Cityscapes as described in '
+    'docs/datasets.md (Cityscapes)',
+}
+_SYNTHETIC_HINT = ('generate it with `python tools/misc/make_synthetic_data.py`'
+                   ' (or `make demo`)')
+
+
+class MissingDataError(FileNotFoundError):
+    """A path a config's dataset needs does not exist (one-line message)."""
+
+
+def _dataset_cfgs(dataset, key):
+    """Yield (key, config) of the leaf datasets of ``dataset``, through the
+    wrappers (``RepeatDataset``, ``ClassBalancedDataset``, ``ConcatDataset``,
+    ...)."""
+    if 'datasets' in dataset:
+        for i, sub in enumerate(dataset['datasets']):
+            yield from _dataset_cfgs(sub, f'{key}.datasets.{i}')
+    elif 'dataset' in dataset:
+        yield from _dataset_cfgs(dataset['dataset'], f'{key}.dataset')
+    else:
+        yield key, dataset
+
+
+def _needed_paths(dataset):
+    """(what, path) pairs a leaf dataset config reads, joined with
+    ``data_root`` as mmengine's ``BaseDataset`` joins them."""
+    root = dataset.get('data_root') or ''
+    if root:
+        yield 'data_root', root
+    ann_file = dataset.get('ann_file') or ''
+    if ann_file:
+        yield 'ann_file', osp.join(root, ann_file)
+    for key, prefix in sorted((dataset.get('data_prefix') or {}).items()):
+        if isinstance(prefix, str) and prefix:
+            yield f'data_prefix.{key}', osp.join(root, prefix)
+
+
+def check_data_exists(cfg, dataloaders=('train_dataloader', )):
+    """Raise :class:`MissingDataError` if a dataset path of ``cfg`` is missing.
+
+    Checks ``data_root``, ``ann_file`` and the ``data_prefix`` directories of
+    every dataset of the named dataloaders (those absent from ``cfg``, or
+    ``None``, are skipped; so are remote paths such as ``s3://``).
+
+    Args:
+        cfg (mmengine.Config): The config.
+        dataloaders (Sequence[str]): Dataloader keys the run uses, e.g.
+            ``('train_dataloader', 'val_dataloader')``.
+
+    Raises:
+        MissingDataError: One line naming the dataloader, the missing path
+            and how to get the data.
+
+    Example:
+        >>> from mmengine import Config
+        >>> cfg = Config(dict(train_dataloader=dict(dataset=dict(
+        ...     type='CocoDataset', data_root='data/nowhere/'))))
+        >>> check_data_exists(cfg)
+        Traceback (most recent call last):
+        MissingDataError: train_dataloader: data_root 'data/nowhere/' does not exist; ...
+    """
+    for name in dataloaders:
+        loader = cfg.get(name, None)
+        if not loader or not loader.get('dataset'):
+            continue
+        for key, dataset in _dataset_cfgs(loader['dataset'],
+                                          f'{name}.dataset'):
+            for what, path in _needed_paths(dataset):
+                if '://' in path or osp.exists(path):
+                    continue
+                dtype = dataset.get('type', 'the dataset')
+                if 'synthetic' in path:
+                    how = _SYNTHETIC_HINT
+                else:
+                    how = _HOW_TO_GET.get(
+                        dtype, f'get the {dtype} data as described in '
+                        'docs/datasets.md')
+                raise MissingDataError(
+                    f"{name}: {what} '{path}' does not exist; {how}, or point "
+                    f'the config at your copy with --cfg-options '
+                    f'{key}.data_root=PATH')
+
+
+def exit_if_data_missing(cfg, dataloaders):
+    """Stop the program with one line on stderr if the data is missing.
+
+    For the command-line tools: :func:`check_data_exists`, and on
+    :class:`MissingDataError` print ``error: <message>`` (from rank 0 only,
+    so a distributed job prints it once) and exit with status 2.
+
+    Args:
+        cfg (mmengine.Config): The config.
+        dataloaders (Sequence[str]): Dataloader keys the run uses.
+
+    Example:
+        >>> exit_if_data_missing(cfg, ['test_dataloader'])
+    """
+    try:
+        check_data_exists(cfg, dataloaders)
+    except MissingDataError as e:
+        rank = os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))
+        if rank == '0':
+            print(f'error: {e}', file=sys.stderr)
+        raise SystemExit(2)

@@ -1,0 +1,141 @@
+"""The common shape of every evolution layer: generate a kernel, aggregate.
+
+``Y[b, c, i, j] = sum_{u, v} W[b, g(c), u, v, i, j] *
+X[b, c, i*s - p + u*d, j*s - p + v*d]`` -- the layers differ only in how they
+produce ``W`` (the *generation function*) and in what they feed to, and do
+after, the aggregation. :class:`EvolutionLayer` holds the window geometry,
+validates it once at build time, and routes every generated kernel through
+:meth:`EvolutionLayer.aggregate`, where kernel hooks (used by
+``tools/analysis/visualize_kernels.py``) can observe it.
+"""
+from collections import OrderedDict
+
+import torch
+from mmengine.model import BaseModule
+from torch.utils.hooks import RemovableHandle
+
+from mmevo.ops import evolution_aggregate, output_size
+from mmevo.ops.evolution import resolve_window
+
+
+def check_int(name, value, minimum=1):
+    """Raise a clear build-time error unless ``value`` is an int >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f'{name} must be an int, got {type(value).__name__} '
+                        f'{value!r}')
+    if value < minimum:
+        raise ValueError(f'{name} must be >= {minimum}, got {value}')
+
+
+def check_divisible(name, value, divisor_name, divisor):
+    """Raise a clear build-time error unless ``divisor`` divides ``value``."""
+    if value % divisor:
+        raise ValueError(f'{name} ({value}) must be divisible by '
+                         f'{divisor_name} ({divisor})')
+
+
+class EvolutionLayer(BaseModule):
+    """Base of the evolution layers: ``forward = aggregate(*generate(x))``.
+
+    Subclasses implement :meth:`generate`, returning the features to
+    aggregate (the input itself, or a value projection) and the kernel
+    (B, G, K, K, H_out, W_out). Layers with a post-processing step (an output
+    projection, a parallel path) override :meth:`forward` but still call
+    :meth:`aggregate`, so kernel hooks see every kernel.
+
+    Args:
+        kernel_size (int): K, the window size.
+        stride (int): window step. Default: 1.
+        padding (int | None): None is "same", ``dilation * (K - 1) // 2``,
+            which needs an odd K. Default: None.
+        dilation (int): spacing of the window taps. Default: 1.
+        padding_mode (str): 'zeros' or 'reflect'. Default: 'zeros'.
+        init_cfg (dict | list[dict], optional): mmengine initialisation.
+
+    Example:
+        >>> import torch
+        >>> from mmevo.registry import MODELS
+        >>> layer = MODELS.build(dict(type='Involution', channels=32))
+        >>> kernels = []
+        >>> handle = layer.register_kernel_hook(
+        ...     lambda module, kernel: kernels.append(kernel))
+        >>> _ = layer(torch.randn(1, 32, 8, 8))
+        >>> kernels[0].shape          # (B, G, K, K, H_out, W_out)
+        torch.Size([1, 2, 7, 7, 8, 8])
+        >>> handle.remove()
+    """
+
+    def __init__(self, kernel_size, stride=1, padding=None, dilation=1,
+                 padding_mode='zeros', init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        # Validate the geometry now so a bad config fails at build time,
+        # not on the first batch.
+        self.padding = resolve_window(kernel_size, stride, padding, dilation,
+                                      padding_mode)
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.dilation = dilation
+        self.padding_mode = padding_mode
+        self._kernel_hooks = OrderedDict()
+
+    def generate(self, x):
+        """Return ``(features, kernel)`` for :meth:`aggregate`.
+
+        Args:
+            x (Tensor): the layer input, (B, C_in, H, W).
+
+        Returns:
+            tuple[Tensor, Tensor]: features (B, C, H, W) and kernel
+            (B, G, K, K, H_out, W_out).
+        """
+        raise NotImplementedError
+
+    def generate_kernel(self, x):
+        """The evolution kernel (B, G, K, K, H_out, W_out) for input ``x``."""
+        return self.generate(x)[1]
+
+    def aggregate(self, features, kernel):
+        """Apply ``kernel`` to the windows of ``features`` (the shared op)."""
+        for hook in self._kernel_hooks.values():
+            hook(self, kernel)
+        return evolution_aggregate(features, kernel, self.stride, self.padding,
+                                   self.dilation, self.padding_mode)
+
+    def forward(self, x):
+        """Generate the kernel from ``x``, then aggregate.
+
+        Args:
+            x (Tensor): (B, C_in, H, W).
+
+        Returns:
+            Tensor: (B, C_out, H_out, W_out).
+        """
+        return self.aggregate(*self.generate(x))
+
+    def register_kernel_hook(self, hook):
+        """Call ``hook(layer, kernel)`` on every kernel this layer generates.
+
+        Args:
+            hook (callable): receives the layer and the kernel
+                (B, G, K, K, H_out, W_out); its return value is ignored.
+
+        Returns:
+            torch.utils.hooks.RemovableHandle: ``handle.remove()`` detaches it.
+        """
+        handle = RemovableHandle(self._kernel_hooks)
+        self._kernel_hooks[handle.id] = hook
+        return handle
+
+    def output_size(self, size):
+        """Output length of the window for an input length ``size``."""
+        return output_size(size, self.kernel_size, self.stride, self.padding,
+                           self.dilation)
+
+    def check_input(self, x, channels):
+        """Raise a clear error unless ``x`` is (B, channels, H, W)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f'{type(self).__name__} input must be a Tensor, '
+                            f'got {type(x).__name__}')
+        if x.dim() != 4 or x.shape[1] != channels:
+            raise ValueError(f'{type(self).__name__} input must be '
+                             f'(B, {channels}, H, W), got {tuple(x.shape)}')

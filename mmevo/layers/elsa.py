@@ -1,0 +1,176 @@
+"""ELSA (Zhou et al., 2021): Hadamard attention expanded by a ghost head."""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmevo.registry import MODELS
+from .base import EvolutionLayer, check_divisible, check_int
+
+
+@MODELS.register_module()
+class ELSA(EvolutionLayer):
+    """Enhanced local self-attention on NCHW maps.
+
+    Generation function: ``pre_proj`` (1x1) gives q, k (``dim_qk`` each) and
+    v (``dim_v``); the Hadamard product ``q * k * scale`` (average-pooled by
+    the stride) goes through ``attn`` = grouped K x K conv, GELU, grouped 1x1
+    conv to K*K*num_heads logits; softmax over the window per head. The ghost
+    head expands the per-head maps to a per-channel kernel,
+    ``W[c] = M[c] ** lam * attn[head(c)] + gamma * A[c]`` (G = dim_v); with
+    lam = gamma = 0 there is no ghost head and the heads are the groups
+    (G = num_heads). After aggregating v, ``post_proj`` maps dim_v -> dim.
+    Parameter names and shapes are the published ones (``ghost_head`` holds
+    M and/or A as there).
+
+    Pooling uses ``ceil_mode`` so that odd sizes with stride > 1 work; on
+    sizes divisible by the stride the numbers are the published ones.
+
+    Args:
+        dim (int): input = output channels.
+        num_heads (int): attention heads; dim_v must be divisible by it.
+        dim_qk (int, optional): q/k channels, rounded up to a multiple of
+            ``group_width``. Default: ``dim // 3 * 2``.
+        dim_v (int, optional): v channels. Default: ``dim``.
+        kernel_size (int): K, odd. Default: 5.
+        stride (int): window step. Default: 1.
+        dilation (int): spacing of the window taps (and of the attention
+            conv). Default: 1.
+        qkv_bias (bool): bias of ``pre_proj``. Default: False.
+        qk_scale (float, optional): Default: ``(dim_v // num_heads) ** -0.5``.
+        attn_drop (float): dropout on the attention maps. Default: 0.
+        proj_drop (float): dropout after ``post_proj``. Default: 0.
+        group_width (int): channels per group of the K x K attention conv.
+            Default: 8.
+        groups (int): groups of the 1x1 attention conv. Default: 1.
+        lam (float): exponent of the multiplicative ghost head. Default: 1.
+        gamma (float): weight of the additive ghost head. Default: 1.
+        init_cfg (dict | list[dict], optional): mmengine initialisation.
+
+    Example:
+        >>> import torch
+        >>> from mmevo.registry import MODELS
+        >>> layer = MODELS.build(dict(type='ELSA', dim=24, num_heads=2,
+        ...                           kernel_size=3, stride=2))
+        >>> layer(torch.randn(2, 24, 7, 6)).shape
+        torch.Size([2, 24, 4, 3])
+    """
+
+    def __init__(self,
+                 dim,
+                 num_heads,
+                 dim_qk=None,
+                 dim_v=None,
+                 kernel_size=5,
+                 stride=1,
+                 dilation=1,
+                 qkv_bias=False,
+                 qk_scale=None,
+                 attn_drop=0.,
+                 proj_drop=0.,
+                 group_width=8,
+                 groups=1,
+                 lam=1,
+                 gamma=1,
+                 init_cfg=None):
+        super().__init__(kernel_size, stride, None, dilation, 'zeros',
+                         init_cfg)
+        check_int('dim', dim)
+        check_int('num_heads', num_heads)
+        check_int('group_width', group_width)
+        check_int('groups', groups)
+        self.dim = dim
+        self.num_heads = num_heads
+        dim_qk = dim_qk or dim // 3 * 2
+        # Published rule: round dim_qk up to whole groups of the K x K conv.
+        self.dim_qk = math.ceil(dim_qk / group_width) * group_width
+        self.dim_v = dim_v or dim
+        check_divisible('dim_v', self.dim_v, 'num_heads', num_heads)
+        check_divisible('dim_qk', self.dim_qk, 'groups', groups)
+        check_divisible('kernel_size**2 * num_heads',
+                        kernel_size**2 * num_heads, 'groups', groups)
+        self.scale = qk_scale or (self.dim_v // num_heads)**-0.5
+        self.lam = lam
+        self.gamma = gamma
+
+        self.pre_proj = nn.Conv2d(dim, self.dim_qk * 2 + self.dim_v, 1,
+                                  bias=qkv_bias)
+        self.attn = nn.Sequential(
+            nn.Conv2d(self.dim_qk, self.dim_qk, kernel_size,
+                      padding=self.padding, dilation=dilation,
+                      groups=self.dim_qk // group_width),
+            nn.GELU(),
+            nn.Conv2d(self.dim_qk, kernel_size**2 * num_heads, 1,
+                      groups=groups))
+        shape = (self.dim_v, kernel_size, kernel_size)
+        mul = torch.randn(1, *shape)
+        add = nn.init.trunc_normal_(torch.zeros(1, *shape), std=.02)
+        # Same layout as the published parameter: (2, 1, ...) for both,
+        # (1, ...) for one of them, none when lam = gamma = 0.
+        if lam != 0 and gamma != 0:
+            self.ghost_head = nn.Parameter(torch.stack([mul, add]))
+        elif gamma != 0:
+            self.ghost_head = nn.Parameter(add)
+        elif lam != 0:
+            self.ghost_head = nn.Parameter(mul)
+        else:
+            self.ghost_head = None
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.post_proj = nn.Linear(self.dim_v, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def ghost_terms(self):
+        """(M ** lam, gamma * A), each (dim_v, K, K) or None when absent."""
+        if self.ghost_head is None:
+            return None, None
+        if self.lam != 0 and self.gamma != 0:
+            return self.ghost_head[0, 0]**self.lam, \
+                self.ghost_head[1, 0] * self.gamma
+        if self.gamma != 0:
+            return None, self.ghost_head[0] * self.gamma
+        return self.ghost_head[0]**self.lam, None
+
+    def generate(self, x):
+        """Return ``(v, kernel)``: kernel (B, dim_v, K, K, H_out, W_out), or
+        (B, num_heads, ...) without a ghost head."""
+        self.check_input(x, self.dim)
+        q, k, v = torch.split(self.pre_proj(x),
+                              (self.dim_qk, self.dim_qk, self.dim_v), dim=1)
+        quadratic = q * k * self.scale
+        if self.stride > 1:
+            # ceil_mode: attention map and output both have ceil(H/s) rows.
+            quadratic = F.avg_pool2d(quadratic, self.stride, self.stride,
+                                     ceil_mode=True)
+        logits = self.attn(quadratic)
+        B, _, H, W = logits.shape
+        G, K = self.num_heads, self.kernel_size
+        attn = logits.view(B, G, K * K, H, W).softmax(2).view(
+            B, G, K, K, H, W)
+        attn = self.attn_drop(attn)
+        mul, add = self.ghost_terms()
+        if mul is None and add is None:
+            return v, attn
+        # Expand heads to channels: channel c reads its head's map.
+        C = self.dim_v
+        kernel = attn.unsqueeze(2)  # (B, G, 1, K, K, H, W)
+        if mul is not None:
+            kernel = kernel * mul.view(1, G, C // G, K, K, 1, 1)
+        else:
+            kernel = kernel.expand(B, G, C // G, K, K, H, W)
+        if add is not None:
+            kernel = kernel + add.view(1, G, C // G, K, K, 1, 1)
+        return v, kernel.reshape(B, C, K, K, H, W)
+
+    def forward(self, x):
+        """Aggregate v with the generated kernel, then project.
+
+        Args:
+            x (Tensor): (B, dim, H, W).
+
+        Returns:
+            Tensor: (B, dim, ceil(H / s), ceil(W / s)).
+        """
+        out = self.aggregate(*self.generate(x))
+        out = self.post_proj(out.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.proj_drop(out)

@@ -1,0 +1,111 @@
+"""ACmix-ResNet: torchvision ResNet v1.5 with ACmix middle layers."""
+from mmevo.layers import ACmix
+from mmevo.registry import MODELS
+from .dynamic_resnet import DynamicResNet
+
+
+@MODELS.register_module()
+class ACmixResNet(DynamicResNet):
+    """ACmix-ResNet backbone (Pan et al., "On the Integration of
+    Self-Attention and Convolution", CVPR 2022).
+
+    torchvision's ResNet v1.5 (7x7 stem conv stride 2, BN, ReLU, max-pool;
+    the stride on the middle layer) with ``ACmix(width, width, kernel_att,
+    head, kernel_conv, stride, dilation)`` as every bottleneck's middle layer.
+    Key names are torchvision's (``conv1``, ``bn1``, ``layer1.0.conv2.fc``),
+    so a published ACmix-ResNet classifier loads with
+    ``init_cfg=dict(type='Pretrained', checkpoint=PATH)``; its ``fc.*``
+    classifier head is dropped on load (see ``_load_from_state_dict``), so no
+    key is reported missing or unexpected.
+
+    Args:
+        depth (int): 26, 38 or 50.
+        in_channels (int): Input image channels. Default: 3.
+        stem_channels (int): Stem output channels. Default: 64.
+        base_channels (int): Middle channels of the first stage; stage i has
+            ``base_channels * 2**i`` (divisible by ``head``). Default: 64.
+        num_stages (int): 1 to 4. Default: 4.
+        strides (Sequence[int]): Default: (1, 2, 2, 2).
+        dilations (Sequence[int]): Dilation of the ACmix layers of each
+            stage. Default: (1, 1, 1, 1).
+        contract_dilation (bool): First block of a dilated stage uses half
+            the dilation. Default: False.
+        out_indices (Sequence[int]): Default: (0, 1, 2, 3).
+        frozen_stages (int): Freeze the stem (0) and stages 1..n. Default: -1.
+        norm_cfg (dict): Default: ``dict(type='BN', requires_grad=True)``.
+        norm_eval (bool): Default: False.
+        with_cp (bool): Default: False.
+        zero_init_residual (bool): Default: True.
+        kernel_att (int): Attention window. Default: 7.
+        head (int): Attention heads. Default: 4.
+        kernel_conv (int): Kernel of the convolution path. Default: 3.
+        init_cfg (dict | list[dict] | None): Initialisation config.
+
+    Example:
+        >>> import torch
+        >>> from mmevo.models import ACmixResNet
+        >>> model = ACmixResNet(depth=26, stem_channels=16, base_channels=16)
+        >>> [tuple(o.shape) for o in model(torch.rand(1, 3, 64, 64))]
+        [(1, 64, 16, 16), (1, 128, 8, 8), (1, 256, 4, 4), (1, 512, 2, 2)]
+    """
+
+    arch_settings = {
+        depth: setting
+        for depth, setting in DynamicResNet.arch_settings.items()
+        if depth in (26, 38, 50)
+    }
+
+    def __init__(self,
+                 depth,
+                 in_channels=3,
+                 stem_channels=64,
+                 base_channels=64,
+                 num_stages=4,
+                 strides=(1, 2, 2, 2),
+                 dilations=(1, 1, 1, 1),
+                 contract_dilation=False,
+                 out_indices=(0, 1, 2, 3),
+                 frozen_stages=-1,
+                 norm_cfg=dict(type='BN', requires_grad=True),
+                 norm_eval=False,
+                 with_cp=False,
+                 zero_init_residual=True,
+                 kernel_att=7,
+                 head=4,
+                 kernel_conv=3,
+                 init_cfg=None):
+        self.kernel_att = kernel_att
+        self.head = head
+        self.kernel_conv = kernel_conv
+        super().__init__(
+            depth,
+            in_channels=in_channels,
+            stem_channels=stem_channels,
+            base_channels=base_channels,
+            num_stages=num_stages,
+            strides=strides,
+            dilations=dilations,
+            contract_dilation=contract_dilation,
+            out_indices=out_indices,
+            style='pytorch',
+            deep_stem=False,  # torchvision stem: conv1, bn1, relu, maxpool
+            avg_down=False,
+            frozen_stages=frozen_stages,
+            norm_cfg=norm_cfg,
+            norm_eval=norm_eval,
+            with_cp=with_cp,
+            zero_init_residual=zero_init_residual,
+            init_cfg=init_cfg)
+
+    def build_middle_layer(self, planes, stride, dilation):
+        """The ACmix layer of a bottleneck (width -> width)."""
+        return ACmix(planes, planes, self.kernel_att, self.head,
+                     self.kernel_conv, stride=stride, dilation=dilation)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The published checkpoints are whole classifiers; a backbone has no
+        # ``fc`` head, so drop it here rather than report unexpected keys.
+        # (torch and mmengine both load from a copy of the caller's dict.)
+        for key in [k for k in state_dict if k.startswith(prefix + 'fc.')]:
+            del state_dict[key]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

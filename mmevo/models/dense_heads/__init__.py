@@ -1,0 +1,3 @@
+from .involution_rpn_head import InvolutionRPNHead
+
+__all__ = ['InvolutionRPNHead']

@@ -1,0 +1,3 @@
+from .involution_fpn import InvolutionFPN
+
+__all__ = ['InvolutionFPN']

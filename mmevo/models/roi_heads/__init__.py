@@ -1,0 +1,3 @@
+from .involution_mask_head import InvolutionFCNMaskHead
+
+__all__ = ['InvolutionFCNMaskHead']

@@ -1,0 +1,33 @@
+"""The C++ CPU kernels (``mmevo._ext``) behind the window primitives.
+
+The kernels take contiguous NCHW tensors and zero padding; every dtype of
+fp64 / fp32 / bf16 / fp16 is computed natively (bf16 and fp16 accumulate in
+fp32). ``available()`` is False when the extension was not built.
+"""
+try:
+    from mmevo import _ext
+except ImportError:  # not built: the library falls back to mmevo.ops.shift
+    _ext = None
+
+
+def available():
+    """Whether the compiled extension could be imported."""
+    return _ext is not None
+
+
+def aggregate(x, w, stride, padding, dilation):
+    """Y = A(x, w), see :func:`mmevo.ops.shift.aggregate`."""
+    return _ext.aggregate_forward(x.contiguous(), w.contiguous(), stride,
+                                  padding, dilation)
+
+
+def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
+    """grad_x = At(gy, w), see :func:`mmevo.ops.shift.aggregate_transpose`."""
+    return _ext.aggregate_transpose(gy.contiguous(), w.contiguous(), in_hw[0],
+                                    in_hw[1], stride, padding, dilation)
+
+
+def correlate(q, x, groups, kernel_size, stride, padding, dilation):
+    """out = Corr(q, x), see :func:`mmevo.ops.shift.correlate`."""
+    return _ext.correlate(q.contiguous(), x.contiguous(), groups, kernel_size,
+                          stride, padding, dilation)

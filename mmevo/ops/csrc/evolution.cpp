@@ -1,0 +1,173 @@
+// CPU kernels of mmevo.ops: aggregation, its transpose and local correlation.
+//
+// Python (mmevo/ops/library.py) validates every argument, makes the tensors
+// contiguous and turns reflect padding into an explicit padded input, so the
+// kernels here only see contiguous NCHW tensors and zero padding. The checks
+// below are a last guard against misuse of the private entry points.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace mmevo {
+
+// bf16 / fp16 accumulate in fp32; fp32 and fp64 in their own type.
+template <typename T> struct Acc { using type = T; };
+template <> struct Acc<c10::BFloat16> { using type = float; };
+template <> struct Acc<c10::Half> { using type = float; };
+
+// Channels accumulated together by one task: bounds the accumulator to
+// kChannelBlock rows (L1-resident) while the kernel row is reused across them.
+constexpr int64_t kChannelBlock = 32;
+// Elements a vectorised loop may read or write past the end of a row buffer
+// (four 64-byte vectors of the narrowest type).
+constexpr int64_t kSlack = 4 * 64 / 2;
+
+struct Geometry {
+  int64_t B, C, H, W, G, K, Ho, Wo, s, p, d;
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return a >= 0 ? (a + b - 1) / b : -((-a) / b);
+}
+
+// For every window column tap v, the output columns j whose input column
+// j*s - p + v*d lies inside [0, W): the zero-padding bounds of the inner loop.
+inline std::vector<std::pair<int64_t, int64_t>> column_ranges(const Geometry& g) {
+  std::vector<std::pair<int64_t, int64_t>> r(g.K);
+  for (int64_t v = 0; v < g.K; ++v) {
+    const int64_t off = v * g.d - g.p;
+    const int64_t lo = std::max<int64_t>(0, ceil_div(-off, g.s));
+    const int64_t hi = std::min<int64_t>(g.Wo, ceil_div(g.W - off, g.s));
+    r[v] = {lo, std::max(lo, hi)};
+  }
+  return r;
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#define MMEVO_X86_DISPATCH 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")
+namespace avx512 {
+constexpr int kVecBytes = 64;
+#include "evolution_kernels.h"
+}  // namespace avx512
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+constexpr int kVecBytes = 32;
+#include "evolution_kernels.h"
+}  // namespace avx2
+#pragma GCC pop_options
+#endif
+namespace base {
+constexpr int kVecBytes = 16;
+#include "evolution_kernels.h"
+}  // namespace base
+
+enum class Isa { kBase, kAvx2, kAvx512 };
+
+Isa detect_isa() {
+#ifdef MMEVO_X86_DISPATCH
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+    return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+  return Isa::kBase;
+}
+
+const Isa kIsa = detect_isa();
+
+#ifdef MMEVO_X86_DISPATCH
+#define MMEVO_CALL(fn, T, ...)                                         \
+  (kIsa == Isa::kAvx512 ? avx512::fn<T>(__VA_ARGS__)                   \
+   : kIsa == Isa::kAvx2 ? avx2::fn<T>(__VA_ARGS__) : base::fn<T>(__VA_ARGS__))
+#else
+#define MMEVO_CALL(fn, T, ...) base::fn<T>(__VA_ARGS__)
+#endif
+
+void check_inputs(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "mmevo._ext: CPU tensors expected");
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "mmevo._ext: contiguous tensors expected");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "mmevo._ext: dtypes differ");
+  TORCH_CHECK(a.dim() == 4, "mmevo._ext: 4-D feature map expected");
+}
+
+Geometry make_geometry(const at::Tensor& x, int64_t G, int64_t K, int64_t Ho, int64_t Wo,
+                       int64_t s, int64_t p, int64_t d) {
+  TORCH_CHECK(G >= 1 && x.size(1) % G == 0 && K >= 1 && s >= 1 && d >= 1 && p >= 0,
+              "mmevo._ext: bad window arguments");
+  return Geometry{x.size(0), x.size(1), x.size(2), x.size(3), G, K, Ho, Wo, s, p, d};
+}
+
+void check_kernel(const at::Tensor& w, const Geometry& g) {
+  TORCH_CHECK(w.dim() == 6 && w.size(0) == g.B && w.size(1) == g.G && w.size(2) == g.K &&
+                  w.size(3) == g.K && w.size(4) == g.Ho && w.size(5) == g.Wo,
+              "mmevo._ext: kernel shape does not match the geometry");
+}
+
+// y = A(x, w): (B, C, H, W), (B, G, K, K, Ho, Wo) -> (B, C, Ho, Wo).
+at::Tensor aggregate_forward(const at::Tensor& x, const at::Tensor& w, int64_t s, int64_t p,
+                             int64_t d) {
+  check_inputs(x, w);
+  TORCH_CHECK(w.dim() == 6, "mmevo._ext: 6-D kernel expected");
+  const Geometry g = make_geometry(x, w.size(1), w.size(2), w.size(4), w.size(5), s, p, d);
+  check_kernel(w, g);
+  auto y = at::empty({g.B, g.C, g.Ho, g.Wo}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "aggregate", [&] {
+    MMEVO_CALL(aggregate_forward, scalar_t, x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+               y.data_ptr<scalar_t>(), g);
+  });
+  return y;
+}
+
+// grad_x = At(gy, w): the transpose of A in x, for an input of H x W.
+at::Tensor aggregate_transpose(const at::Tensor& gy, const at::Tensor& w, int64_t H, int64_t W,
+                               int64_t s, int64_t p, int64_t d) {
+  check_inputs(gy, w);
+  TORCH_CHECK(w.dim() == 6, "mmevo._ext: 6-D kernel expected");
+  auto gx = at::empty({gy.size(0), gy.size(1), H, W}, gy.options());
+  const Geometry g = make_geometry(gx, w.size(1), w.size(2), gy.size(2), gy.size(3), s, p, d);
+  check_kernel(w, g);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gy.scalar_type(), "aggregate_t", [&] {
+    MMEVO_CALL(aggregate_transpose, scalar_t, gy.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+               gx.data_ptr<scalar_t>(), g);
+  });
+  return gx;
+}
+
+// out = Corr(q, x): (B, C, Ho, Wo), (B, C, H, W) -> (B, G, K, K, Ho, Wo).
+at::Tensor correlate(const at::Tensor& q, const at::Tensor& x, int64_t G, int64_t K, int64_t s,
+                     int64_t p, int64_t d) {
+  check_inputs(q, x);
+  const Geometry g = make_geometry(x, G, K, q.size(2), q.size(3), s, p, d);
+  TORCH_CHECK(q.size(0) == g.B && q.size(1) == g.C, "mmevo._ext: query/key shapes differ");
+  auto out = at::empty({g.B, g.G, g.K, g.K, g.Ho, g.Wo}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "correlate", [&] {
+    MMEVO_CALL(correlate, scalar_t, q.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+               out.data_ptr<scalar_t>(), g);
+  });
+  return out;
+}
+
+std::string isa_name() {
+  return kIsa == Isa::kAvx512 ? "avx512" : kIsa == Isa::kAvx2 ? "avx2" : "base";
+}
+
+}  // namespace mmevo
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("aggregate_forward", &mmevo::aggregate_forward, "y = A(x, w)");
+  m.def("aggregate_transpose", &mmevo::aggregate_transpose, "grad_x = At(grad_y, w)");
+  m.def("correlate", &mmevo::correlate, "out = Corr(q, x)");
+  m.def("isa", &mmevo::isa_name, "instruction set the kernels dispatch to");
+}

@@ -1,0 +1,236 @@
+"""``torch.library`` registration of the evolution ops: dispatch, fake, autograd.
+
+Three operators, all taking resolved arguments (validation happens once, in
+:mod:`mmevo.ops.evolution`):
+
+* ``mmevo::evolution_aggregate(input, kernel, stride, padding, dilation,
+  padding_mode)``: Y = A(X, W);
+* ``mmevo::local_correlation(query, key, groups, kernel_size, stride, padding,
+  dilation, padding_mode)``: Corr(Q, X);
+* ``mmevo::evolution_aggregate_transpose(grad, kernel, height, width, stride,
+  padding, dilation, padding_mode)``: At(G, W), the transpose of A in X.
+
+Each one's gradients are the other ones (dX of A is At, dW of A is Corr, dQ of
+Corr is A, dX of Corr is At, and At's are A and Corr), so derivatives of every
+order exist and ``gradcheck``/``gradgradcheck`` hold. Reflect padding is made
+explicit here (an index gather; its transpose, a fold, for At), so backends
+only implement zero padding. Backends: C++ on CPU (:mod:`mmevo.ops.cpu`),
+Triton on CUDA (:mod:`mmevo.ops.triton_kernels`), and shift-and-accumulate in
+PyTorch (:mod:`mmevo.ops.shift`) elsewhere or when forced with
+``MMEVO_OPS_BACKEND`` / :func:`use_backend`.
+"""
+import contextlib
+import importlib
+import os
+
+import torch
+
+from . import cpu, shift
+
+BACKENDS = ('auto', 'cpp', 'triton', 'torch')
+_state = {'backend': os.environ.get('MMEVO_OPS_BACKEND', 'auto')}
+
+
+@contextlib.contextmanager
+def use_backend(name):
+    """Force a backend for the ops run inside the block.
+
+    Args:
+        name (str): one of 'auto', 'cpp', 'triton', 'torch'.
+
+    Example:
+        >>> with use_backend('torch'):  # the pure PyTorch formulation
+        ...     y = evolution_aggregate(x, w)
+    """
+    if name not in BACKENDS:
+        raise ValueError(f'backend must be one of {BACKENDS}, got {name!r}')
+    old, _state['backend'] = _state['backend'], name
+    try:
+        yield
+    finally:
+        _state['backend'] = old
+
+
+def _triton_available():
+    try:
+        importlib.import_module('triton')
+    except ImportError:
+        return False
+    return True
+
+
+def primitives(t):
+    """The backend module (aggregate / aggregate_transpose / correlate) for ``t``."""
+    name = _state['backend']
+    if name == 'auto':
+        if t.device.type == 'cpu' and cpu.available():
+            name = 'cpp'
+        elif t.device.type == 'cuda' and _triton_available():
+            name = 'triton'
+        else:
+            name = 'torch'
+    if name == 'cpp':
+        return cpu
+    if name == 'triton':
+        return importlib.import_module('mmevo.ops.triton_kernels')
+    return shift
+
+
+def reflect_index(size, padding, device):
+    """Source index of each of the ``size + 2 * padding`` padded positions.
+
+    numpy-style 'reflect' (the edge is not repeated), folded again as often as
+    needed, so any padding works on any size, 1 included.
+    """
+    pos = torch.arange(-padding, size + padding, device=device)
+    if size == 1:
+        return torch.zeros_like(pos)
+    period = 2 * (size - 1)
+    pos = pos.remainder(period)
+    return torch.where(pos >= size, period - pos, pos)
+
+
+def _explicit_padding(x, padding, padding_mode):
+    """(x, padding) for the zero-padding kernels: reflect becomes a gather."""
+    if padding_mode == 'zeros' or padding == 0:
+        return x, padding
+    H, W = x.shape[-2:]
+    rows = reflect_index(H, padding, x.device)
+    cols = reflect_index(W, padding, x.device)
+    return x.index_select(2, rows).index_select(3, cols), 0
+
+
+def _fold_reflect(gxp, padding, H, W):
+    """Transpose of the reflect gather: add each padded position to its source."""
+    rows = reflect_index(H, padding, gxp.device)
+    cols = reflect_index(W, padding, gxp.device)
+    if gxp.device.type == 'cpu':  # index_add_ is sequential, so deterministic, on CPU
+        out = gxp.new_zeros(*gxp.shape[:2], H, gxp.shape[3]).index_add_(2, rows, gxp)
+        return gxp.new_zeros(*gxp.shape[:2], H, W).index_add_(3, cols, out)
+    # Elsewhere index_add_ uses atomics: a one-hot matmul is deterministic.
+    rh = torch.nn.functional.one_hot(rows, H).to(gxp.dtype)  # (Hp, H)
+    rw = torch.nn.functional.one_hot(cols, W).to(gxp.dtype)  # (Wp, W)
+    return torch.matmul(torch.matmul(rh.t(), gxp), rw)
+
+
+# ---------------------------------------------------------------- operators
+@torch.library.custom_op(
+    'mmevo::evolution_aggregate', mutates_args=(),
+    schema='(Tensor input, Tensor kernel, int stride, int padding, '
+    'int dilation, str padding_mode) -> Tensor')
+def _aggregate(input, kernel, stride, padding, dilation, padding_mode):
+    x, p = _explicit_padding(input, padding, padding_mode)
+    return primitives(input).aggregate(x, kernel, stride, p, dilation)
+
+
+@torch.library.custom_op(
+    'mmevo::local_correlation', mutates_args=(),
+    schema='(Tensor query, Tensor key, int groups, int kernel_size, '
+    'int stride, int padding, int dilation, str padding_mode) -> Tensor')
+def _correlation(query, key, groups, kernel_size, stride, padding, dilation,
+                 padding_mode):
+    x, p = _explicit_padding(key, padding, padding_mode)
+    return primitives(query).correlate(query, x, groups, kernel_size, stride,
+                                       p, dilation)
+
+
+@torch.library.custom_op(
+    'mmevo::evolution_aggregate_transpose', mutates_args=(),
+    schema='(Tensor grad, Tensor kernel, int height, int width, int stride, '
+    'int padding, int dilation, str padding_mode) -> Tensor')
+def _aggregate_transpose(grad, kernel, height, width, stride, padding,
+                         dilation, padding_mode):
+    prims = primitives(grad)
+    if padding_mode == 'zeros' or padding == 0:
+        return prims.aggregate_transpose(grad, kernel, (height, width), stride,
+                                         padding, dilation)
+    gxp = prims.aggregate_transpose(
+        grad, kernel, (height + 2 * padding, width + 2 * padding), stride, 0,
+        dilation)
+    return _fold_reflect(gxp, padding, height, width)
+
+
+@_aggregate.register_fake
+def _(input, kernel, stride, padding, dilation, padding_mode):
+    return input.new_empty(*input.shape[:2], *kernel.shape[-2:])
+
+
+@_correlation.register_fake
+def _(query, key, groups, kernel_size, stride, padding, dilation,
+      padding_mode):
+    return query.new_empty(query.shape[0], groups, kernel_size, kernel_size,
+                           *query.shape[-2:])
+
+
+@_aggregate_transpose.register_fake
+def _(grad, kernel, height, width, stride, padding, dilation, padding_mode):
+    return grad.new_empty(*grad.shape[:2], height, width)
+
+
+# ----------------------------------------------------------------- autograd
+def _window(ctx):
+    return ctx.stride, ctx.padding, ctx.dilation, ctx.padding_mode
+
+
+def _save_window(ctx, stride, padding, dilation, padding_mode):
+    ctx.stride, ctx.padding = stride, padding
+    ctx.dilation, ctx.padding_mode = dilation, padding_mode
+
+
+def _aggregate_setup(ctx, inputs, output):
+    input, kernel = inputs[:2]
+    ctx.save_for_backward(input, kernel)
+    _save_window(ctx, *inputs[2:])
+
+
+def _aggregate_backward(ctx, grad):
+    input, kernel = ctx.saved_tensors
+    grad_input = grad_kernel = None
+    if ctx.needs_input_grad[0]:
+        grad_input = _aggregate_transpose(grad, kernel, *input.shape[-2:],
+                                          *_window(ctx))
+    if ctx.needs_input_grad[1]:
+        grad_kernel = _correlation(grad, input, kernel.shape[1],
+                                   kernel.shape[2], *_window(ctx))
+    return grad_input, grad_kernel, None, None, None, None
+
+
+def _correlation_setup(ctx, inputs, output):
+    query, key = inputs[:2]
+    ctx.save_for_backward(query, key)
+    _save_window(ctx, *inputs[4:])
+
+
+def _correlation_backward(ctx, grad):
+    query, key = ctx.saved_tensors
+    grad_query = grad_key = None
+    if ctx.needs_input_grad[0]:
+        grad_query = _aggregate(key, grad, *_window(ctx))
+    if ctx.needs_input_grad[1]:
+        grad_key = _aggregate_transpose(query, grad, *key.shape[-2:],
+                                        *_window(ctx))
+    return (grad_query, grad_key) + (None, ) * 6
+
+
+def _transpose_setup(ctx, inputs, output):
+    grad, kernel = inputs[:2]
+    ctx.save_for_backward(grad, kernel)
+    _save_window(ctx, *inputs[4:])
+
+
+def _transpose_backward(ctx, grad_x):
+    grad, kernel = ctx.saved_tensors
+    d_grad = d_kernel = None
+    if ctx.needs_input_grad[0]:
+        d_grad = _aggregate(grad_x, kernel, *_window(ctx))
+    if ctx.needs_input_grad[1]:
+        d_kernel = _correlation(grad, grad_x, kernel.shape[1], kernel.shape[2],
+                                *_window(ctx))
+    return (d_grad, d_kernel) + (None, ) * 6
+
+
+_aggregate.register_autograd(_aggregate_backward, setup_context=_aggregate_setup)
+_correlation.register_autograd(_correlation_backward,
+                               setup_context=_correlation_setup)
+_aggregate_transpose.register_autograd(_transpose_backward,
+                                       setup_context=_transpose_setup)

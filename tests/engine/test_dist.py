@@ -1,0 +1,87 @@
+"""CPU-only distributed pieces: SyncBN -> BN in configs, DDP on a CPU module
+(the 2-process run is tests/tools/test_dist_train.py)."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from mmengine.config import Config
+from mmengine.registry import MODEL_WRAPPERS
+from torch import nn
+
+from mmevo.engine import (CPUDistributedDataParallel, convert_sync_bn_to_bn,
+                          setup_cpu_distributed)
+
+
+def _cfg():
+    return Config(dict(
+        norm_cfg=dict(type='SyncBN', requires_grad=True),
+        model=dict(
+            backbone=dict(norm_cfg=dict(type='SyncBN', requires_grad=True)),
+            heads=[dict(norm_cfg=dict(type='MMSyncBN')),
+                   dict(norm_cfg=dict(type='GN', num_groups=4))]),
+        sync_bn='torch'))
+
+
+def test_sync_bn_becomes_bn_with_a_warning():
+    cfg = _cfg()
+    with pytest.warns(UserWarning, match='SyncBN does not run on the CPU'):
+        found = convert_sync_bn_to_bn(cfg)
+    assert found == [
+        'norm_cfg.type=SyncBN', 'model.backbone.norm_cfg.type=SyncBN',
+        'model.heads[0].norm_cfg.type=MMSyncBN', 'sync_bn=torch'
+    ]
+    assert cfg.norm_cfg == dict(type='BN', requires_grad=True)
+    assert cfg.model.backbone.norm_cfg.type == 'BN'
+    assert cfg.model.heads[0].norm_cfg.type == 'BN'
+    assert cfg.model.heads[1].norm_cfg.type == 'GN'
+    assert 'sync_bn' not in cfg
+
+
+def test_nothing_to_convert_is_silent(recwarn):
+    cfg = Config(dict(model=dict(norm_cfg=dict(type='BN'))))
+    assert convert_sync_bn_to_bn(cfg) == []
+    assert not [w for w in recwarn if 'SyncBN' in str(w.message)]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only path')
+def test_setup_without_launcher_only_converts():
+    cfg = _cfg()
+    with pytest.warns(UserWarning):
+        assert setup_cpu_distributed(cfg, 'none') is False
+    assert 'model_wrapper_cfg' not in cfg and not dist.is_initialized()
+
+
+def test_cpu_ddp_wraps_a_cpu_module(tmp_path):
+    dist.init_process_group(
+        'gloo', init_method=f'file://{tmp_path}/store', rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+        # as Runner.wrap_model builds it: device_ids=[LOCAL_RANK]
+        ddp = MODEL_WRAPPERS.build(
+            dict(type='CPUDistributedDataParallel', broadcast_buffers=False),
+            default_args=dict(module=module, device_ids=[0]))
+        assert isinstance(ddp, CPUDistributedDataParallel)
+        assert ddp.device_ids is None
+        x = torch.randn(5, 4)
+        assert torch.equal(ddp(x), module(x))
+        ddp(x).sum().backward()
+        assert all(p.grad is not None for p in module.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_slurm_variables_become_torch_env(monkeypatch):
+    from mmevo.engine.dist import _dist_env_from_slurm
+    for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_PORT'):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv('SLURM_PROCID', '5')
+    monkeypatch.setenv('SLURM_NTASKS', '8')
+    monkeypatch.setenv('SLURM_LOCALID', '1')
+    monkeypatch.setenv('SLURM_NODELIST', 'node[1-2]')
+    monkeypatch.setenv('MASTER_ADDR', 'node1')  # else: scontrol show hostname
+    _dist_env_from_slurm()
+    assert (os.environ['RANK'], os.environ['WORLD_SIZE'],
+            os.environ['LOCAL_RANK'], os.environ['MASTER_PORT'],
+            os.environ['MASTER_ADDR']) == ('5', '8', '1', '29500', 'node1')

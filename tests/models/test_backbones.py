@@ -1,0 +1,267 @@
+"""RedNet / ACmix-ResNet: shapes, mmdet ResNet knobs, registry."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mmdet.models.backbones import ResNet
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmevo.layers import ACmix
+from mmevo.models import ACmixResNet, RedNet
+from mmevo.registry import MODELS
+
+# Reduced widths keep the dynamic layers cheap on CPU.
+TINY_RED = dict(stem_channels=32, base_channels=16)
+TINY_ACMIX = dict(stem_channels=16, base_channels=16)
+
+
+def _ceil_half(n):
+    return -(-n // 2)
+
+
+def expected_shapes(batch, h, w, base_channels, out_indices, strides=(1, 2,
+                                                                      2, 2)):
+    """Stem /2 (conv) /2 (max-pool), then ceil(size / stride) per stage."""
+    h, w = _ceil_half(_ceil_half(h)), _ceil_half(_ceil_half(w))
+    shapes = []
+    for i, s in enumerate(strides):
+        h, w = -(-h // s), -(-w // s)
+        if i in out_indices:
+            shapes.append((batch, base_channels * 4 * 2**i, h, w))
+    return shapes
+
+
+@pytest.mark.parametrize('depth', [26, 38, 50, 101, 152])
+def test_rednet_depths_shapes(depth):
+    model = RedNet(depth).eval()
+    blocks = {26: (1, 2, 4, 1), 38: (2, 3, 5, 2), 50: (3, 4, 6, 3),
+              101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}[depth]
+    assert tuple(len(getattr(model, f'layer{i + 1}'))
+                 for i in range(4)) == blocks
+    with torch.no_grad():
+        outs = model(torch.rand(1, 3, 32, 32))
+    assert [tuple(o.shape) for o in outs] == expected_shapes(
+        1, 32, 32, 64, (0, 1, 2, 3))
+
+
+@pytest.mark.parametrize('depth', [26, 38, 50])
+def test_acmix_depths_shapes(depth):
+    model = ACmixResNet(depth).eval()
+    with torch.no_grad():
+        outs = model(torch.rand(1, 3, 32, 32))
+    assert [tuple(o.shape) for o in outs] == expected_shapes(
+        1, 32, 32, 64, (0, 1, 2, 3))
+    assert all(isinstance(getattr(model, f'layer{i}')[0].conv2, ACmix)
+               for i in range(1, 5))
+
+
+@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
+                                      (ACmixResNet, TINY_ACMIX)])
+@pytest.mark.parametrize('out_indices', [(3, ), (0, 2), (1, 2, 3)])
+@pytest.mark.parametrize('size', [(97, 131), (32, 32)])
+def test_out_indices_and_odd_sizes(cls, tiny, out_indices, size):
+    model = cls(26, out_indices=out_indices, **tiny).eval()
+    with torch.no_grad():
+        outs = model(torch.rand(2, 3, *size))
+    assert isinstance(outs, tuple)
+    assert [tuple(o.shape) for o in outs] == expected_shapes(
+        2, *size, 16, out_indices)
+
+
+@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
+                                      (ACmixResNet, TINY_ACMIX)])
+def test_batch_one_train_mode_and_fewer_stages(cls, tiny):
+    model = cls(26, num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),
+                out_indices=(0, 1, 2), **tiny).train()
+    outs = model(torch.rand(1, 3, 65, 63))
+    assert [tuple(o.shape) for o in outs] == expected_shapes(
+        1, 65, 63, 16, (0, 1, 2), strides=(1, 2, 2))
+    sum(o.mean() for o in outs).backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def _manual_forward(model, x, stem):
+    """The published RedNet / torchvision forward, written out by hand."""
+    if stem == 'rednet':
+        s = model.stem
+        x = F.relu(s[0].bn(s[0].conv(x)))
+        x = F.relu(s[2](s[1](x)))
+        x = F.relu(s[4].bn(s[4].conv(x)))
+    else:
+        x = F.relu(model.bn1(model.conv1(x)))
+    x = F.max_pool2d(x, 3, 2, 1)
+    outs = []
+    for i in range(4):
+        for b in getattr(model, f'layer{i + 1}'):
+            out = F.relu(b.bn1(b.conv1(x)))
+            out = F.relu(b.bn2(b.conv2(out)))
+            out = b.bn3(b.conv3(out))
+            x = F.relu(out + (b.downsample(x) if b.downsample else x))
+        outs.append(x)
+    return outs
+
+
+@pytest.mark.parametrize('cls,tiny,stem', [(RedNet, TINY_RED, 'rednet'),
+                                           (ACmixResNet, TINY_ACMIX, 'tv')])
+def test_forward_matches_published_structure(cls, tiny, stem):
+    torch.manual_seed(0)
+    model = cls(26, **tiny)
+    for m in model.modules():  # non-trivial BNs, incl. the zero-init ones
+        if isinstance(m, _BatchNorm):
+            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
+            torch.nn.init.uniform_(m.running_var, 0.5, 1.5)
+            torch.nn.init.normal_(m.running_mean, 0, 0.1)
+    model.double().eval()
+    # v1.5 / "pytorch" style: the stride sits on the middle layer
+    for i, stride in enumerate((1, 2, 2, 2)):
+        first = getattr(model, f'layer{i + 1}')[0]
+        assert first.conv1.stride == (1, 1)
+        assert first.conv2.stride == stride
+    x = torch.rand(2, 3, 38, 34, dtype=torch.float64)
+    with torch.no_grad():
+        for a, b in zip(model(x), _manual_forward(model, x, stem)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('contract', [False, True])
+def test_dilation_output_stride_8(contract):
+    model = RedNet(26, strides=(1, 2, 1, 1), dilations=(1, 1, 2, 4),
+                   contract_dilation=contract, **TINY_RED).eval()
+    for stage, d in ((3, 2), (4, 4)):
+        layer = getattr(model, f'layer{stage}')
+        first = d // 2 if contract else d
+        assert [b.conv2.dilation for b in layer] == [first] + [d] * (
+            len(layer) - 1)
+        assert all(b.conv2.stride == 1 for b in layer)
+    x = torch.rand(1, 3, 64, 80)
+    with torch.no_grad():
+        outs = model(x)
+    assert [tuple(o.shape) for o in outs] == expected_shapes(
+        1, 64, 80, 16, (0, 1, 2, 3), strides=(1, 2, 1, 1))
+    # the dilation is really used: the last stage differs from dilation 1
+    flat = RedNet(26, strides=(1, 2, 1, 1), **TINY_RED).eval()
+    flat.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(flat(x)[3], outs[3])
+        torch.testing.assert_close(flat(x)[1], outs[1])
+
+
+def _freeze_summary(model):
+    """Top-level names whose parameters are frozen / modules in eval."""
+    frozen = {n.split('.')[0] for n, p in model.named_parameters()
+              if not p.requires_grad}
+    trainable = {n.split('.')[0] for n, p in model.named_parameters()
+                 if p.requires_grad}
+    evals = {n.split('.')[0] for n, m in model.named_modules()
+             if n and not m.training}
+    trains = {n.split('.')[0] for n, m in model.named_modules()
+              if n and m.training}
+    assert not frozen & trainable, 'a stage is only partly frozen'
+    assert not evals & trains, 'a stage is only partly in eval mode'
+    return frozen, evals
+
+
+@pytest.mark.parametrize('frozen_stages', [-1, 0, 1, 2, 4])
+def test_frozen_stages_match_mmdet_resnet(frozen_stages):
+    red = RedNet(26, frozen_stages=frozen_stages, **TINY_RED)
+    acm = ACmixResNet(26, frozen_stages=frozen_stages, **TINY_ACMIX)
+    ref_deep = ResNet(50, deep_stem=True, frozen_stages=frozen_stages,
+                      norm_eval=False)
+    ref = ResNet(50, frozen_stages=frozen_stages, norm_eval=False)
+    for model, reference in ((red, ref_deep), (acm, ref)):
+        model.train()
+        reference.train()
+        assert _freeze_summary(model) == _freeze_summary(reference)
+    expected = {-1: set(), 0: {'stem'}, 1: {'stem', 'layer1'}}.get(
+        frozen_stages)
+    if expected is not None:
+        assert _freeze_summary(red)[0] == expected
+
+
+@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
+                                      (ACmixResNet, TINY_ACMIX)])
+def test_norm_eval(cls, tiny):
+    model = cls(26, norm_eval=True, **tiny).train()
+    bns = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    assert bns and not any(m.training for m in bns)
+    if cls is RedNet:  # the involutions' own BNs are included
+        assert not model.layer1[0].conv2.conv1.bn.training
+        assert not model.stem[1].conv1.bn.training
+    stats = {n: b.clone() for n, b in model.named_buffers()}
+    model(torch.rand(2, 3, 48, 48))
+    for n, b in model.named_buffers():
+        assert torch.equal(stats[n], b), n
+    convs_training = [m.training for m in model.modules()
+                      if isinstance(m, torch.nn.Conv2d)]
+    assert all(convs_training)
+
+
+@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
+                                      (ACmixResNet, TINY_ACMIX)])
+def test_with_cp_same_gradients(cls, tiny):
+    torch.manual_seed(0)
+    model = cls(26, **tiny)
+    model.init_weights()
+    model.double()  # float64: recomputation may only change rounding
+    # give the zero-initialised residual BNs weight, so gradients flow
+    for m in model.modules():
+        if isinstance(m, _BatchNorm):
+            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
+    cp_model = copy.deepcopy(model)
+    cp_model.with_cp = True
+    for m in cp_model.modules():
+        if hasattr(m, 'with_cp'):
+            m.with_cp = True
+    x = torch.rand(2, 3, 48, 48, dtype=torch.float64)
+    grads = []
+    for net in (model, cp_model):
+        net.train()
+        loss = sum((o**2).mean() for o in net(x.clone().requires_grad_()))
+        loss.backward()
+        grads.append({n: p.grad for n, p in net.named_parameters()})
+    assert set(grads[0]) == set(grads[1])
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-9,
+                                   atol=1e-9, msg=n)
+    assert any(g.abs().sum() > 0 for g in grads[0].values())
+
+
+def test_with_cp_flag_reaches_blocks():
+    model = RedNet(26, with_cp=True, **TINY_RED)
+    assert all(b.with_cp for i in range(1, 5)
+               for b in getattr(model, f'layer{i}'))
+
+
+@pytest.mark.parametrize('zero_init', [True, False])
+def test_zero_init_residual(zero_init):
+    model = RedNet(26, zero_init_residual=zero_init, **TINY_RED)
+    model.init_weights()
+    norm3 = [b.norm3.weight for i in range(1, 5)
+             for b in getattr(model, f'layer{i}')]
+    assert all((w == 0).all() for w in norm3) == zero_init
+    # the other norms stay at 1 (mmdet's Constant init)
+    assert all((b.norm1.weight == 1).all() for b in model.layer1)
+
+
+def test_invalid_configs():
+    with pytest.raises(ValueError, match='depth'):
+        RedNet(18)
+    with pytest.raises(ValueError, match='depth'):
+        ACmixResNet(101)
+    with pytest.raises(ValueError, match='channels'):
+        RedNet(26, stem_channels=32, base_channels=24)
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+def test_registry_builds_from_downstream_scopes(scope):
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS as DOWNSTREAM
+    else:
+        from mmseg.registry import MODELS as DOWNSTREAM
+    model = DOWNSTREAM.build(dict(type='RedNet', depth=26, **TINY_RED))
+    assert isinstance(model, RedNet)
+    assert isinstance(
+        DOWNSTREAM.build(dict(type='ACmixResNet', depth=26, **TINY_ACMIX)),
+        ACmixResNet)
+    assert MODELS.get('RedNet') is RedNet

@@ -1,0 +1,229 @@
+"""The compiled CPU ops against the plain PyTorch reference (float64).
+
+A seeded random sweep over the window geometry (odd sizes, 1x1 and 2x3 maps,
+K in {1, 3, 5, 7}, stride and dilation 1-3, G in {1, C/16, C}, both padding
+modes, non-contiguous and channels_last inputs), forward and every gradient;
+gradcheck; reduced precision; reflect padding against torch/numpy; and
+torch.compile of a function using both ops.
+"""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from mmevo.ops import evolution_aggregate, local_correlation, output_size
+from mmevo.ops import library
+from mmevo.ops.reference import aggregate_reference, correlation_reference
+
+N_CONFIGS = 240
+
+
+def random_config(rng):
+    """One valid geometry: returns a dict of sizes and window arguments."""
+    while True:
+        C = rng.choice([16, 32, 6, 12])
+        G = rng.choice([1, C // 16, C] if C % 16 == 0 else [1, 3, C])
+        K = rng.choice([1, 3, 5, 7])
+        s, d = rng.randint(1, 3), rng.randint(1, 3)
+        shape = rng.choice(['odd', 'odd', 'odd', '1x1', '2x3'])
+        H, W = {'1x1': (1, 1), '2x3': (2, 3)}.get(
+            shape, (rng.randint(1, 13), rng.randint(1, 13)))
+        mode = rng.choice(['zeros', 'reflect'])
+        p = None if rng.random() < 0.5 else rng.randint(0, d * (K - 1))
+        pad = d * (K - 1) // 2 if p is None else p
+        if output_size(H, K, s, pad, d) >= 1 and output_size(W, K, s, pad, d) >= 1:
+            return dict(B=rng.randint(1, 2), C=C, G=G, K=K, H=H, W=W, s=s, d=d,
+                        p=p, pad=pad, mode=mode,
+                        layout=rng.choice(['contiguous', 'strided', 'channels_last']))
+
+
+def make(shape, layout, gen, dtype=torch.float64):
+    """A random tensor of ``shape`` stored with the requested ``layout``."""
+    if layout == 'strided':  # every other element of a wider tensor
+        big = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen, dtype=dtype)
+        return big[..., ::2]
+    t = torch.randn(*shape, generator=gen, dtype=dtype)
+    if layout == 'channels_last' and t.dim() == 4:
+        return t.contiguous(memory_format=torch.channels_last)
+    return t
+
+
+def leaf(t):
+    return t.detach().clone().requires_grad_(True)
+
+
+@pytest.mark.parametrize('seed', range(N_CONFIGS))
+def test_cpu_matches_reference(seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = random_config(rng)
+    B, C, G, K, s, d = (cfg[k] for k in 'B C G K s d'.split())
+    pad, mode, layout = cfg['pad'], cfg['mode'], cfg['layout']
+    Ho = output_size(cfg['H'], K, s, pad, d)
+    Wo = output_size(cfg['W'], K, s, pad, d)
+    x = make((B, C, cfg['H'], cfg['W']), layout, gen)
+    w = make((B, G, K, K, Ho, Wo), layout, gen)
+    q = make((B, C, Ho, Wo), layout, gen)
+    gy = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
+    go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
+
+    with library.use_backend('cpp'):
+        xa, wa, qa = leaf(x), leaf(w), leaf(q)
+        y = evolution_aggregate(xa, wa, s, cfg['p'], d, mode)
+        y.backward(gy)
+        xc, qc = leaf(x), leaf(q)
+        o = local_correlation(qc, xc, G, K, s, cfg['p'], d, mode)
+        o.backward(go)
+
+    xr, wr, qr = leaf(x), leaf(w), leaf(q)
+    y_ref = aggregate_reference(xr, wr, s, pad, d, mode)
+    y_ref.backward(gy)
+    xq, qq = leaf(x), leaf(q)
+    o_ref = correlation_reference(qq, xq, G, K, s, pad, d, mode)
+    o_ref.backward(go)
+
+    tol = dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(y, y_ref, **tol)
+    torch.testing.assert_close(xa.grad, xr.grad, **tol)
+    torch.testing.assert_close(wa.grad, wr.grad, **tol)
+    torch.testing.assert_close(o, o_ref, **tol)
+    torch.testing.assert_close(qc.grad, qq.grad, **tol)
+    torch.testing.assert_close(xc.grad, xq.grad, **tol)
+
+
+def test_sweep_covers_the_issue_list():
+    """The seeded configurations include every case the sweep promises."""
+    cfgs = [random_config(random.Random(i)) for i in range(N_CONFIGS)]
+    seen = lambda key: {c[key] for c in cfgs}  # noqa: E731
+    assert seen('K') == {1, 3, 5, 7}
+    assert seen('s') == {1, 2, 3} and seen('d') == {1, 2, 3}
+    assert seen('mode') == {'zeros', 'reflect'}
+    assert seen('layout') == {'contiguous', 'strided', 'channels_last'}
+    assert {(c['H'], c['W']) for c in cfgs} >= {(1, 1), (2, 3)}
+    groups = {('1' if c['G'] == 1 else 'C/16' if c['G'] == c['C'] // 16 else
+               'C' if c['G'] == c['C'] else 'other') for c in cfgs if c['C'] >= 16}
+    assert groups >= {'1', 'C/16', 'C'}
+    # Reflect paddings as large as the map (numpy-style re-reflection).
+    assert any(c['mode'] == 'reflect' and c['pad'] >= min(c['H'], c['W'])
+               for c in cfgs)
+
+
+@pytest.mark.parametrize('backend', ['cpp', 'torch'])
+@pytest.mark.parametrize('mode', ['zeros', 'reflect'])
+def test_gradcheck(backend, mode):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(1, 2, 3, 3, 3, 3, generator=gen, dtype=torch.float64,
+                    requires_grad=True)
+    q = torch.randn(1, 4, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    with library.use_backend(backend):
+        assert torch.autograd.gradcheck(
+            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode), (x, w))
+        assert torch.autograd.gradcheck(
+            lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode), (q, x))
+        # Second order: the backward is made of the same differentiable ops.
+        assert torch.autograd.gradgradcheck(
+            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode), (x, w), fast_mode=True)
+        assert torch.autograd.gradgradcheck(
+            lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode), (q, x),
+            fast_mode=True)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('mode', ['zeros', 'reflect'])
+def test_reduced_precision(dtype, mode):
+    """bf16/fp16 accumulate in fp32: close to the fp32 reference, dtype kept."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 32, 9, 11, generator=gen)
+    w = torch.randn(2, 2, 7, 7, 5, 6, generator=gen) / 7
+    q = torch.randn(2, 32, 5, 6, generator=gen)
+    gy = torch.randn(2, 32, 5, 6, generator=gen)
+    with library.use_backend('cpp'):
+        xl, wl = leaf(x.to(dtype)), leaf(w.to(dtype))
+        y = evolution_aggregate(xl, wl, 2, None, 1, mode)
+        y.backward(gy.to(dtype))
+        o = local_correlation(q.to(dtype), x.to(dtype), 2, 7, 2, None, 1, mode)
+    xr, wr = leaf(x), leaf(w)
+    y_ref = aggregate_reference(xr, wr, 2, 3, 1, mode)
+    y_ref.backward(gy)
+    o_ref = correlation_reference(q, x, 2, 7, 2, 3, 1, mode)
+    assert y.dtype == o.dtype == xl.grad.dtype == wl.grad.dtype == dtype
+    # Rounding the inputs to bf16 (8 bits) dominates: tolerance relative to the scale.
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    for got, ref in [(y, y_ref), (o, o_ref), (xl.grad, xr.grad), (wl.grad, wr.grad)]:
+        err = (got.float() - ref).abs().max() / ref.abs().max()
+        assert err < tol, (got.dtype, err)
+
+
+@pytest.mark.parametrize('size', [(6, 7), (2, 3), (1, 1), (3, 2)])
+@pytest.mark.parametrize('padding', [1, 2, 3, 5])
+def test_reflect_is_reflection_pad(size, padding):
+    """'reflect' equals ReflectionPad2d where it is defined, numpy's 'reflect' beyond."""
+    gen = torch.Generator().manual_seed(padding)
+    x = torch.randn(1, 4, *size, generator=gen, dtype=torch.float64)
+    if padding < min(size):
+        xp = torch.nn.ReflectionPad2d(padding)(x)
+    else:
+        xp = torch.from_numpy(np.pad(x.numpy(), [(0, 0), (0, 0)] + [(padding, padding)] * 2,
+                                     mode='reflect'))
+    K = 3
+    Ho, Wo = (output_size(n, K, 1, padding, 1) for n in size)
+    w = torch.randn(1, 2, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
+    q = torch.randn(1, 4, Ho, Wo, generator=gen, dtype=torch.float64)
+    with library.use_backend('cpp'):
+        y = evolution_aggregate(x, w, 1, padding, 1, 'reflect')
+        o = local_correlation(q, x, 2, K, 1, padding, 1, 'reflect')
+    torch.testing.assert_close(y, aggregate_reference(xp, w, 1, 0, 1, 'zeros'))
+    torch.testing.assert_close(o, correlation_reference(q, xp, 2, K, 1, 0, 1, 'zeros'))
+
+
+def test_backends_agree_bitwise_across_threads():
+    """The C++ kernels own their output rows: the thread count changes no bit."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 32, 15, 13, generator=gen)
+    w = torch.randn(2, 2, 5, 5, 8, 7, generator=gen)
+    threads = torch.get_num_threads()
+    results = []
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        xl, wl = leaf(x), leaf(w)
+        with library.use_backend('cpp'):
+            y = evolution_aggregate(xl, wl, 2, None, 1, 'reflect')
+        y.square().sum().backward()
+        results.append((y, xl.grad, wl.grad))
+    torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_torch_compile_fullgraph():
+    """Both ops inside one torch.compile(fullgraph=True) graph, forward and backward."""
+    def attention(q, k, v):
+        logits = local_correlation(q, k, 2, 3, 1, None, 1, 'reflect')
+        attn = logits.flatten(2, 3).softmax(2).view_as(logits)
+        return evolution_aggregate(v, attn, 1, None, 1, 'zeros')
+
+    gen = torch.Generator().manual_seed(3)
+    args = [torch.randn(1, 4, 5, 6, generator=gen) for _ in range(3)]
+    compiled = torch.compile(attention, fullgraph=True)
+    a, b = [leaf(t) for t in args], [leaf(t) for t in args]
+    out, ref = compiled(*a), attention(*b)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    for ta, tb in zip(a, b):
+        torch.testing.assert_close(ta.grad, tb.grad)
+
+
+def test_ops_are_registered():
+    """The torch.library names other code (FLOP counters) relies on."""
+    assert torch.ops.mmevo.evolution_aggregate.default._schema.arguments[2].name == 'stride'
+    assert [a.name for a in torch.ops.mmevo.local_correlation.default._schema.arguments] == [
+        'query', 'key', 'groups', 'kernel_size', 'stride', 'padding', 'dilation',
+        'padding_mode']
+    x = torch.randn(1, 4, 5, 5)
+    w = torch.randn(1, 2, 3, 3, 5, 5)
+    torch.testing.assert_close(
+        torch.ops.mmevo.evolution_aggregate(x, w, 1, 1, 1, 'zeros'),
+        aggregate_reference(x, w, 1, 1, 1, 'zeros'))

@@ -1,0 +1,114 @@
+"""The Triton kernels run by Triton's interpreter on CPU tensors, vs the reference.
+
+``TRITON_INTERPRET=1`` must be set before the kernels are decorated, so this
+module sets it and (re)imports ``mmevo.ops.triton_kernels``. The interpreter
+is slow: a small sweep, forward and every gradient, fp32 and bf16.
+"""
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+os.environ['TRITON_INTERPRET'] = '1'
+if 'mmevo.ops.triton_kernels' in sys.modules:  # imported without the interpreter
+    importlib.reload(sys.modules['mmevo.ops.triton_kernels'])
+tk = importlib.import_module('mmevo.ops.triton_kernels')
+
+from mmevo.ops import evolution_aggregate, local_correlation, output_size  # noqa: E402
+from mmevo.ops import library  # noqa: E402
+from mmevo.ops.reference import aggregate_reference, correlation_reference  # noqa: E402
+
+# (B, C, G, H, W, K, stride, padding, dilation)
+GEOMETRIES = [
+    (2, 16, 1, 7, 9, 3, 1, 1, 1),
+    (1, 32, 2, 9, 6, 5, 2, 2, 1),
+    (1, 6, 6, 5, 7, 3, 3, 2, 2),
+    (1, 4, 4, 2, 3, 7, 1, 3, 1),
+    (1, 12, 3, 1, 1, 1, 1, 0, 1),
+    (1, 8, 2, 11, 5, 3, 2, 3, 3),
+]
+
+
+def leaf(t):
+    return t.detach().clone().requires_grad_(True)
+
+
+def run_primitives(x, w, q, gy, go, geom):
+    """Triton forward and the three gradient products, computed directly."""
+    _, _, G, H, W, K, s, p, d = geom
+    return dict(y=tk.aggregate(x, w, s, p, d),
+                gx=tk.aggregate_transpose(gy, w, (H, W), s, p, d),
+                gw=tk.correlate(gy, x, G, K, s, p, d),
+                o=tk.correlate(q, x, G, K, s, p, d),
+                gq=tk.aggregate(x, go, s, p, d),
+                gk=tk.aggregate_transpose(q, go, (H, W), s, p, d))
+
+
+def reference_products(x, w, q, gy, go, geom):
+    """The same six tensors from the reference formula and autograd."""
+    _, _, G, H, W, K, s, p, d = geom
+    xr, wr = leaf(x), leaf(w)
+    y = aggregate_reference(xr, wr, s, p, d, 'zeros')
+    y.backward(gy)
+    qc, xc = leaf(q), leaf(x)
+    o = correlation_reference(qc, xc, G, K, s, p, d, 'zeros')
+    o.backward(go)
+    return dict(y=y, gx=xr.grad, gw=wr.grad, o=o, gq=qc.grad, gk=xc.grad)
+
+
+def make_inputs(geom, dtype, seed):
+    B, C, G, H, W, K, s, p, d = geom
+    Ho, Wo = output_size(H, K, s, p, d), output_size(W, K, s, p, d)
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(B, C, H, W), (B, G, K, K, Ho, Wo), (B, C, Ho, Wo), (B, C, Ho, Wo),
+              (B, G, K, K, Ho, Wo)]
+    return [torch.randn(*sh, generator=gen).to(dtype) for sh in shapes]
+
+
+@pytest.mark.parametrize('geom', GEOMETRIES)
+def test_triton_fp32(geom):
+    inputs = make_inputs(geom, torch.float32, 0)
+    got = run_primitives(*inputs, geom)
+    ref = reference_products(*[t.double() for t in inputs], geom)
+    for name in ref:
+        assert got[name].dtype == torch.float32
+        torch.testing.assert_close(got[name].double(), ref[name], rtol=1e-5, atol=1e-5,
+                                   msg=name)
+
+
+@pytest.mark.parametrize('geom', GEOMETRIES[:3])
+def test_triton_bf16(geom):
+    """bf16 in, fp32 accumulation, bf16 out: within bf16 rounding of the result."""
+    inputs = make_inputs(geom, torch.bfloat16, 1)
+    got = run_primitives(*inputs, geom)
+    ref = reference_products(*[t.double() for t in inputs], geom)
+    for name in ref:
+        assert got[name].dtype == torch.bfloat16
+        err = (got[name].double() - ref[name]).abs().max()
+        assert err <= 1e-2 * ref[name].abs().max() + 1e-6, (name, err)
+
+
+@pytest.mark.parametrize('mode', ['zeros', 'reflect'])
+def test_triton_through_the_ops(mode):
+    """The registered ops on the Triton backend: padding modes and autograd."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 8, 4, 5, generator=gen, dtype=torch.float64)
+    w = torch.randn(1, 2, 5, 5, 4, 5, generator=gen, dtype=torch.float64)
+    q = torch.randn(1, 8, 4, 5, generator=gen, dtype=torch.float64)
+    gy = torch.randn(1, 8, 4, 5, generator=gen, dtype=torch.float64)
+    results = []
+    for triton_backend in (True, False):
+        xa, wa, qa = leaf(x), leaf(w), leaf(q)
+        if triton_backend:
+            with library.use_backend('triton'):
+                y = evolution_aggregate(xa, wa, 1, None, 1, mode)
+                o = local_correlation(qa, xa, 2, 5, 1, None, 1, mode)
+        else:
+            y = aggregate_reference(xa, wa, 1, 2, 1, mode)
+            o = correlation_reference(qa, xa, 2, 5, 1, 2, 1, mode)
+        (y * gy).sum().add(o.square().sum()).backward()
+        results.append([y, o, xa.grad, wa.grad, qa.grad])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)

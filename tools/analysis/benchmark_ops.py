@@ -1,0 +1,182 @@
+"""Benchmark evolution aggregation: unfold reference vs pure PyTorch vs mmevo.
+
+Times forward + backward (grad of input and kernel), round-robin, and measures
+the peak memory of three implementations side by side, in one process, at the
+RedNet-50 stage shapes (involution: K = 7, 16 channels per group):
+
+* ``unfold``: the published involution code (``nn.Unfold`` of K^2 copies);
+* ``shift``: the best pure-PyTorch formulation, shift-and-accumulate over the
+  K^2 offsets with a hand-written backward (``mmevo.ops.shift``);
+* ``mmevo``: ``mmevo.ops.evolution_aggregate`` (C++ on CPU, Triton on CUDA).
+
+Peak memory is the largest number of bytes held by tensors allocated during
+one forward + backward, above what was held before it (inputs excluded). On
+CUDA it is ``torch.cuda.max_memory_allocated``; on CPU it is read from the
+allocation/free records of the PyTorch profiler (``profile_memory=True``),
+replayed in time order: every tensor byte torch allocates (the C++ kernels'
+per-thread scratch rows, a few KiB, are plain std::vector and not counted).
+
+Example:
+    OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --cpu-time  # busy machine
+    python tools/analysis/benchmark_ops.py --device cuda --dtype float16
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+from mmevo.ops import evolution_aggregate
+from mmevo.ops.library import use_backend
+
+# (B, C, H, G) of the four RedNet-50 stages; K = 7, stride 1, "same" padding.
+STAGES = [(8, 64, 56, 4), (8, 128, 28, 8), (8, 256, 14, 16), (8, 512, 7, 32)]
+K = 7
+# Peak DRAM bandwidth (bytes/s) of GPUs we know, for the achieved fraction.
+PEAK_BANDWIDTH = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12}
+
+
+def unfold_aggregate(x, w):
+    """The published involution aggregation (``unfold`` then weighted sum)."""
+    B, C, H, W = x.shape
+    G = w.shape[1]
+    cols = torch.nn.functional.unfold(x, K, 1, (K - 1) // 2, 1)
+    cols = cols.view(B, G, C // G, K * K, H, W)
+    return (w.view(B, G, 1, K * K, H, W) * cols).sum(dim=3).view(B, C, H, W)
+
+
+def mmevo_aggregate(x, w):
+    return evolution_aggregate(x, w)
+
+
+# name -> (function, backend of the mmevo ops during forward *and* backward).
+IMPLS = {'unfold': (unfold_aggregate, 'auto'), 'shift': (mmevo_aggregate, 'torch'),
+         'mmevo': (mmevo_aggregate, 'auto')}
+
+
+def sync(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
+
+
+def fwd_bwd(impl, x, w, gy):
+    fn, backend = impl
+    with use_backend(backend):  # the backward calls the ops too
+        fn(x, w).backward(gy)
+
+
+def reset_grads(*tensors):
+    for t in tensors:
+        t.grad = None
+
+
+def time_ms(steps, device, repeat, clock=time.perf_counter):
+    """Median time in milliseconds on ``clock`` of each of ``steps`` (a dict).
+
+    The steps run round-robin after one warm-up each, so that all of them see
+    the same allocator and cache state (on CPU, whether freshly allocated
+    memory must be page-faulted in changes a step's time by up to 3x).
+    """
+    times = {name: [] for name in steps}
+    for r in range(repeat + 1):
+        for name, step in steps.items():
+            sync(device)
+            t = clock()
+            step()
+            sync(device)
+            if r:  # the first round is the warm-up
+                times[name].append((clock() - t) * 1e3)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def peak_bytes(step, device):
+    """Peak tensor bytes allocated by one ``step`` above the starting level."""
+    if device.type == 'cuda':
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        step()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        step()
+    records = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                     if e.name() == '[memory]')
+    level = peak = 0
+    for _, nbytes in records:
+        level += nbytes
+        peak = max(peak, level)
+    return peak
+
+
+def forward_bandwidth(fn, x, w, device, repeat):
+    """Bytes of the unavoidable forward traffic (read x, w; write y) per second."""
+    with torch.no_grad():
+        ms = time_ms({'fwd': lambda: fn(x, w)}, device, repeat)['fwd']
+    nbytes = (2 * x.numel() + w.numel()) * x.element_size()
+    return nbytes / (ms * 1e-3), ms
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--dtype', default='float32',
+                        choices=['float32', 'float16', 'bfloat16'])
+    parser.add_argument('--repeat', type=int, default=5)
+    parser.add_argument('--impls', nargs='+', default=list(IMPLS), choices=list(IMPLS))
+    parser.add_argument('--cpu-time', action='store_true',
+                        help='time with the process CPU clock instead of the wall clock: '
+                        'with OMP_NUM_THREADS=1 it ignores other processes on a busy machine')
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    torch.manual_seed(0)
+    print(f'device={device} dtype={args.dtype} threads={torch.get_num_threads()} '
+          f'fwd+bwd median of {args.repeat} ({"CPU" if args.cpu_time else "wall"} time); '
+          'peak = tensor bytes above the inputs')
+    header = '| shape (B·C·H²·K·G) |' + ''.join(
+        f' {n} ms | {n} MiB |' for n in args.impls)
+    ratios = [n for n in ('unfold', 'shift') if n in args.impls and n != 'mmevo']
+    if 'mmevo' in args.impls:
+        header += ''.join(f' {n}/mmevo time |' for n in ratios) + (
+            ' unfold/mmevo mem |' if 'unfold' in args.impls else '')
+    print(header)
+    print('|' + '---|' * (header.count('|') - 1))
+    bandwidth_rows = []
+    for B, C, H, G in STAGES:
+        x = torch.randn(B, C, H, H, device=device, dtype=dtype, requires_grad=True)
+        w = (torch.randn(B, G, K, K, H, H, device=device, dtype=dtype) / K).requires_grad_()
+        gy = torch.randn(B, C, H, H, device=device, dtype=dtype)
+        steps = {name: lambda fn=IMPLS[name]: fwd_bwd(fn, x, w, gy) for name in args.impls}
+        ms = time_ms({name: lambda step=step: (reset_grads(x, w), step())
+                      for name, step in steps.items()}, device, args.repeat, clock)
+        res = {}
+        for name, step in steps.items():
+            reset_grads(x, w)  # freed outside the measured step
+            res[name] = (ms[name], peak_bytes(step, device) / 2**20)
+        reset_grads(x, w)
+        row = f'| {B}·{C}·{H}²·{K}·{G} |' + ''.join(
+            f' {res[n][0]:.1f} | {res[n][1]:.1f} |' for n in args.impls)
+        if 'mmevo' in res:
+            row += ''.join(f' {res[n][0] / res["mmevo"][0]:.1f}× |' for n in ratios)
+            if 'unfold' in res:
+                row += f' {res["unfold"][1] / max(res["mmevo"][1], 1e-9):.1f}× |'
+        print(row, flush=True)
+        if device.type == 'cuda' and 'mmevo' in res:
+            bw, ms = forward_bandwidth(mmevo_aggregate, x.detach(), w.detach(), device,
+                                       args.repeat)
+            bandwidth_rows.append((f'{B}·{C}·{H}²·{K}·{G}', ms, bw))
+    if bandwidth_rows:
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
+        print(f'\nmmevo forward on {name} (bytes = read x and kernel, write y):')
+        print('| shape | fwd ms | GB/s | of peak |\n|---|---|---|---|')
+        for shape, ms, bw in bandwidth_rows:
+            frac = f'{bw / peak:.0%}' if peak else 'n/a'
+            print(f'| {shape} | {ms:.3f} | {bw / 1e9:.0f} | {frac} |')
+
+
+if __name__ == '__main__':
+    main()

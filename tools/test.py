@@ -1,0 +1,78 @@
+"""Test (evaluate) a checkpoint of a detector or a segmentor with mmevo.
+
+The config's ``default_scope`` ('mmdet' or 'mmseg') decides which library's
+registries build it; the metric is the config's ``test_evaluator``.
+
+Example:
+    python tools/test.py CONFIG work_dirs/demo/epoch_20.pth
+    tools/dist_test.sh CONFIG CHECKPOINT 2 --out results.pkl
+"""
+import argparse
+import os
+import os.path as osp
+import warnings
+
+# mmengine imports pkg_resources, which setuptools < 70 (needed by mmcv's
+# build) flags as deprecated on every start: noise, not a problem of the run
+warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
+
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
+from mmevo.datasets import exit_if_data_missing  # noqa: E402
+from mmevo.engine import setup_cpu_distributed  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Test (and evaluate) a model')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument(
+        '--work-dir', help='the dir to save the evaluation metrics and logs')
+    parser.add_argument(
+        '--out', help='also dump the raw predictions to this pickle file')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config settings, key=value')
+    parser.add_argument(
+        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    cfg.load_from = args.checkpoint
+    if args.out is not None:
+        if not args.out.endswith(('.pkl', '.pickle')):
+            raise ValueError(f'--out must be a .pkl file, got {args.out}')
+        evaluators = cfg.test_evaluator
+        if not isinstance(evaluators, (list, tuple)):
+            evaluators = [evaluators]
+        # mmengine's DumpResults: generic, works for mmdet and mmseg alike
+        cfg.test_evaluator = list(evaluators) + [
+            dict(type='DumpResults', out_file_path=args.out)
+        ]
+    exit_if_data_missing(cfg, ['test_dataloader'])
+    setup_cpu_distributed(cfg, args.launcher)
+    runner = (Runner.from_cfg(cfg)
+              if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    return runner.test()
+
+
+if __name__ == '__main__':
+    main()
