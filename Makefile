@@ -12,10 +12,12 @@ install:
 	@bash tools/setup_env.sh
 
 demo: install
-	$(PY) tools/train.py configs/demo/retinanet_rednet-tiny_synthetic-coco.py --work-dir work_dirs/demo
+	$(PY) tools/misc/make_synthetic_data.py det --if-missing
+	$(PY) tools/train.py configs/demo/retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py --work-dir work_dirs/demo
 
 demo-seg: install
-	$(PY) tools/train.py configs/demo/fpn_rednet-tiny_synthetic-cityscapes.py --work-dir work_dirs/demo-seg
+	$(PY) tools/misc/make_synthetic_data.py seg --if-missing
+	$(PY) tools/train.py configs/demo/fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py --work-dir work_dirs/demo-seg
 
 test: install
 	$(PY) -m pytest tests -q

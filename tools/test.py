@@ -4,7 +4,7 @@ The config's ``default_scope`` ('mmdet' or 'mmseg') decides which library's
 registries build it; the metric is the config's ``test_evaluator``.
 
 Example:
-    python tools/test.py CONFIG work_dirs/demo/epoch_20.pth
+    python tools/test.py CONFIG work_dirs/demo/epoch_20.pth --out preds.pkl
     tools/dist_test.sh CONFIG CHECKPOINT 2 --out results.pkl
 """
 import argparse

@@ -6,7 +6,7 @@ On a machine without a GPU, distributed runs use gloo (see
 ``mmevo.engine.setup_cpu_distributed``) and SyncBN becomes BN.
 
 Example:
-    python tools/train.py configs/demo/retinanet_rednet26-tiny_fpn_20e_synthetic-coco.py
+    python tools/train.py configs/rednet50_fpn_coco.py --work-dir work_dirs/x
     tools/dist_train.sh CONFIG 2 --resume
 """
 import argparse

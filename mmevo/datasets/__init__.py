@@ -5,6 +5,7 @@ from .synthetic import (DET_CLASSES, SEG_TRAIN_IDS, make_synthetic_cityscapes,
                         make_synthetic_coco)
 
 __all__ = [
-    'MissingDataError', 'check_data_exists', 'exit_if_data_missing', 'DET_CLASSES', 'SEG_TRAIN_IDS',
-    'make_synthetic_coco', 'make_synthetic_cityscapes'
+    'MissingDataError', 'check_data_exists', 'exit_if_data_missing',
+    'DET_CLASSES', 'SEG_TRAIN_IDS', 'make_synthetic_coco',
+    'make_synthetic_cityscapes'
 ]

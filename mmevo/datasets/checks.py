@@ -13,12 +13,14 @@ import sys
 
 # How to get the data, by dataset type (docs/datasets.md has the details).
 _HOW_TO_GET = {
-    'CocoDataset': 'download COCO 2017 as described in docs/datasets.md (COCO)',
+    'CocoDataset':
+    'download COCO 2017 as described in docs/datasets.md (COCO)',
     'CityscapesDataset': 'download and convert Cityscapes as described in '
     'docs/datasets.md (Cityscapes)',
 }
-_SYNTHETIC_HINT = ('generate it with `python tools/misc/make_synthetic_data.py`'
-                   ' (or `make demo`)')
+# The demo sets are generated, not downloaded.
+_SYNTHETIC_HINT = ('generate it with '
+                   '`python tools/misc/make_synthetic_data.py` (or `{}`)')
 
 
 class MissingDataError(FileNotFoundError):
@@ -74,7 +76,7 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
         ...     type='CocoDataset', data_root='data/nowhere/'))))
         >>> check_data_exists(cfg)
         Traceback (most recent call last):
-        MissingDataError: train_dataloader: data_root 'data/nowhere/' does not exist; ...
+        MissingDataError: train_dataloader: data_root 'data/nowhere/' ...
     """
     for name in dataloaders:
         loader = cfg.get(name, None)
@@ -87,7 +89,9 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
                     continue
                 dtype = dataset.get('type', 'the dataset')
                 if 'synthetic' in path:
-                    how = _SYNTHETIC_HINT
+                    how = _SYNTHETIC_HINT.format(
+                        'make demo-seg' if dtype == 'CityscapesDataset' else
+                        'make demo')
                 else:
                     how = _HOW_TO_GET.get(
                         dtype, f'get the {dtype} data as described in '

@@ -5,8 +5,8 @@ and the tests need no download:
 
 * a COCO-format detection set: coloured circles, squares and triangles on
   textured backgrounds (``annotations/instances_{train,val}.json`` plus
-  ``{train,val}/*.png``), read by mmdet's ``CocoDataset`` and scored by the real
-  ``CocoMetric``;
+  ``{train,val}/*.png``), read by mmdet's ``CocoDataset`` and scored by the
+  real ``CocoMetric``;
 * a Cityscapes-layout segmentation set: street-like scenes in
   ``leftImg8bit/{train,val}/<city>/*_leftImg8bit.png`` with label maps
   ``gtFine/{train,val}/<city>/*_gtFine_labelTrainIds.png`` in Cityscapes'
@@ -321,8 +321,10 @@ def make_synthetic_cityscapes(out_dir, num_train=200, num_val=50,
 
     Layout (as Cityscapes after ``tools/dataset_converters/cityscapes.py``)::
 
-        out_dir/leftImg8bit/{train,val}/<city>/<city>_000000_000019_leftImg8bit.png
-        out_dir/gtFine/{train,val}/<city>/<city>_000000_000019_gtFine_labelTrainIds.png
+        out_dir/leftImg8bit/{train,val}/<city>/
+            <city>_000000_000019_leftImg8bit.png
+        out_dir/gtFine/{train,val}/<city>/
+            <city>_000000_000019_gtFine_labelTrainIds.png
 
     Labels are Cityscapes train ids (``SEG_TRAIN_IDS`` occur; the other ids of
     the 19 classes do not), so mmseg's ``CityscapesDataset`` reads the set

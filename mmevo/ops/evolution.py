@@ -50,6 +50,17 @@ def _check_tensor(name, t, ndim, shape_doc):
         raise TypeError(f'{name} must be a floating point tensor, got {t.dtype}')
 
 
+def _autocast(a, b):
+    """Under autocast, run in its dtype (like a convolution), so that a fp32
+    feature map and a low-precision kernel from a conv can be mixed."""
+    device = a.device.type
+    if (device in ('cpu', 'cuda') and torch.is_autocast_enabled(device)
+            and a.is_floating_point() and b.is_floating_point()):
+        dtype = torch.get_autocast_dtype(device)
+        return a.to(dtype), b.to(dtype)
+    return a, b
+
+
 def _check_pair(name_a, a, name_b, b):
     if a.dtype != b.dtype:
         raise TypeError(f'{name_a} and {name_b} must have the same dtype, '
@@ -86,7 +97,8 @@ def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
             paddings not smaller than the map). Default: 'zeros'.
 
     Returns:
-        Tensor: (B, C, H_out, W_out), the dtype of ``input``.
+        Tensor: (B, C, H_out, W_out), the dtype of ``input`` (under autocast,
+        the autocast dtype, to which both inputs are cast).
 
     Example:
         >>> x = torch.randn(2, 32, 9, 11)
@@ -96,6 +108,7 @@ def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
     """
     _check_tensor('input', input, 4, '(B, C, H, W)')
     _check_tensor('kernel', kernel, 6, '(B, G, K, K, H_out, W_out)')
+    input, kernel = _autocast(input, kernel)
     _check_pair('input', input, 'kernel', kernel)
     B, C, H, W = input.shape
     K = kernel.shape[2]
@@ -136,7 +149,8 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
             :func:`evolution_aggregate`.
 
     Returns:
-        Tensor: (B, G, K, K, H_out, W_out), the dtype of ``query``.
+        Tensor: (B, G, K, K, H_out, W_out), the dtype of ``query`` (under
+        autocast, the autocast dtype).
 
     Example:
         >>> q, k = torch.randn(2, 32, 5, 6), torch.randn(2, 32, 9, 11)
@@ -145,6 +159,7 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
     """
     _check_tensor('query', query, 4, '(B, C, H_out, W_out)')
     _check_tensor('key', key, 4, '(B, C, H, W)')
+    query, key = _autocast(query, key)
     _check_pair('query', query, 'key', key)
     _check_int('groups', groups, 1)
     padding = resolve_window(kernel_size, stride, padding, dilation,

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 import mmevo
@@ -123,7 +124,6 @@ def test_cli_prints_parameters_and_flops():
 
 
 def test_metafile_lists_every_rednet_config():
-    import yaml
     meta = yaml.safe_load((ROOT / 'configs/rednet/metafile.yml').read_text())
     models = {m['Name']: m for m in meta['Models']}
     assert set(models) == set(PUBLISHED_PARAMS_M)

@@ -86,7 +86,10 @@ def test_rednet_imagenet_stem_loads_everything(tmp_path):
 
 
 def test_acmix_backbone_loads_classifier_checkpoint(tmp_path):
-    ref = json.loads((REFERENCE / 'acmix_resnet50_state_dict.json').read_text())
+    """torchvision-style ACmix classifier, loaded without a prefix: every
+    backbone tensor loads, the fc head is left out."""
+    ref_file = REFERENCE / 'acmix_resnet50_state_dict.json'
+    ref = json.loads(ref_file.read_text())
     ckpt = _fake_checkpoint(ref['acmix_resnet50'], tmp_path / 'acmix.pth')
     backbone, _ = _init_backbone(
         'configs/acmix/faster-rcnn_acmix-r50_fpn_1x_coco.py',

@@ -81,7 +81,10 @@ def test_wrapped_datasets_and_remote_paths(coco_root, tmp_path):
 def test_synthetic_sets_point_to_the_generator(tmp_path):
     cfg = _coco_cfg(str(tmp_path / 'synthetic_coco/'))
     with pytest.raises(MissingDataError,
-                       match='tools/misc/make_synthetic_data.py'):
+                       match=r'make_synthetic_data.py` \(or `make demo`\)'):
+        check_data_exists(cfg)
+    cfg.train_dataloader.dataset.type = 'CityscapesDataset'
+    with pytest.raises(MissingDataError, match='or `make demo-seg`'):
         check_data_exists(cfg)
 
 
@@ -101,8 +104,9 @@ def test_exit_prints_one_line_on_rank_zero(tmp_path, capsys, monkeypatch,
 
 @pytest.mark.parametrize('tool', ['train', 'test'])
 def test_tools_stop_without_a_trace(tool, tmp_path):
-    config = os.path.join(REPO, 'configs', 'demo',
-                          'retinanet_r18-tiny_fpn_1xb8-12e_synthetic-coco.py')
+    config = os.path.join(
+        REPO, 'configs', 'demo',
+        'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
     loader = f'{tool}_dataloader'
     args = [sys.executable, os.path.join(REPO, 'tools', f'{tool}.py'), config]
     if tool == 'test':
@@ -110,7 +114,8 @@ def test_tools_stop_without_a_trace(tool, tmp_path):
     # run from an empty directory: the relative data root is missing there
     out = subprocess.run(
         args, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=REPO))
+        env=dict({k: v for k, v in os.environ.items()
+                  if k not in ('RANK', 'SLURM_PROCID')}, PYTHONPATH=REPO))
     assert out.returncode == 2
     assert 'Traceback' not in out.stderr
     assert out.stderr.strip() == (

@@ -75,7 +75,10 @@ def test_cpu_ddp_wraps_a_cpu_module(tmp_path):
 def test_slurm_variables_become_torch_env(monkeypatch):
     from mmevo.engine.dist import _dist_env_from_slurm
     for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_PORT'):
-        monkeypatch.delenv(key, raising=False)
+        # set, then delete: monkeypatch then restores the variables the
+        # function writes
+        monkeypatch.setenv(key, '')
+        monkeypatch.delenv(key)
     monkeypatch.setenv('SLURM_PROCID', '5')
     monkeypatch.setenv('SLURM_NTASKS', '8')
     monkeypatch.setenv('SLURM_LOCALID', '1')

@@ -1,4 +1,4 @@
-"""The compiled CPU ops against the plain PyTorch reference (float64).
+"""The CPU ops (C++ kernels, PyTorch fallback) against the plain reference (float64).
 
 A seeded random sweep over the window geometry (odd sizes, 1x1 and 2x3 maps,
 K in {1, 3, 5, 7}, stride and dilation 1-3, G in {1, C/16, C}, both padding
@@ -22,7 +22,8 @@ N_CONFIGS = 240
 def random_config(rng):
     """One valid geometry: returns a dict of sizes and window arguments."""
     while True:
-        C = rng.choice([16, 32, 6, 12])
+        # 80 channels in one group span three channel blocks of the kernels (32, 32, 16).
+        C = rng.choice([16, 32, 80, 6, 12])
         G = rng.choice([1, C // 16, C] if C % 16 == 0 else [1, 3, C])
         K = rng.choice([1, 3, 5, 7])
         s, d = rng.randint(1, 3), rng.randint(1, 3)
@@ -53,8 +54,13 @@ def leaf(t):
     return t.detach().clone().requires_grad_(True)
 
 
-@pytest.mark.parametrize('seed', range(N_CONFIGS))
-def test_cpu_matches_reference(seed):
+def cases():
+    """(backend, seed): the C++ kernels on the full sweep, the PyTorch fallback on a part."""
+    return [('cpp', seed) for seed in range(N_CONFIGS)] + [('torch', seed) for seed in range(40)]
+
+
+@pytest.mark.parametrize('backend,seed', cases())
+def test_matches_reference(backend, seed):
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     cfg = random_config(rng)
@@ -68,7 +74,7 @@ def test_cpu_matches_reference(seed):
     gy = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
     go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
 
-    with library.use_backend('cpp'):
+    with library.use_backend(backend):
         xa, wa, qa = leaf(x), leaf(w), leaf(q)
         y = evolution_aggregate(xa, wa, s, cfg['p'], d, mode)
         y.backward(gy)
@@ -104,6 +110,7 @@ def test_sweep_covers_the_issue_list():
     groups = {('1' if c['G'] == 1 else 'C/16' if c['G'] == c['C'] // 16 else
                'C' if c['G'] == c['C'] else 'other') for c in cfgs if c['C'] >= 16}
     assert groups >= {'1', 'C/16', 'C'}
+    assert any(c['C'] // c['G'] > 64 for c in cfgs)  # several channel blocks
     # Reflect paddings as large as the map (numpy-style re-reflection).
     assert any(c['mode'] == 'reflect' and c['pad'] >= min(c['H'], c['W'])
                for c in cfgs)
@@ -156,6 +163,22 @@ def test_reduced_precision(dtype, mode):
         assert err < tol, (got.dtype, err)
 
 
+def test_autocast_mixed_dtypes():
+    """Under autocast a fp32 map and a bf16 kernel (from a conv) run in bf16."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 16, 7, 9, generator=gen, requires_grad=True)
+    w = torch.randn(2, 2, 3, 3, 7, 9, generator=gen).bfloat16().requires_grad_()
+    key = torch.randn(2, 16, 7, 9, generator=gen).bfloat16()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        y = evolution_aggregate(x, w)
+        o = local_correlation(x, key, 4, 3)
+    assert y.dtype == o.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.bfloat16
+    ref = aggregate_reference(x.double(), w.double(), 1, 1, 1, 'zeros')
+    assert (y.double() - ref).abs().max() < 2e-2 * ref.abs().max()
+
+
 @pytest.mark.parametrize('size', [(6, 7), (2, 3), (1, 1), (3, 2)])
 @pytest.mark.parametrize('padding', [1, 2, 3, 5])
 def test_reflect_is_reflection_pad(size, padding):
@@ -190,7 +213,7 @@ def test_backends_agree_bitwise_across_threads():
         xl, wl = leaf(x), leaf(w)
         with library.use_backend('cpp'):
             y = evolution_aggregate(xl, wl, 2, None, 1, 'reflect')
-        y.square().sum().backward()
+            y.square().sum().backward()
         results.append((y, xl.grad, wl.grad))
     torch.set_num_threads(threads)
     for a, b in zip(*results):

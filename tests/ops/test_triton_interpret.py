@@ -1,24 +1,34 @@
-"""The Triton kernels run by Triton's interpreter on CPU tensors, vs the reference.
+"""The Triton kernels against the reference: interpreted on CPU, compiled on CUDA.
 
-``TRITON_INTERPRET=1`` must be set before the kernels are decorated, so this
-module sets it and (re)imports ``mmevo.ops.triton_kernels``. The interpreter
-is slow: a small sweep, forward and every gradient, fp32 and bf16.
+Without CUDA, Triton's interpreter runs the kernels on CPU tensors. Triton
+decides whether a function is interpreted when it is decorated (its own
+``triton.language`` helpers included), so ``TRITON_INTERPRET=1`` is set here,
+at collection, before anything imports triton (nothing in the stack imports it
+at import time; torch.compile does at run time, later). With CUDA the same
+checks run the compiled kernels on the GPU. The interpreter is slow: a small
+sweep, forward and every gradient, fp32 and bf16.
 """
 import importlib
 import os
 import sys
 
-import pytest
 import torch
 
-os.environ['TRITON_INTERPRET'] = '1'
-if 'mmevo.ops.triton_kernels' in sys.modules:  # imported without the interpreter
-    importlib.reload(sys.modules['mmevo.ops.triton_kernels'])
+INTERPRET = not torch.cuda.is_available()
+if INTERPRET:
+    assert 'triton' not in sys.modules or os.environ.get('TRITON_INTERPRET') == '1', (
+        'triton was imported before TRITON_INTERPRET=1 could be set: run '
+        'tests/ops/test_triton_interpret.py in its own process')
+    os.environ['TRITON_INTERPRET'] = '1'
+DEVICE = 'cpu' if INTERPRET else 'cuda'
+
+import pytest  # noqa: E402
+
+from mmevo.ops import evolution_aggregate, library, local_correlation, output_size  # noqa: E402
+from mmevo.ops.reference import aggregate_reference, correlation_reference  # noqa: E402
+
 tk = importlib.import_module('mmevo.ops.triton_kernels')
 
-from mmevo.ops import evolution_aggregate, local_correlation, output_size  # noqa: E402
-from mmevo.ops import library  # noqa: E402
-from mmevo.ops.reference import aggregate_reference, correlation_reference  # noqa: E402
 
 # (B, C, G, H, W, K, stride, padding, dilation)
 GEOMETRIES = [
@@ -28,6 +38,7 @@ GEOMETRIES = [
     (1, 4, 4, 2, 3, 7, 1, 3, 1),
     (1, 12, 3, 1, 1, 1, 1, 0, 1),
     (1, 8, 2, 11, 5, 3, 2, 3, 3),
+    (1, 40, 1, 5, 4, 3, 1, 1, 1),  # 40 channels in a group: several channel blocks
 ]
 
 
@@ -64,7 +75,7 @@ def make_inputs(geom, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     shapes = [(B, C, H, W), (B, G, K, K, Ho, Wo), (B, C, Ho, Wo), (B, C, Ho, Wo),
               (B, G, K, K, Ho, Wo)]
-    return [torch.randn(*sh, generator=gen).to(dtype) for sh in shapes]
+    return [torch.randn(*sh, generator=gen).to(DEVICE, dtype) for sh in shapes]
 
 
 @pytest.mark.parametrize('geom', GEOMETRIES)
@@ -94,21 +105,20 @@ def test_triton_bf16(geom):
 def test_triton_through_the_ops(mode):
     """The registered ops on the Triton backend: padding modes and autograd."""
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(1, 8, 4, 5, generator=gen, dtype=torch.float64)
-    w = torch.randn(1, 2, 5, 5, 4, 5, generator=gen, dtype=torch.float64)
-    q = torch.randn(1, 8, 4, 5, generator=gen, dtype=torch.float64)
-    gy = torch.randn(1, 8, 4, 5, generator=gen, dtype=torch.float64)
+    x, w, q, gy = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE)
+                   for shape in [(1, 8, 4, 5), (1, 2, 5, 5, 4, 5), (1, 8, 4, 5), (1, 8, 4, 5)])
     results = []
     for triton_backend in (True, False):
         xa, wa, qa = leaf(x), leaf(w), leaf(q)
-        if triton_backend:
-            with library.use_backend('triton'):
+        with library.use_backend('triton' if triton_backend else 'auto'):
+            if triton_backend:
                 y = evolution_aggregate(xa, wa, 1, None, 1, mode)
                 o = local_correlation(qa, xa, 2, 5, 1, None, 1, mode)
-        else:
-            y = aggregate_reference(xa, wa, 1, 2, 1, mode)
-            o = correlation_reference(qa, xa, 2, 5, 1, 2, 1, mode)
-        (y * gy).sum().add(o.square().sum()).backward()
+            else:
+                y = aggregate_reference(xa, wa, 1, 2, 1, mode)
+                o = correlation_reference(qa, xa, 2, 5, 1, 2, 1, mode)
+            # Inside the block: the backward runs the ops (on this backend) too.
+            (y * gy).sum().add(o.square().sum()).backward()
         results.append([y, o, xa.grad, wa.grad, qa.grad])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)

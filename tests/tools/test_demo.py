@@ -4,8 +4,8 @@ IoUMetric), and tools/test.py reproducing it from the saved checkpoint."""
 import pickle
 
 import pytest
-from tool_utils import (DEMO_DET, DEMO_SEG, load_tool, tiny_cityscapes,  # noqa: F401
-                        tiny_coco)
+from tool_utils import (DEMO_DET, DEMO_SEG, load_tool,  # noqa: F401
+                        tiny_cityscapes, tiny_coco)
 
 DET_CONFIG = """
 _base_ = '{base}'

@@ -28,8 +28,9 @@ class DumpRankState(Hook):
 
     def _save(self, runner, tag):
         model = runner.model.module
-        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
-                   os.path.join(runner.work_dir, f'{tag}_rank{get_rank()}.pth'))
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        torch.save(state, os.path.join(runner.work_dir,
+                                       f'{tag}_rank{get_rank()}.pth'))
 """
 
 # 8 images, 2 per rank and step: 2 iterations. SyncBN (as the published
@@ -81,7 +82,8 @@ def test_two_process_cpu_training(tiny_coco, tmp_path):  # noqa: F811
         assert torch.equal(final[0][k], final[1][k]), k
         assert torch.equal(final[0][k], model[k]), k
     # ... training did move them ...
-    assert sum(not torch.equal(init[0][k], final[0][k]) for k in params) > 0.9 * len(params)
+    moved = sum(not torch.equal(init[0][k], final[0][k]) for k in params)
+    assert moved > 0.9 * len(params)
     # ... and the ranks saw different images: BN running statistics (not
     # synchronised, DDP's broadcast_buffers=False) differ between them.
     assert any(not torch.equal(final[0][k], final[1][k]) for k in final[0]

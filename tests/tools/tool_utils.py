@@ -9,9 +9,10 @@ from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEMO_DET = osp.join(REPO, 'configs', 'demo',
-                    'retinanet_r18-tiny_fpn_1xb8-12e_synthetic-coco.py')
-DEMO_SEG = osp.join(REPO, 'configs', 'demo',
-                    'fpn_r18-tiny_1xb8-2k_synthetic-cityscapes-128x256.py')
+                    'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
+DEMO_SEG = osp.join(
+    REPO, 'configs', 'demo',
+    'fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py')
 
 
 def load_tool(name):

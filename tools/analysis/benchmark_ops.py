@@ -126,6 +126,9 @@ def main():
                         choices=['float32', 'float16', 'bfloat16'])
     parser.add_argument('--repeat', type=int, default=5)
     parser.add_argument('--impls', nargs='+', default=list(IMPLS), choices=list(IMPLS))
+    parser.add_argument('--peak-gbps', type=float, default=None,
+                        help='peak memory bandwidth of the GPU in GB/s (known: '
+                        + ', '.join(PEAK_BANDWIDTH) + ')')
     parser.add_argument('--cpu-time', action='store_true',
                         help='time with the process CPU clock instead of the wall clock: '
                         'with OMP_NUM_THREADS=1 it ignores other processes on a busy machine')
@@ -165,12 +168,13 @@ def main():
                 row += f' {res["unfold"][1] / max(res["mmevo"][1], 1e-9):.1f}× |'
         print(row, flush=True)
         if device.type == 'cuda' and 'mmevo' in res:
-            bw, ms = forward_bandwidth(mmevo_aggregate, x.detach(), w.detach(), device,
-                                       args.repeat)
-            bandwidth_rows.append((f'{B}·{C}·{H}²·{K}·{G}', ms, bw))
+            bw, fwd_ms = forward_bandwidth(mmevo_aggregate, x.detach(), w.detach(), device,
+                                           args.repeat)
+            bandwidth_rows.append((f'{B}·{C}·{H}²·{K}·{G}', fwd_ms, bw))
     if bandwidth_rows:
         name = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
+        peak = args.peak_gbps * 1e9 if args.peak_gbps else next(
+            (v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
         print(f'\nmmevo forward on {name} (bytes = read x and kernel, write y):')
         print('| shape | fwd ms | GB/s | of peak |\n|---|---|---|---|')
         for shape, ms, bw in bandwidth_rows:

@@ -33,6 +33,12 @@ struct Geometry {
   int64_t B, C, H, W, G, K, Ho, Wo, s, p, d;
 };
 
+// Tasks per parallel chunk: at least ~32K FMAs each, so that small maps (and
+// gradcheck-sized ones) run inline instead of paying for a parallel region.
+inline int64_t grain_for(int64_t fmas_per_task) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, fmas_per_task));
+}
+
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return a >= 0 ? (a + b - 1) / b : -((-a) / b);
 }

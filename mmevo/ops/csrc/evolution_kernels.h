@@ -153,7 +153,8 @@ void aggregate_forward(const T* __restrict__ x, const T* __restrict__ w,
   const int64_t L = g.Wo + (g.K - 1) * g.d / g.s;  // phase length of a row
   const int64_t rowbuf = g.s * L;                    // one input row, all phases
   const T* w_end = w + g.B * g.G * g.K * g.K * g.Ho * g.Wo;
-  at::parallel_for(0, g.B * g.G * nCB * g.Ho, 1, [&](int64_t begin, int64_t end) {
+  const int64_t grain = grain_for(CB * KK * g.Wo);
+  at::parallel_for(0, g.B * g.G * nCB * g.Ho, grain, [&](int64_t begin, int64_t end) {
     const int64_t Wp = padded_row(g.Wo);
     std::vector<A> xb(CB * g.K * rowbuf + kSlack), wb(KK * g.Wo + kSlack), yb(CB * Wp + kSlack);
     std::vector<const A*> ta(KK), tb(KK);
@@ -216,7 +217,8 @@ void aggregate_transpose(const T* __restrict__ gy, const T* __restrict__ w,
   const int64_t M = (g.K - 1) * g.d / g.s;  // left margin: the largest shift
   const int64_t nm = (g.W - 1 + g.p) / g.s + 1;  // positions m per phase
   const int64_t L = M + std::max(g.Wo, nm);
-  at::parallel_for(0, g.B * g.G * nCB * g.H, 1, [&](int64_t begin, int64_t end) {
+  const int64_t grain = grain_for(CB * KK * g.W / (g.s * g.s));
+  at::parallel_for(0, g.B * g.G * nCB * g.H, grain, [&](int64_t begin, int64_t end) {
     const int64_t Mp = padded_row(nm), Wp = padded_row(g.W);
     std::vector<A> wb(KK * L + kSlack), gb(CB * g.K * L + kSlack), mb(CB * Mp + kSlack),
         xr(CB * Wp + kSlack);
@@ -293,7 +295,8 @@ void correlate(const T* __restrict__ q, const T* __restrict__ x,
   const int64_t Wa = padded_row(g.Wo);  // tap_dot's overhang stays in its row
   constexpr int64_t kRows = 8;           // output rows per task
   const int64_t nIB = (g.Ho + kRows - 1) / kRows;
-  at::parallel_for(0, g.B * g.G * g.K * nIB, 1, [&](int64_t begin, int64_t end) {
+  const int64_t grain = grain_for(kRows * Cg * g.K * g.Wo);
+  at::parallel_for(0, g.B * g.G * g.K * nIB, grain, [&](int64_t begin, int64_t end) {
     std::vector<A> xb(CB * rowbuf + kSlack), qb(CB * g.Wo + kSlack), acc(g.K * Wa + kSlack);
     std::vector<const A*> ta(CB), tb(CB);
     std::vector<int64_t> koff(g.K);  // tap v's offset in a phase-split row

@@ -53,9 +53,9 @@ val_dataloader = dict(
     dataset=dict(data_root=data_root, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
-max_iters = 2000
+max_iters = 500
 train_cfg = dict(
-    type='IterBasedTrainLoop', max_iters=max_iters, val_interval=500)
+    type='IterBasedTrainLoop', max_iters=max_iters, val_interval=250)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 optim_wrapper = dict(
@@ -63,8 +63,8 @@ optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.01))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=100),
-    dict(type='PolyLR', eta_min=1e-5, power=0.9, begin=100, end=max_iters,
+         end=50),
+    dict(type='PolyLR', eta_min=1e-5, power=0.9, begin=50, end=max_iters,
          by_epoch=False),
 ]
 default_hooks = dict(
@@ -72,7 +72,7 @@ default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20, log_metric_by_epoch=False),
     param_scheduler=dict(type='ParamSchedulerHook'),
     checkpoint=dict(
-        type='CheckpointHook', by_epoch=False, interval=500, max_keep_ckpts=1),
+        type='CheckpointHook', by_epoch=False, interval=250, max_keep_ckpts=1),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='SegVisualizationHook'))
 log_processor = dict(by_epoch=False, window_size=20)
