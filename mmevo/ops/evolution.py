@@ -110,13 +110,14 @@ def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
     _check_tensor('kernel', kernel, 6, '(B, G, K, K, H_out, W_out)')
     input, kernel = _autocast(input, kernel)
     _check_pair('input', input, 'kernel', kernel)
-    B, C, H, W = input.shape
-    K = kernel.shape[2]
-    if kernel.shape[3] != K:
+    # int(): under torch.jit.trace (FLOP counting) sizes come back as tensors.
+    B, C, H, W = map(int, input.shape)
+    K = int(kernel.shape[2])
+    if int(kernel.shape[3]) != K:
         raise ValueError(f'kernel must be (B, G, K, K, H_out, W_out) with the '
                          f'same K in both window dims, got {tuple(kernel.shape)}')
     padding = resolve_window(K, stride, padding, dilation, padding_mode)
-    G = kernel.shape[1]
+    G = int(kernel.shape[1])
     if G < 1 or C % G:
         raise ValueError(f'input channels ({C}) must be divisible by the '
                          f'kernel groups G={G}; kernel {tuple(kernel.shape)}')
@@ -164,7 +165,7 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
     _check_int('groups', groups, 1)
     padding = resolve_window(kernel_size, stride, padding, dilation,
                              padding_mode)
-    B, C, H, W = key.shape
+    B, C, H, W = map(int, key.shape)
     if C % groups:
         raise ValueError(f'key channels ({C}) must be divisible by '
                          f'groups={groups}')

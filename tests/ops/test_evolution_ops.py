@@ -250,3 +250,21 @@ def test_ops_are_registered():
     torch.testing.assert_close(
         torch.ops.mmevo.evolution_aggregate(x, w, 1, 1, 1, 'zeros'),
         aggregate_reference(x, w, 1, 1, 1, 'zeros'))
+
+
+def test_jit_trace_records_the_ops():
+    """FLOP counters (mmengine's FlopAnalyzer) trace models with torch.jit:
+    the entry points must accept traced sizes and leave one node per op."""
+    x = torch.randn(1, 8, 5, 6)
+    w = torch.randn(1, 2, 3, 3, 5, 6)
+
+    def f(x, w):
+        return evolution_aggregate(x, w) + local_correlation(
+            x, x, 2, 3).sum((2, 3)).repeat_interleave(4, 1)
+
+    with pytest.warns(torch.jit.TracerWarning):
+        traced = torch.jit.trace(f, (x, w))
+    kinds = [n.kind() for n in traced.graph.nodes()]
+    assert kinds.count('mmevo::evolution_aggregate') == 1
+    assert kinds.count('mmevo::local_correlation') == 1
+    torch.testing.assert_close(traced(x, w), f(x, w))
