@@ -10,6 +10,7 @@ Example:
 import argparse
 import os
 import os.path as osp
+import sys
 import warnings
 
 # mmengine imports pkg_resources, which setuptools < 70 (needed by mmcv's
@@ -41,6 +42,8 @@ def parse_args(argv=None):
         default='none', help='job launcher')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
+    if args.out is not None and not args.out.endswith(('.pkl', '.pickle')):
+        parser.error(f'--out must be a .pkl file, got {args.out}')
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
@@ -56,10 +59,10 @@ def main(argv=None):
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
+    if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
+        sys.exit(f"error: checkpoint '{args.checkpoint}' does not exist")
     cfg.load_from = args.checkpoint
     if args.out is not None:
-        if not args.out.endswith(('.pkl', '.pickle')):
-            raise ValueError(f'--out must be a .pkl file, got {args.out}')
         evaluators = cfg.test_evaluator
         if not isinstance(evaluators, (list, tuple)):
             evaluators = [evaluators]

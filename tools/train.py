@@ -83,6 +83,10 @@ def build_cfg(args):
         cfg.resume = True
         cfg.load_from = None
     elif args.resume is not None:
+        if '://' not in args.resume and not osp.isfile(args.resume):
+            sys.exit(f"error: --resume checkpoint '{args.resume}' does not "
+                     'exist (--resume without a path takes the latest one of '
+                     'the work dir)')
         cfg.resume = True
         cfg.load_from = args.resume
     return cfg

@@ -115,11 +115,14 @@ def test_cli_prints_parameters_and_flops():
     assert out.returncode == 0, out.stderr[-2000:]
     params = re.search(r'Params: ([\d.]+) M trainable .*, ([\d.]+) M in all',
                        out.stdout)
-    flops = re.search(r'FLOPs: ([\d.]+) G \(([\d.]+) G without mmevo ops',
-                      out.stdout)
+    flops = re.search(
+        r'FLOPs: ([\d.]+) G \(([\d.]+) G without mmevo ops.*; ([\d.]+) G in '
+        r'mmevo ops', out.stdout)
     assert params and flops, out.stdout
     assert abs(float(params.group(1)) - 26.3) <= 0.01 * 26.3
-    assert float(flops.group(1)) > float(flops.group(2)) > 0
+    total, without, in_ops = (float(flops.group(i)) for i in (1, 2, 3))
+    assert in_ops > 0 and without > 0
+    assert abs(total - without - in_ops) <= 0.1  # printed to 0.1 G
     assert 'Input shape: (1, 3, 128, 160)' in out.stdout
 
 

@@ -69,3 +69,13 @@ def test_demo_train_then_test(kind, tiny_coco, tiny_cityscapes,  # noqa: F811
     assert metrics[metric] == pytest.approx(val_score)
     with open(out, 'rb') as f:
         assert len(pickle.load(f)) == num_val
+
+
+@pytest.mark.parametrize('tool', ['train', 'test'])
+def test_missing_checkpoint_is_one_line(tool, tmp_path):
+    ckpt = str(tmp_path / 'nowhere.pth')
+    argv = [DEMO_DET, ckpt] if tool == 'test' else [DEMO_DET, '--resume', ckpt]
+    with pytest.raises(SystemExit) as info:
+        load_tool(tool).main(argv)
+    assert info.value.code.startswith('error: ')
+    assert f"'{ckpt}' does not exist" in info.value.code

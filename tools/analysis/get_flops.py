@@ -99,6 +99,9 @@ class DummyForward(nn.Module):
     Args:
         model (nn.Module): an mmdet 3.x detector or mmseg 1.x segmentor.
         num_proposals (int): fixed proposals for a two-stage RoI head.
+
+    Example:
+        >>> outs = DummyForward(build_model(cfg))(torch.randn(1, 3, 800, 1280))
     """
 
     def __init__(self, model, num_proposals=NUM_PROPOSALS):
@@ -128,6 +131,8 @@ class DummyForward(nn.Module):
 
 
 def _flatten(outs):
+    """The tensors of nested tuples/lists, in order (jit tracing needs a flat
+    tuple of tensors as output)."""
     if isinstance(outs, torch.Tensor):
         return [outs]
     flat = []

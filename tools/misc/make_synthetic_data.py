@@ -6,8 +6,13 @@ Example:
 """
 import argparse
 import time
+import warnings
 
-from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
+# as in tools/train.py: mmengine's pkg_resources import warns on every start
+warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
+
+from mmevo.datasets import (make_synthetic_cityscapes,  # noqa: E402
+                            make_synthetic_coco)
 
 MAKERS = dict(
     det=(make_synthetic_coco, 'data/synthetic_coco'),
