@@ -37,9 +37,11 @@ setup(
     python_requires='>=3.9',
     packages=find_packages(exclude=('configs', 'tools', 'tests', 'docs')),
     include_package_data=True,
-    install_requires=['torch>=2.1', 'mmengine>=0.10.0', 'mmcv>=2.0.0'],
+    # mmdet is a hard requirement: the backbones subclass mmdet's ResNet, the
+    # neck and heads mmdet's FPN / RPNHead / FCNMaskHead.
+    install_requires=['torch>=2.1', 'mmengine>=0.10.0', 'mmcv>=2.0.0',
+                      'mmdet>=3.3.0', 'pycocotools'],
     extras_require={
-        'det': ['mmdet>=3.3.0', 'pycocotools'],
         'seg': ['mmsegmentation>=1.2.2', 'ftfy', 'regex'],
         'gpu': ['triton>=3.0'],
         'tests': ['pytest', 'triton>=3.0'],

@@ -50,11 +50,11 @@ class DynamicResNet(ResNet):
 
     Subclasses implement ``build_middle_layer(planes, stride, dilation)``
     (it runs inside ``__init__``: set what it reads before calling
-    ``super().__init__``). On top of
-    mmdet's ResNet this adds mmseg's ``contract_dilation`` (the first block
-    of a dilated stage uses half the dilation, as mmseg's ResNetV1c configs
-    for output stride 8 do) and keeps ``zero_init_residual`` working for the
-    subclassed block.
+    ``super().__init__``). On top of mmdet's ResNet this adds mmseg's
+    ``contract_dilation`` (the first block of a dilated stage uses half the
+    dilation, as mmseg's ResNetV1c configs for output stride 8 do), keeps
+    ``zero_init_residual`` working for the subclassed block, and makes
+    ``train()`` return ``self``.
 
     Args:
         depth (int): 26, 38, 50, 101 or 152.
