@@ -98,7 +98,8 @@ def main(argv=None):
     loaders = ['train_dataloader']
     if cfg.get('val_cfg'):
         loaders.append('val_dataloader')
-    exit_if_data_missing(cfg, loaders)
+    # resuming restores the weights: the ImageNet init is not needed then
+    exit_if_data_missing(cfg, loaders, pretrained=not cfg.get('resume'))
     setup_cpu_distributed(cfg, args.launcher)
     runner = (Runner.from_cfg(cfg)
               if 'runner_type' not in cfg else RUNNERS.build(cfg))

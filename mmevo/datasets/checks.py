@@ -102,22 +102,76 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
                     f'{key}.data_root=PATH')
 
 
-def exit_if_data_missing(cfg, dataloaders):
+def _pretrained_cfgs(node, key):
+    """Yield (key, init_cfg) of every ``Pretrained`` init_cfg under ``node``."""
+    if isinstance(node, dict):
+        init_cfgs = node.get('init_cfg')
+        for i, init in enumerate(init_cfgs if isinstance(init_cfgs, list)
+                                 else [init_cfgs]):
+            if isinstance(init, dict) and init.get('type') == 'Pretrained':
+                suffix = f'[{i}]' if isinstance(init_cfgs, list) else ''
+                yield f'{key}.init_cfg{suffix}', init
+        for k, v in node.items():
+            if k != 'init_cfg':
+                yield from _pretrained_cfgs(v, f'{key}.{k}')
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            yield from _pretrained_cfgs(v, f'{key}.{i}')
+
+
+def check_pretrained_exists(cfg):
+    """Raise :class:`MissingDataError` if a local ``Pretrained`` checkpoint of
+    ``cfg.model`` is missing.
+
+    Training initialises the model after building it; without this check a
+    missing ImageNet checkpoint surfaces as mmengine's traceback at that
+    point. Remote checkpoints (``open-mmlab://``, ``https://``, ...) are
+    left to mmengine.
+
+    Args:
+        cfg (mmengine.Config): The config.
+
+    Raises:
+        MissingDataError: One line naming the config key and the path.
+
+    Example:
+        >>> cfg = Config(dict(model=dict(backbone=dict(init_cfg=dict(
+        ...     type='Pretrained', checkpoint='nowhere.pth')))))
+        >>> check_pretrained_exists(cfg)
+        Traceback (most recent call last):
+        MissingDataError: model.backbone.init_cfg.checkpoint 'nowhere.pth' ...
+    """
+    for key, init in _pretrained_cfgs(cfg.get('model', None), 'model'):
+        path = init.get('checkpoint')
+        if path and '://' not in path and not osp.exists(path):
+            raise MissingDataError(
+                f"{key}.checkpoint '{path}' does not exist; download the "
+                'published ImageNet checkpoint (configs/rednet/README.md), '
+                f'or set --cfg-options {key}.checkpoint=PATH (or '
+                f'{key}=None to train from scratch)')
+
+
+def exit_if_data_missing(cfg, dataloaders, pretrained=False):
     """Stop the program with one line on stderr if the data is missing.
 
-    For the command-line tools: :func:`check_data_exists`, and on
+    For the command-line tools: :func:`check_data_exists` (and, with
+    ``pretrained``, :func:`check_pretrained_exists`), and on
     :class:`MissingDataError` print ``error: <message>`` (from rank 0 only,
     so a distributed job prints it once) and exit with status 2.
 
     Args:
         cfg (mmengine.Config): The config.
         dataloaders (Sequence[str]): Dataloader keys the run uses.
+        pretrained (bool): Also check the local ``Pretrained`` checkpoints
+            the model initialises from (training). Default: False.
 
     Example:
         >>> exit_if_data_missing(cfg, ['test_dataloader'])
     """
     try:
         check_data_exists(cfg, dataloaders)
+        if pretrained:
+            check_pretrained_exists(cfg)
     except MissingDataError as e:
         rank = os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))
         if rank == '0':

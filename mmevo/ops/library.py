@@ -13,7 +13,8 @@ Three operators, all taking resolved arguments (validation happens once, in
 Each one's gradients are the other ones (dX of A is At, dW of A is Corr, dQ of
 Corr is A, dX of Corr is At, and At's are A and Corr), so derivatives of every
 order exist and ``gradcheck``/``gradgradcheck`` hold. Reflect padding is made
-explicit here (an index gather; its transpose, a fold, for At), so backends
+explicit here (aten's reflection pad, or an index gather when the padding
+is not smaller than the map; their transposes for At), so backends
 only implement zero padding. Backends: C++ on CPU (:mod:`mmevo.ops.cpu`),
 Triton on CUDA (:mod:`mmevo.ops.triton_kernels`), and shift-and-accumulate in
 PyTorch (:mod:`mmevo.ops.shift`) elsewhere or when forced with
@@ -90,18 +91,32 @@ def reflect_index(size, padding, device):
     return torch.where(pos >= size, period - pos, pos)
 
 
+def _small_padding(padding, H, W):
+    """Whether one reflection suffices, i.e. aten's reflection_pad is exact."""
+    return padding < H and padding < W
+
+
 def _explicit_padding(x, padding, padding_mode):
-    """(x, padding) for the zero-padding kernels: reflect becomes a gather."""
+    """(x, padding) for the zero-padding kernels: reflect becomes explicit."""
     if padding_mode == 'zeros' or padding == 0:
         return x, padding
     H, W = x.shape[-2:]
+    if _small_padding(padding, H, W):
+        # aten's reflection pad is numpy 'reflect' here and several times
+        # faster than two index_select gathers.
+        return torch.nn.functional.pad(x, (padding, ) * 4, mode='reflect'), 0
+    # Padding >= size reflects repeatedly, which aten rejects: gather.
     rows = reflect_index(H, padding, x.device)
     cols = reflect_index(W, padding, x.device)
     return x.index_select(2, rows).index_select(3, cols), 0
 
 
 def _fold_reflect(gxp, padding, H, W):
-    """Transpose of the reflect gather: add each padded position to its source."""
+    """Transpose of the reflect padding: add each padded position to its source."""
+    if _small_padding(padding, H, W):
+        # Only the shape of the second argument is read, so it stays empty.
+        return torch.ops.aten.reflection_pad2d_backward(
+            gxp, gxp.new_empty(*gxp.shape[:2], H, W), [padding] * 4)
     rows = reflect_index(H, padding, gxp.device)
     cols = reflect_index(W, padding, gxp.device)
     if gxp.device.type == 'cpu':  # index_add_ is sequential, so deterministic, on CPU

@@ -7,7 +7,7 @@ import pytest
 from mmengine.config import Config
 
 from mmevo.datasets import (MissingDataError, check_data_exists,
-                            exit_if_data_missing)
+                            check_pretrained_exists, exit_if_data_missing)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -109,8 +109,9 @@ def test_tools_stop_without_a_trace(tool, tmp_path):
         'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
     loader = f'{tool}_dataloader'
     args = [sys.executable, os.path.join(REPO, 'tools', f'{tool}.py'), config]
-    if tool == 'test':
-        args.append(str(tmp_path / 'missing.pth'))
+    if tool == 'test':  # a checkpoint is there, the data is not
+        (tmp_path / 'model.pth').write_bytes(b'')
+        args.append(str(tmp_path / 'model.pth'))
     # run from an empty directory: the relative data root is missing there
     out = subprocess.run(
         args, cwd=tmp_path, capture_output=True, text=True, timeout=300,
@@ -124,3 +125,48 @@ def test_tools_stop_without_a_trace(tool, tmp_path):
         '`make demo`), or point the config at your copy with --cfg-options '
         f'{loader}.dataset.data_root=PATH')
     assert not (tmp_path / 'work_dirs').exists()
+
+
+def _pretrained_cfg(checkpoint, as_list=False):
+    init = dict(type='Pretrained', checkpoint=checkpoint, prefix='backbone.')
+    return Config(dict(model=dict(
+        type='FasterRCNN',
+        backbone=dict(type='RedNet', init_cfg=[init] if as_list else init),
+        neck=dict(type='FPN', init_cfg=dict(type='Xavier')))))
+
+
+@pytest.mark.parametrize('as_list', [False, True])
+def test_missing_pretrained_checkpoint_is_named(tmp_path, as_list):
+    path = str(tmp_path / 'rednet50.pth')
+    with pytest.raises(MissingDataError) as info:
+        check_pretrained_exists(_pretrained_cfg(path, as_list))
+    key = 'model.backbone.init_cfg' + ('[0]' if as_list else '')
+    assert str(info.value).startswith(f"{key}.checkpoint '{path}' does not "
+                                      'exist;')
+    assert f'--cfg-options {key}.checkpoint=PATH' in str(info.value)
+    (tmp_path / 'rednet50.pth').write_bytes(b'')
+    check_pretrained_exists(_pretrained_cfg(path, as_list))  # present: fine
+    # remote checkpoints are mmengine's business
+    check_pretrained_exists(_pretrained_cfg('torchvision://resnet50'))
+
+
+def test_train_stops_on_missing_pretrained_checkpoint(tmp_path):
+    """COCO is there (as far as paths go), the ImageNet checkpoint is not."""
+    root = tmp_path / 'coco'
+    for d in ('annotations', 'train2017', 'val2017'):
+        (root / d).mkdir(parents=True)
+    for f in ('instances_train2017.json', 'instances_val2017.json'):
+        (root / 'annotations' / f).write_text('{}')
+    config = os.path.join(REPO, 'configs', 'rednet50_fpn_coco.py')
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, 'tools', 'train.py'), config,
+         '--cfg-options', f'train_dataloader.dataset.data_root={root}/',
+         f'val_dataloader.dataset.data_root={root}/'],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env=dict({k: v for k, v in os.environ.items()
+                  if k not in ('RANK', 'SLURM_PROCID')}, PYTHONPATH=REPO))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert 'Traceback' not in out.stderr
+    assert out.stderr.strip().startswith(
+        "error: model.backbone.init_cfg.checkpoint "
+        "'checkpoints/rednet50_imagenet.pth' does not exist;")
