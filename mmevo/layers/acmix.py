@@ -119,12 +119,10 @@ class ACmix(EvolutionLayer):
 
     def _qkv(self, x):
         self.check_input(x, self.in_planes)
-        # One matmul for the three projections: x is read once, and oneDNN's
-        # 1x1 conv backward is many times slower at these widths.
-        convs = (self.conv1, self.conv2, self.conv3)
-        qkv = pointwise(x, torch.cat([c.weight for c in convs]),
-                        torch.cat([c.bias for c in convs]))
-        return qkv.chunk(3, 1)
+        # Matmuls: oneDNN's 1x1 conv backward is many times slower at these
+        # widths. One per projection, so q, k, v are each contiguous.
+        return tuple(pointwise(x, c.weight, c.bias)
+                     for c in (self.conv1, self.conv2, self.conv3))
 
     def _attention(self, q, k):
         B, C, H, W = q.shape

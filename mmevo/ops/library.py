@@ -112,7 +112,7 @@ def _explicit_padding(x, padding, padding_mode):
 
 
 def _fold_reflect(gxp, padding, H, W):
-    """Transpose of the reflect padding: add each padded position to its source."""
+    """Transpose of the reflect padding: add padded positions to their source."""
     if _small_padding(padding, H, W):
         # Only the shape of the second argument is read, so it stays empty.
         return torch.ops.aten.reflection_pad2d_backward(

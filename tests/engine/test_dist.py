@@ -1,16 +1,18 @@
 """CPU-only distributed pieces: SyncBN -> BN in configs, DDP on a CPU module
 (the 2-process run is tests/tools/test_dist_train.py)."""
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 from mmengine.config import Config
-from mmengine.registry import MODEL_WRAPPERS
-from torch import nn
 
-from mmevo.engine import (CPUDistributedDataParallel, convert_sync_bn_to_bn,
-                          setup_cpu_distributed)
+from mmevo.engine import convert_sync_bn_to_bn, setup_cpu_distributed
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def _cfg():
@@ -52,24 +54,40 @@ def test_setup_without_launcher_only_converts():
     assert 'model_wrapper_cfg' not in cfg and not dist.is_initialized()
 
 
+_DDP_SCRIPT = """
+import sys
+import torch, torch.distributed as dist, torch.nn as nn
+from mmengine.registry import MODEL_WRAPPERS
+from mmevo.engine import CPUDistributedDataParallel
+dist.init_process_group('gloo', init_method='file://' + sys.argv[1],
+                        rank=0, world_size=1)
+torch.manual_seed(0)
+module = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+# as Runner.wrap_model builds it: device_ids=[LOCAL_RANK]
+ddp = MODEL_WRAPPERS.build(
+    dict(type='CPUDistributedDataParallel', broadcast_buffers=False),
+    default_args=dict(module=module, device_ids=[0]))
+assert isinstance(ddp, CPUDistributedDataParallel)
+assert ddp.device_ids is None
+x = torch.randn(5, 4)
+assert torch.equal(ddp(x), module(x))
+ddp(x).sum().backward()
+assert all(p.grad is not None for p in module.parameters())
+del ddp  # the reducer holds the group: release it before destroying
+dist.destroy_process_group()
+print('ok')
+"""
+
+
 def test_cpu_ddp_wraps_a_cpu_module(tmp_path):
-    dist.init_process_group(
-        'gloo', init_method=f'file://{tmp_path}/store', rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        module = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-        # as Runner.wrap_model builds it: device_ids=[LOCAL_RANK]
-        ddp = MODEL_WRAPPERS.build(
-            dict(type='CPUDistributedDataParallel', broadcast_buffers=False),
-            default_args=dict(module=module, device_ids=[0]))
-        assert isinstance(ddp, CPUDistributedDataParallel)
-        assert ddp.device_ids is None
-        x = torch.randn(5, 4)
-        assert torch.equal(ddp(x), module(x))
-        ddp(x).sum().backward()
-        assert all(p.grad is not None for p in module.parameters())
-    finally:
-        dist.destroy_process_group()
+    # In a process of its own: a gloo group created inside the pytest
+    # process could hang its teardown after the many tests before it.
+    out = subprocess.run(
+        [sys.executable, '-c', _DDP_SCRIPT, str(tmp_path / 'store')],
+        capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == 'ok'
 
 
 def test_slurm_variables_become_torch_env(monkeypatch):
