@@ -1,7 +1,7 @@
 """The configs' backbones load the published ImageNet checkpoints.
 
 The checkpoints are stood in for by tensors of the published keys and shapes
-(``shared/reference/*_state_dict.json``) with random values, saved the way
+(``shared/reference/*_state_dict.json``, copied to ``tests/models/data/``) with random values, saved the way
 they were released: mmcls format (``state_dict`` with keys under
 ``backbone.``) for RedNet, a torchvision-style classifier for ACmix.
 """
@@ -15,7 +15,8 @@ from mmengine.registry import MODELS, init_default_scope
 import mmevo  # noqa: F401
 from configs_helpers import ROOT, load
 
-REFERENCE = ROOT.parent / 'shared' / 'reference'
+# the repository's copy of shared/reference/*_state_dict.json
+REFERENCE = ROOT / 'tests' / 'models' / 'data'
 
 
 def _fake_checkpoint(entry, path, prefix=''):
