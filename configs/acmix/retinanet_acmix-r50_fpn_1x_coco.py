@@ -18,7 +18,7 @@ model = dict(
         norm_cfg=dict(type='BN', requires_grad=True),
         norm_eval=True,
         # The released ImageNet classifier has torchvision-style keys without
-        # a prefix; its fc.* head is left out (unexpected keys, a warning).
+        # a prefix; ACmixResNet drops its fc.* head on load (no unexpected keys).
         init_cfg=dict(
             type='Pretrained',
             checkpoint='checkpoints/acmix_resnet50_imagenet.pth')))

@@ -19,7 +19,7 @@ model = dict(
         norm_cfg=dict(type='SyncBN', requires_grad=True),
         norm_eval=False,
         # The released ImageNet classifier has torchvision-style keys without
-        # a prefix; its fc.* head is left out (unexpected keys, a warning).
+        # a prefix; ACmixResNet drops its fc.* head on load (no unexpected keys).
         init_cfg=dict(
             type='Pretrained',
             checkpoint='checkpoints/acmix_resnet50_imagenet.pth')))
