@@ -1,8 +1,9 @@
 """ACmix (Pan et al., CVPR 2022): attention + shift-conv on shared q/k/v."""
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from mmevo.ops import local_correlation
+from mmevo.ops import evolution_aggregate, local_correlation
 from mmevo.registry import MODELS
 from .base import EvolutionLayer, check_divisible, check_int
 from .involution import pointwise
@@ -117,49 +118,96 @@ class ACmix(EvolutionLayer):
         if self.init_cfg is None:
             self.reset_parameters()
 
-    def _qkv(self, x):
-        self.check_input(x, self.in_planes)
-        # Matmuls: oneDNN's 1x1 conv backward is many times slower at these
-        # widths. One per projection, so q, k, v are each contiguous.
-        return tuple(pointwise(x, c.weight, c.bias)
-                     for c in (self.conv1, self.conv2, self.conv3))
+    def _attention_inputs(self, x, v_scale=None):
+        """Query (B, C, ceil(H / s), ceil(W / s)), key and value (B, C, H, W).
 
-    def _attention(self, q, k):
-        B, C, H, W = q.shape
-        s = self.stride
-        pe = self.conv_p(position_map(H, W, q.dtype, q.device))
-        # q . (k(n) - pe(n)) = one correlation of q with the key shifted by
-        # pe; reflection of (k - pe) is reflection of each (it is linear).
-        key = (k.view(B, self.head, self.head_dim, H, W) - pe.unsqueeze(1))
-        query = q[:, :, ::s, ::s] * self.head_dim**-0.5
-        logits = local_correlation(query, key.view(B, C, H, W), self.head,
-                                   self.kernel_size, s, self.padding,
-                                   self.dilation, self.padding_mode)
+        The query is only needed at the output pixels (the window centres),
+        so with stride s it is projected from those alone. Constants are
+        folded into the tiny projection weights instead of
+        passes over the maps: the query is scaled by ``head_dim**-0.5``, the
+        key has ``pe`` subtracted (its bias is ``b - pe`` per pixel) and the
+        value is scaled by ``v_scale`` (``rate1`` in :meth:`forward`).
+        Matmuls: oneDNN's 1x1 conv backward is many times slower at these
+        widths.
+        """
+        self.check_input(x, self.in_planes)
+        B, _, H, W = x.shape
+        scale, s = self.head_dim**-0.5, self.stride
+        query = pointwise(x[:, :, ::s, ::s], self.conv1.weight * scale,
+                          self.conv1.bias * scale)
+        pe = pointwise(position_map(H, W, x.dtype, x.device),
+                       self.conv_p.weight, self.conv_p.bias)
+        key_bias = (self.conv2.bias.view(self.head, -1, 1) -
+                    pe.view(1, self.head_dim, -1))
+        key = torch.baddbmm(
+            key_bias.view(1, self.out_planes, H * W),
+            self.conv2.weight.view(1, self.out_planes, -1).expand(B, -1, -1),
+            x.reshape(B, self.in_planes, H * W)).view(B, -1, H, W)
+        w_v, b_v = self.conv3.weight, self.conv3.bias
+        if v_scale is not None:
+            w_v, b_v = w_v * v_scale, b_v * v_scale
+        return query, key, pointwise(x, w_v, b_v)
+
+    def _reflect(self, x):
+        """``(x, padding, padding_mode)`` for the window ops, with reflection
+        made explicit here, so the ops' backward reuses this padded map
+        instead of padding again. Maps not larger than the padding (repeated
+        reflection) are left to the ops."""
+        p = self.padding
+        if 0 < p < min(x.shape[-2:]):
+            return F.pad(x, (p, ) * 4, mode='reflect'), 0, 'zeros'
+        return x, p, self.padding_mode
+
+    def aggregate(self, features, kernel):
+        """The base aggregation, on features reflection-padded once here."""
+        for hook in self._kernel_hooks.values():
+            hook(self, kernel)
+        features, padding, mode = self._reflect(features)
+        return evolution_aggregate(features, kernel, self.stride, padding,
+                                   self.dilation, mode)
+
+    def _attention(self, query, key):
+        """Softmax over the window of ``query . key(n)`` (already scaled and
+        shifted by ``pe``, see :meth:`_attention_inputs`); reflection of
+        (k - pe) is reflection of each, as it is linear."""
+        key, padding, mode = self._reflect(key)
+        logits = local_correlation(query, key, self.head,
+                                   self.kernel_size, self.stride, padding,
+                                   self.dilation, mode)
         return logits.flatten(2, 3).softmax(2).view_as(logits)
 
-    def _mix_heads(self, q, k, v):
-        """``fc`` over the 3 * head q/k/v heads at every (channel, pixel).
+    def _conv_path(self, x):
+        """``rate2 * dep_conv(fc(q, k, v heads))``, (B, C, H_out, W_out).
 
-        Returns (B, head_dim * kc^2, H, W), channel-major as ``dep_conv``
-        groups it, in channels_last memory: one matmul over all (pixel,
-        channel) rows writes that layout directly, and oneDNN's grouped
-        ``dep_conv`` backward is ~15x faster on it than on NCHW (where
-        computing both of its gradients at once is pathologically slow).
+        ``fc`` mixes the 3 * head q/k/v heads of each (channel, pixel); as
+        the projections are linear, ``rate2 * fc`` is folded into them, so
+        one matmul maps x to the ``dep_conv`` input, written channel-major
+        (head_dim, kc^2) in channels_last memory: no q/k/v transposes, and
+        oneDNN's grouped ``dep_conv`` backward is ~15x faster on that layout
+        than on NCHW.
         """
-        B, _, H, W = q.shape
-        d, k2 = self.head_dim, self.kernel_conv**2
-        # (B, HW, head_dim, 3 * head): the q, k, v heads of each channel.
-        heads = torch.cat(
-            [t.view(B, self.head, d, H * W).permute(0, 3, 2, 1)
-             for t in (q, k, v)], 3)
-        mixed = torch.matmul(heads.view(-1, 3 * self.head),
-                             self.fc.weight.view(k2, 3 * self.head).t())
-        return mixed.view(B, H, W, d * k2).permute(0, 3, 1, 2)
+        B, _, H, W = x.shape
+        k2, d = self.kernel_conv**2, self.head_dim
+        fc = (self.fc.weight.view(k2, 3, self.head) * self.rate2).unbind(1)
+        convs = (self.conv1, self.conv2, self.conv3)
+        # fc over the heads of the stacked q/k/v weights, as three matmuls on
+        # the weights as they are stored (no concatenated or permuted copy
+        # of them): (k2, head_dim * in_planes) and (k2, head_dim).
+        weight = sum(torch.mm(f, c.weight.view(self.head, -1))
+                     for f, c in zip(fc, convs))
+        bias = sum(torch.mm(f, c.bias.view(self.head, -1))
+                   for f, c in zip(fc, convs))
+        # Rows in dep_conv's (head_dim, k2) channel order, in_planes inner.
+        weight = weight.view(k2, d, -1).transpose(0, 1).reshape(d * k2, -1)
+        pixels = x.reshape(B, self.in_planes, H * W).transpose(1, 2)
+        mixed = torch.baddbmm(bias.t().flatten(), pixels,
+                              weight.t().expand(B, -1, -1))
+        return self.dep_conv(mixed.view(B, H, W, -1).permute(0, 3, 1, 2))
 
     def generate(self, x):
         """Return ``(v, attention)``; attention (B, head, K, K, Ho, Wo)."""
-        q, k, v = self._qkv(x)
-        return v, self._attention(q, k)
+        query, key, v = self._attention_inputs(x)
+        return v, self._attention(query, key)
 
     def forward(self, x):
         """rate1 * attention path + rate2 * convolution path.
@@ -170,8 +218,8 @@ class ACmix(EvolutionLayer):
         Returns:
             Tensor: (B, out_planes, ceil(H / s), ceil(W / s)).
         """
-        q, k, v = self._qkv(x)
-        out_att = self.aggregate(v, self._attention(q, k))
-        # Back to NCHW, the layout of the rest of the network.
-        out_conv = self.dep_conv(self._mix_heads(q, k, v)).contiguous()
-        return self.rate1 * out_att + self.rate2 * out_conv
+        query, key, v = self._attention_inputs(x, self.rate1)
+        out_att = self.aggregate(v, self._attention(query, key))
+        # out_att first: the sum takes its NCHW layout, the rest of the
+        # network's, not the channels_last one of the convolution path.
+        return out_att + self._conv_path(x)

@@ -98,6 +98,45 @@ def test_matches_reference(backend, seed):
     torch.testing.assert_close(xc.grad, xq.grad, **tol)
 
 
+# Maps wider and taller than the kernels' register tiles: several column
+# vectors with a partial last one, several row tiles with a partial last one,
+# channel blocks with a partial last quad, every stride phase.
+WIDE = [
+    # B, C, G, K, H, W, s, d, p
+    (2, 32, 2, 7, 23, 37, 1, 1, None),
+    (1, 36, 3, 5, 19, 40, 2, 1, None),
+    (1, 16, 1, 3, 26, 21, 3, 2, 1),
+    (2, 20, 1, 7, 17, 33, 2, 2, 0),
+    (1, 48, 1, 3, 13, 70, 1, 3, 5),
+]
+
+
+@pytest.mark.parametrize('geom', WIDE)
+@pytest.mark.parametrize('mode', ['zeros', 'reflect'])
+def test_wide_maps_match_reference(geom, mode):
+    B, C, G, K, H, W, s, d, p = geom
+    gen = torch.Generator().manual_seed(H * W + C)
+    pad = d * (K - 1) // 2 if p is None else p
+    Ho, Wo = output_size(H, K, s, pad, d), output_size(W, K, s, pad, d)
+    x = torch.randn(B, C, H, W, generator=gen, dtype=torch.float64)
+    w = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
+    q = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
+    gy = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
+    go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
+    outs = []
+    for fn_a, fn_c, padding in ((evolution_aggregate, local_correlation, p),
+                                (aggregate_reference, correlation_reference, pad)):
+        xa, wa, qa, xc = leaf(x), leaf(w), leaf(q), leaf(x)
+        with library.use_backend('cpp'):
+            y = fn_a(xa, wa, s, padding, d, mode)
+            o = fn_c(qa, xc, G, K, s, padding, d, mode)
+        (y * gy).sum().backward()
+        (o * go).sum().backward()
+        outs.append((y, o, xa.grad, wa.grad, qa.grad, xc.grad))
+    for got, want in zip(*outs):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
 def test_sweep_covers_the_issue_list():
     """The seeded configurations include every case the sweep promises."""
     cfgs = [random_config(random.Random(i)) for i in range(N_CONFIGS)]

@@ -7,6 +7,7 @@ mmdet's ``ResNet`` keeps everything else identical to it: stem freezing,
 of the published checkpoints (``layer{i}.{j}.conv1/bn1/conv2/bn2/conv3/bn3``,
 ``downsample.0/1``) and the default initialisation.
 """
+import torch
 from mmcv.cnn import build_conv_layer, build_norm_layer
 from mmdet.models.backbones.resnet import Bottleneck, ResNet
 from mmengine.model import Sequential
@@ -94,6 +95,35 @@ class DynamicResNet(ResNet):
             zero_init_residual=zero_init_residual,
             init_cfg=init_cfg,
             **kwargs)
+
+    def forward(self, x):
+        """mmdet's ResNet forward, the stem and max-pool in channels_last.
+
+        At stride 2 with few channels oneDNN's NCHW convolution, BN and
+        max-pool (forward and backward) are 1.5-3x slower than in
+        channels_last on CPU (``docs/benchmarks.md``); the stages run NCHW,
+        the layout of the mmevo ops, so the outputs are NCHW as before.
+        Subclasses with a deep stem make its tail channels_last themselves.
+
+        Args:
+            x (Tensor): (B, in_channels, H, W).
+
+        Returns:
+            tuple[Tensor]: the outputs of the stages in ``out_indices``.
+        """
+        if self.deep_stem:
+            x = self.stem(x)
+        else:
+            x = x.contiguous(memory_format=torch.channels_last)
+            x = self.relu(self.norm1(self.conv1(x)))
+        x = self.maxpool(x.contiguous(memory_format=torch.channels_last))
+        x = x.contiguous()
+        outs = []
+        for i, layer_name in enumerate(self.res_layers):
+            x = getattr(self, layer_name)(x)
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
 
     def train(self, mode=True):
         """mmdet's ``train`` (freezing, norm_eval), returning ``self``."""

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,13 +22,6 @@ namespace mmevo {
 template <typename T> struct Acc { using type = T; };
 template <> struct Acc<c10::BFloat16> { using type = float; };
 template <> struct Acc<c10::Half> { using type = float; };
-
-// Channels accumulated together by one task: bounds the accumulator to
-// kChannelBlock rows (L1-resident) while the kernel row is reused across them.
-constexpr int64_t kChannelBlock = 32;
-// Elements a vectorised loop may read or write past the end of a row buffer
-// (four 64-byte vectors of the narrowest type).
-constexpr int64_t kSlack = 4 * 64 / 2;
 
 struct Geometry {
   int64_t B, C, H, W, G, K, Ho, Wo, s, p, d;
@@ -41,19 +35,6 @@ inline int64_t grain_for(int64_t fmas_per_task) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return a >= 0 ? (a + b - 1) / b : -((-a) / b);
-}
-
-// For every window column tap v, the output columns j whose input column
-// j*s - p + v*d lies inside [0, W): the zero-padding bounds of the inner loop.
-inline std::vector<std::pair<int64_t, int64_t>> column_ranges(const Geometry& g) {
-  std::vector<std::pair<int64_t, int64_t>> r(g.K);
-  for (int64_t v = 0; v < g.K; ++v) {
-    const int64_t off = v * g.d - g.p;
-    const int64_t lo = std::max<int64_t>(0, ceil_div(-off, g.s));
-    const int64_t hi = std::min<int64_t>(g.Wo, ceil_div(g.W - off, g.s));
-    r[v] = {lo, std::max(lo, hi)};
-  }
-  return r;
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))

@@ -11,323 +11,369 @@
 //
 // kVecBytes (the vector width) is defined by the includer for each target.
 //
-// Scheme: each task owns whole output rows (deterministic, no atomics, any
-// thread count gives the same bits). It first copies the input rows it needs
-// into zero-padded, stride-deinterleaved buffers in the accumulation type, so
-// that every window tap becomes a contiguous, always-valid slice; the hot loop
-// (tap_dot) then runs over the contiguous column axis, keeps the sums over the
-// taps in registers and shares each loaded operand between up to four
-// outputs (channels sharing a kernel row, or taps sharing a query row).
+// Scheme: a task owns a tile of kRows rows (output rows; input rows for the
+// transpose) of one (b, g), with a block of channels, and writes it whole:
+// deterministic, no atomics, the same bits for any thread count. It first
+// copies the rows it needs into zero-padded buffers in the accumulation
+// type, split by column phase when the stride is > 1, so that every window
+// tap is a contiguous, always-valid slice. The hot loops (tile_row,
+// correlate_tile) keep a register tile of sums over the contiguous column
+// axis: kCh channels x kRows rows (kCRows rows x kUs window rows for the
+// correlation). Neighbouring rows share input rows, so each loaded input
+// vector feeds up to kRows rows and each loaded kernel vector kCh channels:
+// under half a load per FMA. The tile fills the register file: 32 vectors
+// with AVX-512, 16 below.
 
-// One block of tap_dot: NK outputs x NV vectors of columns. Each a[t] vector
-// is loaded once for the NK outputs, and NK x NV (x 2 tap parities when NK is
-// 1) independent accumulator chains hide the FMA latency. GCC vector
-// extensions compile to the widest registers of the namespace's target.
-template <typename A, int NV, int NK, int VB = kVecBytes>
-inline void tap_block(A* out, int64_t os, int64_t j, const A* const* a,
-                      const A* const* b, const int64_t* koff, int64_t nt,
-                      bool accumulate) {
-  constexpr int64_t V = VB / sizeof(A);
-  constexpr int NP = NK == 1 ? 2 : 1;
-  typedef A vec __attribute__((vector_size(VB)));
-  vec s[NP][NK][NV];
-  for (int q = 0; q < NP; ++q)
-    for (int k = 0; k < NK; ++k)
-      for (int v = 0; v < NV; ++v) {
-        if (accumulate && q == 0) std::memcpy(&s[q][k][v], out + k * os + j + v * V, VB);
-        else s[q][k][v] = vec{};
-      }
-  int64_t off[NK];
-  for (int k = 0; k < NK; ++k) off[k] = koff[k] + j;
-  int64_t t = 0;
-  for (; t + NP <= nt; t += NP)
-    for (int q = 0; q < NP; ++q) {
-      const A* pa = a[t + q] + j;
-      const A* pb = b[t + q];
-      for (int v = 0; v < NV; ++v) {
-        vec x;
-        std::memcpy(&x, pa + v * V, VB);
-        for (int k = 0; k < NK; ++k) {
-          vec y;
-          std::memcpy(&y, pb + off[k] + v * V, VB);
-          s[q][k][v] += x * y;
-        }
-      }
-    }
-  for (; t < nt; ++t)
-    for (int v = 0; v < NV; ++v) {
-      vec x;
-      std::memcpy(&x, a[t] + j + v * V, VB);
-      for (int k = 0; k < NK; ++k) {
-        vec y;
-        std::memcpy(&y, b[t] + off[k] + v * V, VB);
-        s[0][k][v] += x * y;
-      }
-    }
-  for (int k = 0; k < NK; ++k)
-    for (int v = 0; v < NV; ++v) {
-      vec r = s[0][k][v];
-      if (NP == 2) r += s[NP - 1][k][v];
-      std::memcpy(out + k * os + j + v * V, &r, VB);
-    }
-}
+constexpr int64_t kRows = kVecBytes == 64 ? 6 : 2;
+constexpr int64_t kCh = 4, kUs = 4;
+constexpr int64_t kCRows = kVecBytes == 64 ? 4 : 2;  // rows of a correlation tile
+constexpr int64_t kTileChannels = 16;  // channels of a forward / transpose task
 
-template <typename A, int NK>
-inline void tap_rows(A* out, int64_t os, int64_t n, const A* const* a,
-                     const A* const* b, const int64_t* koff, int64_t nt,
-                     bool accumulate) {
-  constexpr int64_t V = kVecBytes / sizeof(A);
-  for (int64_t j = 0; j < n; j += 4 * V) {
-    if (kVecBytes >= 32 && n - j <= V / 2) {  // short rows: half-width vectors
-      tap_block<A, 1, NK, kVecBytes / 2>(out, os, j, a, b, koff, nt, accumulate);
-      break;
-    }
-    switch (std::min<int64_t>(4, (n - j + V - 1) / V)) {
-      case 4: tap_block<A, 4, NK>(out, os, j, a, b, koff, nt, accumulate); break;
-      case 3: tap_block<A, 3, NK>(out, os, j, a, b, koff, nt, accumulate); break;
-      case 2: tap_block<A, 2, NK>(out, os, j, a, b, koff, nt, accumulate); break;
-      default: tap_block<A, 1, NK>(out, os, j, a, b, koff, nt, accumulate);
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Column phases of a buffered input row of length s * L: buffer column
+// ph * L + m holds input column m * s + ph - p (zero outside [0, W)), so tap
+// v of the output columns [j, j + V) is the slice at offset(v) + j.
+struct RowPhases {
+  int64_t s, p, L;
+  std::vector<int64_t> lo, hi;  // per phase, the m inside the map
+
+  RowPhases(int64_t s_, int64_t p_, int64_t W, int64_t L_)
+      : s(s_), p(p_), L(L_), lo(s_), hi(s_) {
+    for (int64_t ph = 0; ph < s; ++ph) {
+      lo[ph] = std::min(L, std::max<int64_t>(0, ceil_div(p - ph, s)));
+      hi[ph] = std::max(lo[ph], std::min(L, ceil_div(W + p - ph, s)));
     }
   }
-}
 
-// out[k*os + j] (+)= sum_t a[t][j] * b[t][koff[k] + j] for k < nk, j < n:
-// the only hot loop (nk outputs sharing the a operand: channels sharing a
-// kernel row, or taps sharing a query row). It works in whole vectors, so it
-// reads and writes up to 16 elements past n: every buffer it touches has
-// kSlack spare elements (zero-initialised), and os leaves room for the overhang.
-template <typename A>
-inline void tap_dot(A* out, int64_t os, int64_t nk, int64_t n, const A* const* a,
-                    const A* const* b, const int64_t* koff, int64_t nt,
-                    bool accumulate) {
-  int64_t k = 0;
-  for (; k + 4 <= nk; k += 4)
-    tap_rows<A, 4>(out + k * os, os, n, a, b, koff + k, nt, accumulate);
-  switch (nk - k) {
-    case 3: tap_rows<A, 3>(out + k * os, os, n, a, b, koff + k, nt, accumulate); break;
-    case 2: tap_rows<A, 2>(out + k * os, os, n, a, b, koff + k, nt, accumulate); break;
-    case 1: tap_rows<A, 1>(out + k * os, os, n, a, b, koff + k, nt, accumulate); break;
-    default: break;
+  int64_t offset(int64_t v, int64_t d) const { return (v * d) % s * L + (v * d) / s; }
+
+  template <typename T, typename A>
+  void load(A* __restrict__ dst, const T* __restrict__ src) const {
+    for (int64_t ph = 0; ph < s; ++ph, dst += L) {
+      const T* from = src + ph - p;
+      std::fill(dst, dst + lo[ph], A(0));
+      if (s == 1) {
+        for (int64_t m = lo[ph]; m < hi[ph]; ++m) dst[m] = static_cast<A>(from[m]);
+      } else {
+        for (int64_t m = lo[ph]; m < hi[ph]; ++m) dst[m] = static_cast<A>(from[m * s]);
+      }
+      std::fill(dst + hi[ph], dst + L, A(0));
+    }
   }
-}
+};
 
-// Row stride of tap_dot outputs: whole vectors of the widest target.
-inline int64_t padded_row(int64_t n) { return (n + 15) / 16 * 16; }
-
-// Ask for the n elements at p ahead of use: the kernel rows of one task lie
-// in K*K different planes, more streams than the hardware prefetcher follows,
-// so each task prefetches the rows the next task (next output row) reads.
-template <typename T>
-inline void prefetch_row(const T* p, int64_t n) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t k = 0; k < n * static_cast<int64_t>(sizeof(T)); k += 64) __builtin_prefetch(c + k);
-}
-
-// Copy x[row, m*s + ph - p] for m < L into dst[ph*L + m] (zero outside the
-// map): the window taps of one input row, split by stride phase.
+// dst[j] = src[j - shift] for j < n, zero where that is outside [0, len).
 template <typename T, typename A>
-inline void load_phases(A* __restrict__ dst, const T* __restrict__ xrow, int64_t W,
-                        int64_t L, int64_t s, int64_t p) {
-  for (int64_t ph = 0; ph < s; ++ph) {
-    A* d = dst + ph * L;
-    const int64_t lo = std::min(L, std::max<int64_t>(0, ceil_div(p - ph, s)));
-    const int64_t hi = std::max(lo, std::min(L, ceil_div(W + p - ph, s)));
-    const T* src = xrow + lo * s + ph - p;
-    std::fill(d, d + lo, A(0));
-    if (s == 1) {
-      for (int64_t m = 0; m < hi - lo; ++m) d[lo + m] = static_cast<A>(src[m]);
-    } else {
-      for (int64_t m = 0; m < hi - lo; ++m) d[lo + m] = static_cast<A>(src[m * s]);
-    }
-    std::fill(d + hi, d + L, A(0));
+inline void load_shifted(A* __restrict__ dst, const T* __restrict__ src, int64_t len,
+                         int64_t shift, int64_t n) {
+  const int64_t lo = std::min(n, shift), hi = std::max(lo, std::min(n, len + shift));
+  std::fill(dst, dst + lo, A(0));
+  for (int64_t j = lo; j < hi; ++j) dst[j] = static_cast<A>(src[j - shift]);
+  std::fill(dst + hi, dst + n, A(0));
+}
+
+// dst[j * step] = lane j of v, converted to T, for j < n.
+template <typename T, typename A, typename vec>
+inline void store_lanes(T* __restrict__ dst, const vec& v, int64_t n, int64_t step = 1) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  if (std::is_same_v<T, A> && n == V && step == 1) {
+    std::memcpy(dst, &v, sizeof(vec));
+    return;
   }
+  A tmp[V];
+  std::memcpy(tmp, &v, sizeof(vec));
+  for (int64_t j = 0; j < n; ++j) dst[j * step] = static_cast<T>(tmp[j]);
+}
+
+// acc[k][n] += b[n][boff[q]] * a[k][aoff[q]] for the taps q < nt and every
+// tile row n with a kernel row b[n] (null: no tap there). a = kCh channel
+// rows of the shifted operand.
+template <typename A, typename vec>
+__attribute__((always_inline)) inline void tile_row(
+    vec (&acc)[kCh][kRows], const A* const* a, const A* const* b, const int64_t* aoff,
+    const int64_t* boff, int64_t nt) {
+  constexpr int64_t VB = sizeof(vec);
+  for (int64_t q = 0; q < nt; ++q) {
+    vec xv[kCh];
+#pragma GCC unroll 4
+    for (int k = 0; k < kCh; ++k) std::memcpy(&xv[k], a[k] + aoff[q], VB);
+#pragma GCC unroll 8
+    for (int n = 0; n < kRows; ++n) {
+      if (!b[n]) continue;
+      vec wv;
+      std::memcpy(&wv, b[n] + boff[q], VB);
+#pragma GCC unroll 4
+      for (int k = 0; k < kCh; ++k) acc[k][n] += wv * xv[k];
+    }
+  }
+}
+
+// u_of[rr * kRows + n]: the window row u through which buffered row rr meets
+// tile row n < rows, u * d = first + n * sn - rr * sr, or -1 if none.
+inline void tile_taps(int64_t* u_of, int64_t R, int64_t rows, int64_t span, int64_t d,
+                      int64_t first, int64_t sn, int64_t sr) {
+  for (int64_t rr = 0; rr < R; ++rr)
+    for (int64_t n = 0; n < kRows; ++n) {
+      const int64_t ud = first + n * sn - rr * sr;
+      u_of[rr * kRows + n] = n < rows && ud >= 0 && ud <= span && ud % d == 0 ? ud / d : -1;
+    }
 }
 
 // Y[b, c, i, :] = sum_{u, v} w[b, g, u, v, i, :] * x[b, c, i*s-p+u*d, :*s-p+v*d].
+// Task: (b, g, block of <= 16 channels, kRows output rows); buffered input
+// row rr (input row i0*s - p + rr) feeds output row i0 + n through window row
+// u = (rr - n*s) / d. The tile's kernel rows are copied into a buffer whose
+// row stride is an odd number of vectors: in place they lie K*K planes
+// apart, often a multiple of 4 KiB, which maps them onto a few cache sets.
 template <typename T>
 void aggregate_forward(const T* __restrict__ x, const T* __restrict__ w,
                        T* __restrict__ y, const Geometry& g) {
   using A = typename Acc<T>::type;
-  const int64_t Cg = g.C / g.G, CB = std::min<int64_t>(Cg, kChannelBlock);
-  const int64_t nCB = (Cg + CB - 1) / CB, KK = g.K * g.K;
-  const int64_t L = g.Wo + (g.K - 1) * g.d / g.s;  // phase length of a row
-  const int64_t rowbuf = g.s * L;                    // one input row, all phases
-  const T* w_end = w + g.B * g.G * g.K * g.K * g.Ho * g.Wo;
-  const int64_t grain = grain_for(CB * KK * g.Wo);
-  at::parallel_for(0, g.B * g.G * nCB * g.Ho, grain, [&](int64_t begin, int64_t end) {
-    const int64_t Wp = padded_row(g.Wo);
-    std::vector<A> xb(CB * g.K * rowbuf + kSlack), wb(KK * g.Wo + kSlack), yb(CB * Wp + kSlack);
-    std::vector<const A*> ta(KK), tb(KK);
-    std::vector<int64_t> koff(CB);
-    for (int64_t cc = 0; cc < CB; ++cc) koff[cc] = cc * g.K * rowbuf;  // channel stride in xb
-    std::vector<int64_t> toff(KK);
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Cg = g.C / g.G, CB = std::min(Cg, kTileChannels);
+  const int64_t nCB = ceil_div(Cg, CB), nIB = ceil_div(g.Ho, kRows);
+  const int64_t span = (g.K - 1) * g.d, R = (kRows - 1) * g.s + span + 1;
+  const int64_t Wv = round_up(g.Wo, V), L = Wv + span / g.s, Lrow = g.s * L;
+  const int64_t Ws = Wv / V % 2 ? Wv : Wv + V;
+  const int64_t plane = g.Ho * g.Wo, KK = g.K * g.K;
+  const RowPhases phases(g.s, g.p, g.W, L);
+  std::vector<int64_t> aoff(g.K), boff(g.K);
+  for (int64_t v = 0; v < g.K; ++v) aoff[v] = phases.offset(v, g.d), boff[v] = v * Ws;
+  const int64_t grain = grain_for(CB * kRows * KK * g.Wo);
+  at::parallel_for(0, g.B * g.G * nCB * nIB, grain, [&](int64_t begin, int64_t end) {
+    // Channel slots past the block's last channel are computed and dropped;
+    // kernel row columns [Wo, Ws) are never written and stay zero.
+    std::vector<A> xb(round_up(CB, kCh) * R * Lrow), wb(kRows * KK * Ws);
+    std::vector<int64_t> u_of(R * kRows);
+    int64_t taps_rows = 0;  // the tile height u_of was made for
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t % g.Ho, cb = (t / g.Ho) % nCB, grp = (t / g.Ho / nCB) % g.G;
-      const int64_t b = t / g.Ho / nCB / g.G;
+      const int64_t ib = t % nIB, cb = (t / nIB) % nCB, bg = t / nIB / nCB;
+      const int64_t b = bg / g.G, grp = bg % g.G;
+      const int64_t i0 = ib * kRows, ni = std::min(kRows, g.Ho - i0);
       const int64_t c0 = grp * Cg + cb * CB, nc = std::min(CB, Cg - cb * CB);
-      // Taps whose row is inside the map; the others only meet zero padding.
-      int64_t nt = 0;
-      const int64_t next_row = (i + 1) * g.s - g.p + (g.K - 1) * g.d;
-      if (i + 1 < g.Ho && next_row >= 0 && next_row < g.H)
-        for (int64_t cc = 0; cc < nc; ++cc)
-          prefetch_row(x + ((b * g.C + c0 + cc) * g.H + next_row) * g.W, g.W);
-      for (int64_t u = 0; u < g.K; ++u) {
-        const int64_t row = i * g.s - g.p + u * g.d;
-        if (row < 0 || row >= g.H) continue;
-        for (int64_t cc = 0; cc < nc; ++cc)
-          load_phases(xb.data() + (cc * g.K + u) * rowbuf,
-                      x + ((b * g.C + c0 + cc) * g.H + row) * g.W, g.W, L, g.s, g.p);
-        for (int64_t v = 0; v < g.K; ++v, ++nt) {
-          const T* wr = w + ((((b * g.G + grp) * g.K + u) * g.K + v) * g.Ho + i) * g.Wo;
-          if (i + 1 < g.Ho) prefetch_row(wr + g.Wo, g.Wo);
-          if constexpr (std::is_same_v<T, A>) {
-            // Read the kernel in place unless tap_dot's overhang leaves the tensor.
-            if (wr + g.Wo + kSlack <= w_end) {
-              ta[nt] = wr;
-              toff[nt] = u * rowbuf + (v * g.d) % g.s * L + (v * g.d) / g.s;
-              continue;
-            }
-          }
-          A* wd = wb.data() + (u * g.K + v) * g.Wo;
-          for (int64_t j = 0; j < g.Wo; ++j) wd[j] = static_cast<A>(wr[j]);
-          ta[nt] = wd;
-          toff[nt] = u * rowbuf + (v * g.d) % g.s * L + (v * g.d) / g.s;
+      // Input rows inside the map; the others only meet zero padding.
+      const int64_t r0 = i0 * g.s - g.p;
+      const int64_t rlo = std::max<int64_t>(0, -r0);
+      const int64_t rhi = std::min((ni - 1) * g.s + span + 1, g.H - r0);
+      for (int64_t cc = 0; cc < nc; ++cc)
+        for (int64_t rr = rlo; rr < rhi; ++rr)
+          phases.load(xb.data() + (cc * R + rr) * Lrow,
+                      x + ((b * g.C + c0 + cc) * g.H + r0 + rr) * g.W);
+      for (int64_t uv = 0; uv < KK; ++uv) {
+        const T* src = w + (bg * KK + uv) * plane + i0 * g.Wo;
+        for (int64_t n = 0; n < ni; ++n, src += g.Wo) {
+          A* dst = wb.data() + (n * KK + uv) * Ws;
+          if constexpr (std::is_same_v<T, A>) std::memcpy(dst, src, g.Wo * sizeof(A));
+          else for (int64_t j = 0; j < g.Wo; ++j) dst[j] = static_cast<A>(src[j]);
         }
       }
-      for (int64_t k = 0; k < nt; ++k) tb[k] = xb.data() + toff[k];
-      tap_dot(yb.data(), Wp, nc, g.Wo, ta.data(), tb.data(), koff.data(), nt, false);
-      for (int64_t cc = 0; cc < nc; ++cc) {
-        T* yr = y + ((b * g.C + c0 + cc) * g.Ho + i) * g.Wo;
-        for (int64_t j = 0; j < g.Wo; ++j) yr[j] = static_cast<T>(yb[cc * Wp + j]);
+      if (ni != taps_rows) tile_taps(u_of.data(), R, taps_rows = ni, span, g.d, 0, -g.s, -1);
+      for (int64_t jv = 0; jv < Wv; jv += V) {
+        const int64_t nj = std::min(V, g.Wo - jv);
+        for (int64_t c4 = 0; c4 < nc; c4 += kCh) {
+          vec acc[kCh][kRows] = {};
+          for (int64_t rr = rlo; rr < rhi; ++rr) {
+            const A* a[kCh];
+            const A* wr[kRows];
+            for (int k = 0; k < kCh; ++k) a[k] = xb.data() + ((c4 + k) * R + rr) * Lrow + jv;
+            for (int n = 0; n < kRows; ++n) {
+              const int64_t u = u_of[rr * kRows + n];
+              wr[n] = u < 0 ? nullptr : wb.data() + (n * KK + u * g.K) * Ws + jv;
+            }
+            tile_row<A, vec>(acc, a, wr, aoff.data(), boff.data(), g.K);
+          }
+          for (int64_t k = 0; k < std::min(kCh, nc - c4); ++k)
+            for (int64_t n = 0; n < ni; ++n)
+              store_lanes<T, A>(y + ((b * g.C + c0 + c4 + k) * g.Ho + i0 + n) * g.Wo + jv,
+                                acc[k][n], nj);
+        }
       }
     }
   });
 }
 
-// grad_x = At(grad_y, w), as a gather: input pixel (h, col) collects every
-// (u, v, i, j) with i*s-p+u*d = h and j*s-p+v*d = col. For a column phase
-// ph = (col + p) mod s the taps with (v*d) mod s = ph contribute
-// w[.., i, m - (v*d)/s] * grad_y[.., i, m - (v*d)/s] at m = (col + p) / s.
+// grad_x = At(grad_y, w), as a gather: input pixel (h, col) collects
+// w * grad_y at i = (h + p - u*d) / s, j = (col + p - v*d) / s wherever
+// those divide exactly. Task: (b, g, block of <= 16 channels, kRows input
+// rows). Columns are done by phase q = col mod s: col = m*s + q takes the
+// taps v with q + p - v*d divisible by s, at j = m + t(v), t(v) = (q + p -
+// v*d) / s, a shift of the m axis. Buffer column e holds j = e - S0 of
+// grad_y and of the kernel rows (zero outside [0, Wo)), so tap v is the slice
+// at t(v) + S0 of both.
 template <typename T>
 void aggregate_transpose(const T* __restrict__ gy, const T* __restrict__ w,
                          T* __restrict__ gx, const Geometry& g) {
   using A = typename Acc<T>::type;
-  const int64_t Cg = g.C / g.G, CB = std::min<int64_t>(Cg, kChannelBlock);
-  const int64_t nCB = (Cg + CB - 1) / CB, KK = g.K * g.K;
-  const int64_t M = (g.K - 1) * g.d / g.s;  // left margin: the largest shift
-  const int64_t nm = (g.W - 1 + g.p) / g.s + 1;  // positions m per phase
-  const int64_t L = M + std::max(g.Wo, nm);
-  const int64_t grain = grain_for(CB * KK * g.W / (g.s * g.s));
-  at::parallel_for(0, g.B * g.G * nCB * g.H, grain, [&](int64_t begin, int64_t end) {
-    const int64_t Mp = padded_row(nm), Wp = padded_row(g.W);
-    std::vector<A> wb(KK * L + kSlack), gb(CB * g.K * L + kSlack), mb(CB * Mp + kSlack),
-        xr(CB * Wp + kSlack);
-    std::vector<const A*> ta(KK), tb(KK);
-    std::vector<int64_t> us, koff(CB);
-    for (int64_t cc = 0; cc < CB; ++cc) koff[cc] = cc * g.K * L;  // channel stride in gb
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Cg = g.C / g.G, CB = std::min(Cg, kTileChannels);
+  const int64_t nCB = ceil_div(Cg, CB), nHB = ceil_div(g.H, kRows);
+  const int64_t span = (g.K - 1) * g.d, S0 = span / g.s;
+  const int64_t Mv = round_up(ceil_div(g.W, g.s), V);  // columns m of a phase
+  const int64_t Le = Mv + S0 + (g.s - 1 + g.p) / g.s + 1;
+  const int64_t R = (kRows - 1 + span) / g.s + 2;  // grad_y rows of a tile
+  const int64_t plane = g.Ho * g.Wo, KK = g.K * g.K;
+  // Taps of each column phase: ntap[q], and their offsets in the buffers.
+  std::vector<int64_t> ntap(g.s, 0), aoff(g.s * g.K), boff(g.s * g.K);
+  for (int64_t q = 0; q < g.s; ++q)
+    for (int64_t v = 0; v < g.K; ++v) {
+      const int64_t num = q + g.p - v * g.d;
+      if (((num % g.s) + g.s) % g.s) continue;
+      const int64_t k = q * g.K + ntap[q]++;
+      aoff[k] = num / g.s + S0;
+      boff[k] = v * Le + aoff[k];
+    }
+  const int64_t grain = grain_for(CB * kRows * KK * g.W / (g.s * g.s));
+  at::parallel_for(0, g.B * g.G * nCB * nHB, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> gb(round_up(CB, kCh) * R * Le), wb(kRows * KK * Le);
+    std::vector<int64_t> u_of(R * kRows);
+    int64_t taps_first = 0, taps_rows = 0;  // what u_of was made for
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t h = t % g.H, cb = (t / g.H) % nCB, grp = (t / g.H / nCB) % g.G;
-      const int64_t b = t / g.H / nCB / g.G;
+      const int64_t hb = t % nHB, cb = (t / nHB) % nCB, bg = t / nHB / nCB;
+      const int64_t b = bg / g.G, grp = bg % g.G;
+      const int64_t h0 = hb * kRows, nh = std::min(kRows, g.H - h0);
       const int64_t c0 = grp * Cg + cb * CB, nc = std::min(CB, Cg - cb * CB);
-      // Rows u of the window that land on h. Only [M, M + Wo) of a buffer row
-      // is ever written, so the zero margins stay zero across tasks.
-      us.clear();
-      for (int64_t u = 0; u < g.K; ++u) {
-        const int64_t r = h + g.p - u * g.d;
-        if (r < 0 || r % g.s || r / g.s >= g.Ho) continue;
-        const int64_t i = r / g.s;
-        us.push_back(u);
-        for (int64_t v = 0; v < g.K; ++v) {
-          const T* wr = w + ((((b * g.G + grp) * g.K + u) * g.K + v) * g.Ho + i) * g.Wo;
-          if (i + 1 < g.Ho) prefetch_row(wr + g.Wo, g.Wo);
-          A* wd = wb.data() + (u * g.K + v) * L + M;
-          for (int64_t j = 0; j < g.Wo; ++j) wd[j] = static_cast<A>(wr[j]);
-        }
-        for (int64_t cc = 0; cc < nc; ++cc) {
-          const T* gr = gy + ((b * g.C + c0 + cc) * g.Ho + i) * g.Wo;
-          if (i + 1 < g.Ho) prefetch_row(gr + g.Wo, g.Wo);
-          A* gd = gb.data() + (cc * g.K + u) * L + M;
-          for (int64_t j = 0; j < g.Wo; ++j) gd[j] = static_cast<A>(gr[j]);
-        }
+      // grad_y rows i = i_lo + rr; input row h0 + n meets them through
+      // u*d = first + n - rr*s.
+      const int64_t i_lo = ceil_div(h0 + g.p - span, g.s), first = h0 + g.p - i_lo * g.s;
+      const int64_t rlo = std::max<int64_t>(0, -i_lo);
+      const int64_t rhi = std::min({R, g.Ho - i_lo, (h0 + nh - 1 + g.p) / g.s - i_lo + 1});
+      for (int64_t cc = 0; cc < nc; ++cc)
+        for (int64_t rr = rlo; rr < rhi; ++rr)
+          load_shifted(gb.data() + (cc * R + rr) * Le,
+                       gy + ((b * g.C + c0 + cc) * g.Ho + i_lo + rr) * g.Wo, g.Wo, S0, Le);
+      if (first != taps_first || nh != taps_rows) {
+        tile_taps(u_of.data(), R, nh, span, g.d, first, 1, g.s);
+        taps_first = first, taps_rows = nh;
       }
-      if (g.s > 1 || us.empty()) std::fill(xr.begin(), xr.end(), A(0));
-      for (int64_t ph = 0; ph < g.s; ++ph) {
-        // m covers every column of this phase: col = m*s + ph - p in [0, W).
-        const int64_t mlo = std::max<int64_t>(0, ceil_div(g.p - ph, g.s));
-        const int64_t mhi = std::min(nm, ceil_div(g.W + g.p - ph, g.s));
-        if (mlo >= mhi) continue;
-        int64_t nt = 0;
-        for (int64_t u : us)
-          for (int64_t v = 0; v < g.K; ++v) {
-            if ((v * g.d) % g.s != ph) continue;
-            const int64_t off = M - (v * g.d) / g.s + mlo;
-            ta[nt] = wb.data() + (u * g.K + v) * L + off;
-            tb[nt++] = gb.data() + u * L + off;
+      for (int64_t rr = rlo; rr < rhi; ++rr)
+        for (int64_t n = 0; n < nh; ++n) {
+          const int64_t u = u_of[rr * kRows + n];
+          if (u < 0) continue;
+          for (int64_t v = 0; v < g.K; ++v)
+            load_shifted(wb.data() + ((n * g.K + u) * g.K + v) * Le,
+                         w + (bg * KK + u * g.K + v) * plane + (i_lo + rr) * g.Wo, g.Wo, S0,
+                         Le);
+        }
+      for (int64_t jv = 0; jv < Mv; jv += V)
+        for (int64_t c4 = 0; c4 < nc; c4 += kCh)
+          for (int64_t q = 0; q < g.s; ++q) {
+            vec acc[kCh][kRows] = {};
+            for (int64_t rr = rlo; rr < rhi; ++rr) {
+              const A* a[kCh];
+              const A* wr[kRows];
+              for (int k = 0; k < kCh; ++k) a[k] = gb.data() + ((c4 + k) * R + rr) * Le + jv;
+              for (int n = 0; n < kRows; ++n) {
+                const int64_t u = u_of[rr * kRows + n];
+                wr[n] = u < 0 ? nullptr : wb.data() + (n * g.K + u) * g.K * Le + jv;
+              }
+              tile_row<A, vec>(acc, a, wr, aoff.data() + q * g.K, boff.data() + q * g.K,
+                               ntap[q]);
+            }
+            // Columns jv*s + q, ... of this phase that are inside the map.
+            const int64_t nj = std::min(V, ceil_div(g.W - q, g.s) - jv);
+            if (nj <= 0) continue;
+            for (int64_t k = 0; k < std::min(kCh, nc - c4); ++k)
+              for (int64_t n = 0; n < nh; ++n)
+                store_lanes<T, A>(
+                    gx + ((b * g.C + c0 + c4 + k) * g.H + h0 + n) * g.W + jv * g.s + q,
+                    acc[k][n], nj, g.s);
           }
-        if (nt == 0) continue;
-        A* dst = xr.data() + mlo * g.s + ph - g.p;
-        if (g.s == 1) {  // the columns of the single phase are contiguous
-          tap_dot(dst, Wp, nc, mhi - mlo, ta.data(), tb.data(), koff.data(), nt, false);
-          continue;
-        }
-        tap_dot(mb.data(), Mp, nc, mhi - mlo, ta.data(), tb.data(), koff.data(), nt, false);
-        for (int64_t cc = 0; cc < nc; ++cc)
-          for (int64_t m = 0; m < mhi - mlo; ++m) dst[cc * Wp + m * g.s] = mb[cc * Mp + m];
-      }
-      for (int64_t cc = 0; cc < nc; ++cc) {
-        T* xo = gx + ((b * g.C + c0 + cc) * g.H + h) * g.W;
-        for (int64_t j = 0; j < g.W; ++j) xo[j] = static_cast<T>(xr[cc * Wp + j]);
-      }
     }
   });
 }
 
-// out[b, g, u, v, i, :] = sum_{c in g} q[b, c, i, :] * x[b, c, i*s-p+u*d, :*s-p+v*d]:
-// one task per (b, g, u) and block of output rows, so that it writes K output
-// planes row after row (a few long streams, not K*K short ones); the K taps of
-// the row share each query row, and the channel sums stay in registers.
+// One (v, block of NU window rows) of a correlation tile: acc[n][m] =
+// sum_c q[c, n] * x[c, n*s + (u0 + m)*d] over the group's channels. UNIT:
+// s == d == 1 is known at compile time, so the loads of rows shared by
+// several (n, m) are merged.
+template <typename A, typename vec, int NU, bool UNIT>
+__attribute__((always_inline)) inline void correlate_tile(
+    vec (&acc)[kCRows][kUs], const A* qb, int64_t qs, const A* xb, int64_t xs_row,
+    int64_t xs_c, int64_t nc, int64_t s_rt, int64_t d_rt) {
+  constexpr int64_t VB = sizeof(vec);
+  const int64_t s = UNIT ? 1 : s_rt, d = UNIT ? 1 : d_rt;
+  for (int64_t c = 0; c < nc; ++c) {
+    vec qv[kCRows];
+#pragma GCC unroll 8
+    for (int n = 0; n < kCRows; ++n) std::memcpy(&qv[n], qb + (c * kCRows + n) * qs, VB);
+    const A* xc = xb + c * xs_c;
+#pragma GCC unroll 4
+    for (int m = 0; m < NU; ++m)
+#pragma GCC unroll 8
+      for (int n = 0; n < kCRows; ++n) {
+        vec xv;
+        std::memcpy(&xv, xc + (n * s + m * d) * xs_row, VB);
+        acc[n][m] += qv[n] * xv;
+      }
+  }
+}
+
+// out[b, g, u, v, i, :] = sum_{c in g} q[b, c, i, :] * x[b, c, i*s-p+u*d, :*s-p+v*d].
+// Task: (b, g, kCRows output rows) with all of the group's channels (the sum
+// over them stays in one task: deterministic); per column vector, tap column
+// v and block of kUs window rows u, the kCRows x kUs sums stay in registers
+// over the channel loop.
 template <typename T>
-void correlate(const T* __restrict__ q, const T* __restrict__ x,
-               T* __restrict__ out, const Geometry& g) {
+void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__ out,
+               const Geometry& g) {
   using A = typename Acc<T>::type;
-  const int64_t Cg = g.C / g.G, CB = std::min<int64_t>(Cg, kChannelBlock);
-  const int64_t L = g.Wo + (g.K - 1) * g.d / g.s, rowbuf = g.s * L;
-  const int64_t Wa = padded_row(g.Wo);  // tap_dot's overhang stays in its row
-  constexpr int64_t kRows = 8;           // output rows per task
-  const int64_t nIB = (g.Ho + kRows - 1) / kRows;
-  const int64_t grain = grain_for(kRows * Cg * g.K * g.Wo);
-  at::parallel_for(0, g.B * g.G * g.K * nIB, grain, [&](int64_t begin, int64_t end) {
-    std::vector<A> xb(CB * rowbuf + kSlack), qb(CB * g.Wo + kSlack), acc(g.K * Wa + kSlack);
-    std::vector<const A*> ta(CB), tb(CB);
-    std::vector<int64_t> koff(g.K);  // tap v's offset in a phase-split row
-    for (int64_t v = 0; v < g.K; ++v) koff[v] = (v * g.d) % g.s * L + (v * g.d) / g.s;
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Cg = g.C / g.G, nIB = ceil_div(g.Ho, kCRows);
+  const int64_t span = (g.K - 1) * g.d, R = (kCRows - 1) * g.s + span + 1;
+  const int64_t Wv = round_up(g.Wo, V), L = Wv + span / g.s, Lrow = g.s * L;
+  const int64_t plane = g.Ho * g.Wo;
+  const bool unit = g.s == 1 && g.d == 1;
+  const RowPhases phases(g.s, g.p, g.W, L);
+  std::vector<int64_t> voff(g.K);
+  for (int64_t v = 0; v < g.K; ++v) voff[v] = phases.offset(v, g.d);
+  const int64_t grain = grain_for(Cg * kCRows * g.K * g.K * g.Wo);
+  at::parallel_for(0, g.B * g.G * nIB, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> xb(Cg * R * Lrow), qb(Cg * kCRows * Wv);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t ib = t % nIB, u = (t / nIB) % g.K, bg = t / nIB / g.K;
-      const int64_t grp = bg % g.G, b = bg / g.G;
-      T* oplane = out + (bg * g.K + u) * g.K * g.Ho * g.Wo;  // out[b, g, u, 0]
-      for (int64_t i = ib * kRows; i < std::min(g.Ho, (ib + 1) * kRows); ++i) {
-        const int64_t row = i * g.s - g.p + u * g.d;
-        const bool inside = row >= 0 && row < g.H;
-        if (!inside) std::fill(acc.begin(), acc.end(), A(0));
-        for (int64_t c0 = grp * Cg; inside && c0 < (grp + 1) * Cg; c0 += CB) {
-          const int64_t nc = std::min(CB, (grp + 1) * Cg - c0);
-          for (int64_t cc = 0; cc < nc; ++cc) {
-            const T* qr = q + ((b * g.C + c0 + cc) * g.Ho + i) * g.Wo;
-            for (int64_t j = 0; j < g.Wo; ++j) qb[cc * g.Wo + j] = static_cast<A>(qr[j]);
-            ta[cc] = qb.data() + cc * g.Wo;
-            const T* xr = x + ((b * g.C + c0 + cc) * g.H + row) * g.W;
-            if (row + g.s < g.H) prefetch_row(xr + g.s * g.W, g.W);
-            load_phases(xb.data() + cc * rowbuf, xr, g.W, L, g.s, g.p);
-            tb[cc] = xb.data() + cc * rowbuf;
+      const int64_t ib = t % nIB, bg = t / nIB, b = bg / g.G, grp = bg % g.G;
+      const int64_t i0 = ib * kCRows, ni = std::min(kCRows, g.Ho - i0);
+      const int64_t c0 = grp * Cg, r0 = i0 * g.s - g.p;
+      // Rows outside the map (and query rows past Ho) are zero rows.
+      for (int64_t c = 0; c < Cg; ++c) {
+        for (int64_t rr = 0; rr < R; ++rr) {
+          A* dst = xb.data() + (c * R + rr) * Lrow;
+          if (r0 + rr < 0 || r0 + rr >= g.H) std::fill(dst, dst + Lrow, A(0));
+          else phases.load(dst, x + ((b * g.C + c0 + c) * g.H + r0 + rr) * g.W);
+        }
+        for (int64_t n = 0; n < kCRows; ++n) {
+          A* dst = qb.data() + (c * kCRows + n) * Wv;
+          if (n >= ni) std::fill(dst, dst + Wv, A(0));
+          else load_shifted(dst, q + ((b * g.C + c0 + c) * g.Ho + i0 + n) * g.Wo, g.Wo, 0, Wv);
+        }
+      }
+      for (int64_t jv = 0; jv < Wv; jv += V) {
+        const int64_t nj = std::min(V, g.Wo - jv);
+        for (int64_t v = 0; v < g.K; ++v)
+          for (int64_t u0 = 0; u0 < g.K; u0 += kUs) {
+            const int64_t nu = std::min(kUs, g.K - u0);
+            vec acc[kCRows][kUs] = {};
+            const A* xs = xb.data() + u0 * g.d * Lrow + jv + voff[v];
+            const A* qs = qb.data() + jv;
+#define MMEVO_CORR_TILE(NU)                                                                 \
+  (unit ? correlate_tile<A, vec, NU, true>(acc, qs, Wv, xs, Lrow, R * Lrow, Cg, 1, 1)       \
+        : correlate_tile<A, vec, NU, false>(acc, qs, Wv, xs, Lrow, R * Lrow, Cg, g.s, g.d))
+            switch (nu) {
+              case 4: MMEVO_CORR_TILE(4); break;
+              case 3: MMEVO_CORR_TILE(3); break;
+              case 2: MMEVO_CORR_TILE(2); break;
+              default: MMEVO_CORR_TILE(1);
+            }
+#undef MMEVO_CORR_TILE
+            for (int64_t m = 0; m < nu; ++m)
+              for (int64_t n = 0; n < ni; ++n)
+                store_lanes<T, A>(
+                    out + ((bg * g.K + u0 + m) * g.K + v) * plane + (i0 + n) * g.Wo + jv,
+                    acc[n][m], nj);
           }
-          tap_dot(acc.data(), Wa, g.K, g.Wo, ta.data(), tb.data(), koff.data(), nc,
-                  c0 != grp * Cg);
-        }
-        for (int64_t v = 0; v < g.K; ++v) {
-          T* orow = oplane + (v * g.Ho + i) * g.Wo;
-          const A* ar = acc.data() + v * Wa;
-          for (int64_t j = 0; j < g.Wo; ++j) orow[j] = static_cast<T>(ar[j]);
-        }
       }
     }
   });
