@@ -124,6 +124,43 @@ def test_forward_matches_published_structure(cls, tiny, stem):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_subsampled_downsample_is_the_strided_conv():
+    """The stride-2 1x1 downsample (run on the subsampled input) gives the
+    numbers and gradients of the strided convolution, odd sizes included."""
+    torch.manual_seed(0)
+    conv = RedNet(26, **TINY_RED).layer2[0].downsample[0].double()
+    assert conv.stride == (2, 2) and conv.kernel_size == (1, 1)
+    x = torch.rand(2, conv.in_channels, 15, 9, dtype=torch.float64,
+                   requires_grad=True)
+    y = conv(x)
+    ref = F.conv2d(x, conv.weight, stride=2)
+    torch.testing.assert_close(y, ref, rtol=0, atol=0)
+    g = torch.rand_like(y)
+    got = torch.autograd.grad(y, (x, conv.weight), g)
+    want = torch.autograd.grad(ref, (x, conv.weight), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
+                                      (ACmixResNet, TINY_ACMIX)])
+def test_channels_last_stem_gives_nchw_outputs_and_input_grads(cls, tiny):
+    """The stem runs channels_last internally; the stages, the outputs and
+    the gradient reaching the input stay in the caller's NCHW layout."""
+    torch.manual_seed(0)
+    # eval: train-mode BN on a batch of 2 amplifies rounding differences
+    model = cls(26, **tiny).double().eval()
+    x = torch.rand(2, 3, 41, 37, dtype=torch.float64, requires_grad=True)
+    outs = model(x)
+    assert all(o.is_contiguous() for o in outs)
+    sum(o.sum() for o in outs).backward()
+    assert x.grad.shape == x.shape
+    # The same gradient as with the plain NCHW forward of mmdet's ResNet.
+    x2 = x.detach().clone().requires_grad_(True)
+    sum(o.sum() for o in ResNet.forward(model, x2)).backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize('contract', [False, True])
 def test_dilation_output_stride_8(contract):
     model = RedNet(26, strides=(1, 2, 1, 1), dilations=(1, 1, 2, 4),
