@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmevo.ops import evolution_aggregate, local_correlation
+from mmevo.ops import local_correlation
 from mmevo.registry import MODELS
 from .base import EvolutionLayer, check_divisible, check_int
 from .involution import pointwise
@@ -148,29 +148,21 @@ class ACmix(EvolutionLayer):
             w_v, b_v = w_v * v_scale, b_v * v_scale
         return query, key, pointwise(x, w_v, b_v)
 
-    def _reflect(self, x):
-        """``(x, padding, padding_mode)`` for the window ops, with reflection
-        made explicit here, so the ops' backward reuses this padded map
-        instead of padding again. Maps not larger than the padding (repeated
-        reflection) are left to the ops."""
+    def window_input(self, x):
+        """Reflection made explicit here (padding 0 for the ops), so the
+        backward of the window ops reuses this padded map instead of padding
+        again. Maps not larger than the padding (repeated reflection) are
+        left to the ops."""
         p = self.padding
         if 0 < p < min(x.shape[-2:]):
             return F.pad(x, (p, ) * 4, mode='reflect'), 0, 'zeros'
         return x, p, self.padding_mode
 
-    def aggregate(self, features, kernel):
-        """The base aggregation, on features reflection-padded once here."""
-        for hook in self._kernel_hooks.values():
-            hook(self, kernel)
-        features, padding, mode = self._reflect(features)
-        return evolution_aggregate(features, kernel, self.stride, padding,
-                                   self.dilation, mode)
-
     def _attention(self, query, key):
         """Softmax over the window of ``query . key(n)`` (already scaled and
         shifted by ``pe``, see :meth:`_attention_inputs`); reflection of
         (k - pe) is reflection of each, as it is linear."""
-        key, padding, mode = self._reflect(key)
+        key, padding, mode = self.window_input(key)
         logits = local_correlation(query, key, self.head,
                                    self.kernel_size, self.stride, padding,
                                    self.dilation, mode)

@@ -94,12 +94,21 @@ class EvolutionLayer(BaseModule):
         """The evolution kernel (B, G, K, K, H_out, W_out) for input ``x``."""
         return self.generate(x)[1]
 
+    def window_input(self, features):
+        """``(features, padding, padding_mode)`` for the window ops.
+
+        The layer's own padding; a layer that pads a map once for several
+        ops (ACmix) returns the padded map and padding 0 instead.
+        """
+        return features, self.padding, self.padding_mode
+
     def aggregate(self, features, kernel):
         """Apply ``kernel`` to the windows of ``features`` (the shared op)."""
         for hook in self._kernel_hooks.values():
             hook(self, kernel)
-        return evolution_aggregate(features, kernel, self.stride, self.padding,
-                                   self.dilation, self.padding_mode)
+        features, padding, mode = self.window_input(features)
+        return evolution_aggregate(features, kernel, self.stride, padding,
+                                   self.dilation, mode)
 
     def forward(self, x):
         """Generate the kernel from ``x``, then aggregate.

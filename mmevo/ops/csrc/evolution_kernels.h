@@ -120,6 +120,26 @@ inline void tile_taps(int64_t* u_of, int64_t R, int64_t rows, int64_t span, int6
     }
 }
 
+// acc += the window rows rr in [rlo, rhi) of a tile: channel k's row rr of
+// the shifted operand at a + k*as_c + rr*as_r, tile row n's kernel rows at
+// w + n*ws_n + u*ws_u for u = u_of[rr][n] (see tile_taps).
+template <typename A, typename vec>
+inline void tile_rows(vec (&acc)[kCh][kRows], const A* a0, int64_t as_c, int64_t as_r,
+                      const A* w0, int64_t ws_n, int64_t ws_u, const int64_t* u_of,
+                      int64_t rlo, int64_t rhi, const int64_t* aoff, const int64_t* boff,
+                      int64_t nt) {
+  for (int64_t rr = rlo; rr < rhi; ++rr) {
+    const A* a[kCh];
+    const A* wr[kRows];
+    for (int k = 0; k < kCh; ++k) a[k] = a0 + k * as_c + rr * as_r;
+    for (int n = 0; n < kRows; ++n) {
+      const int64_t u = u_of[rr * kRows + n];
+      wr[n] = u < 0 ? nullptr : w0 + n * ws_n + u * ws_u;
+    }
+    tile_row<A, vec>(acc, a, wr, aoff, boff, nt);
+  }
+}
+
 // Y[b, c, i, :] = sum_{u, v} w[b, g, u, v, i, :] * x[b, c, i*s-p+u*d, :*s-p+v*d].
 // Task: (b, g, block of <= 16 channels, kRows output rows); buffered input
 // row rr (input row i0*s - p + rr) feeds output row i0 + n through window row
@@ -174,16 +194,9 @@ void aggregate_forward(const T* __restrict__ x, const T* __restrict__ w,
         const int64_t nj = std::min(V, g.Wo - jv);
         for (int64_t c4 = 0; c4 < nc; c4 += kCh) {
           vec acc[kCh][kRows] = {};
-          for (int64_t rr = rlo; rr < rhi; ++rr) {
-            const A* a[kCh];
-            const A* wr[kRows];
-            for (int k = 0; k < kCh; ++k) a[k] = xb.data() + ((c4 + k) * R + rr) * Lrow + jv;
-            for (int n = 0; n < kRows; ++n) {
-              const int64_t u = u_of[rr * kRows + n];
-              wr[n] = u < 0 ? nullptr : wb.data() + (n * KK + u * g.K) * Ws + jv;
-            }
-            tile_row<A, vec>(acc, a, wr, aoff.data(), boff.data(), g.K);
-          }
+          tile_rows<A, vec>(acc, xb.data() + c4 * R * Lrow + jv, R * Lrow, Lrow, wb.data() + jv,
+                            KK * Ws, g.K * Ws, u_of.data(), rlo, rhi, aoff.data(), boff.data(),
+                            g.K);
           for (int64_t k = 0; k < std::min(kCh, nc - c4); ++k)
             for (int64_t n = 0; n < ni; ++n)
               store_lanes<T, A>(y + ((b * g.C + c0 + c4 + k) * g.Ho + i0 + n) * g.Wo + jv,
@@ -261,17 +274,9 @@ void aggregate_transpose(const T* __restrict__ gy, const T* __restrict__ w,
         for (int64_t c4 = 0; c4 < nc; c4 += kCh)
           for (int64_t q = 0; q < g.s; ++q) {
             vec acc[kCh][kRows] = {};
-            for (int64_t rr = rlo; rr < rhi; ++rr) {
-              const A* a[kCh];
-              const A* wr[kRows];
-              for (int k = 0; k < kCh; ++k) a[k] = gb.data() + ((c4 + k) * R + rr) * Le + jv;
-              for (int n = 0; n < kRows; ++n) {
-                const int64_t u = u_of[rr * kRows + n];
-                wr[n] = u < 0 ? nullptr : wb.data() + (n * g.K + u) * g.K * Le + jv;
-              }
-              tile_row<A, vec>(acc, a, wr, aoff.data() + q * g.K, boff.data() + q * g.K,
-                               ntap[q]);
-            }
+            tile_rows<A, vec>(acc, gb.data() + c4 * R * Le + jv, R * Le, Le, wb.data() + jv,
+                              KK * Le, g.K * Le, u_of.data(), rlo, rhi, aoff.data() + q * g.K,
+                              boff.data() + q * g.K, ntap[q]);
             // Columns jv*s + q, ... of this phase that are inside the map.
             const int64_t nj = std::min(V, ceil_div(g.W - q, g.s) - jv);
             if (nj <= 0) continue;
