@@ -123,12 +123,11 @@ class ACmix(EvolutionLayer):
 
         The query is only needed at the output pixels (the window centres),
         so with stride s it is projected from those alone. Constants are
-        folded into the tiny projection weights instead of
-        passes over the maps: the query is scaled by ``head_dim**-0.5``, the
-        key has ``pe`` subtracted (its bias is ``b - pe`` per pixel) and the
-        value is scaled by ``v_scale`` (``rate1`` in :meth:`forward`).
-        Matmuls: oneDNN's 1x1 conv backward is many times slower at these
-        widths.
+        folded into the small projection weights instead of passes over the
+        maps: the query is scaled by ``head_dim**-0.5``, the key has ``pe``
+        subtracted (its bias is ``b - pe`` per pixel) and the value is scaled
+        by ``v_scale`` (``rate1`` in :meth:`forward`). Matmuls: oneDNN's 1x1
+        conv backward is many times slower at these widths.
         """
         self.check_input(x, self.in_planes)
         B, _, H, W = x.shape

@@ -186,7 +186,9 @@ class DynamicResNet(ResNet):
             else:
                 conv = build_conv_layer(conv_cfg, inplanes, planes * expansion,
                                         1, stride=conv_stride, bias=False)
-            downsample += [conv, build_norm_layer(norm_cfg, planes * expansion)[1]]
+            downsample += [
+                conv, build_norm_layer(norm_cfg, planes * expansion)[1]
+            ]
             downsample = nn.Sequential(*downsample)
         first_dilation = dilation
         if self.contract_dilation and dilation > 1:
