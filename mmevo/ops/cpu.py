@@ -3,6 +3,11 @@
 The kernels take contiguous NCHW tensors and zero padding; every dtype of
 fp64 / fp32 / bf16 / fp16 is computed natively (bf16 and fp16 accumulate in
 fp32). ``available()`` is False when the extension was not built.
+
+The extension runs the widest vector code the CPU has (AVX-512, AVX2 or a
+baseline; ``mmevo._ext.isa()`` says which). ``MMEVO_CPU_ISA=avx2`` or
+``base``, set before the import, selects a narrower one: the tests use it to
+run every variant on one machine.
 """
 try:
     from mmevo import _ext

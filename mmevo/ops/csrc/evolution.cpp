@@ -11,6 +11,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -62,14 +63,22 @@ constexpr int kVecBytes = 16;
 enum class Isa { kBase, kAvx2, kAvx512 };
 
 Isa detect_isa() {
+  Isa best = Isa::kBase;
 #ifdef MMEVO_X86_DISPATCH
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
-    return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+    best = Isa::kAvx512;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    best = Isa::kAvx2;
 #endif
-  return Isa::kBase;
+  // MMEVO_CPU_ISA=avx2|base selects a narrower instruction set than the CPU
+  // has, so the tests can run every kernel variant on one machine; a wider
+  // one than the CPU supports is never taken.
+  const char* want = std::getenv("MMEVO_CPU_ISA");
+  if (want && std::strcmp(want, "base") == 0) return Isa::kBase;
+  if (want && std::strcmp(want, "avx2") == 0 && best == Isa::kAvx512) return Isa::kAvx2;
+  return best;
 }
 
 const Isa kIsa = detect_isa();
