@@ -17,6 +17,67 @@ def position_map(height, width, dtype, device):
                         loc_h.view(-1, 1).expand(height, width)]).unsqueeze(0)
 
 
+class _SplitProjection(torch.autograd.Function):
+    """One fused q/k/v projection -> the inputs of both ACmix paths.
+
+    ``proj`` (B, 3C, H, W) holds q, k and v with channels ordered
+    (head_dim, {q, k, v}, head): the order in which the conv path's grouped
+    convolution reads them, so its input is ``proj`` itself in channels_last
+    memory. The attention path gets head-major copies: the query (strided,
+    times ``q_scale``), the key minus ``pe`` (1, head_dim, H, W) and the
+    value times ``v_scale``. One node rather than slicing, so the backward
+    writes the four gradients into one buffer instead of summing zero-filled
+    copies of ``proj``.
+    """
+
+    @staticmethod
+    def forward(ctx, proj, pe, v_scale, head, stride, q_scale):
+        B, C3, H, W = proj.shape
+        C, s = C3 // 3, stride
+        rows = proj.view(B, -1, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
+        query = proj.new_empty(B, head, C // head, -(-H // s), -(-W // s))
+        torch.mul(rows[:, 0, ..., ::s, ::s], q_scale, out=query)
+        key = proj.new_empty(B, head, C // head, H, W)
+        torch.sub(rows[:, 1], pe, out=key)
+        value = proj.new_empty(B, head, C // head, H, W)
+        if v_scale is None:
+            value.copy_(rows[:, 2])
+        else:
+            torch.mul(rows[:, 2], v_scale, out=value)
+        conv_input = proj.view(B, C3, H * W).transpose(1, 2).contiguous()
+        ctx.geometry = (head, s, q_scale)
+        ctx.save_for_backward(proj if ctx.needs_input_grad[2] else None,
+                              v_scale)
+        return (query.view(B, C, *query.shape[-2:]), key.view(B, C, H, W),
+                value.view(B, C, H, W),
+                conv_input.view(B, H, W, C3).permute(0, 3, 1, 2))
+
+    @staticmethod
+    def backward(ctx, g_query, g_key, g_value, g_conv):
+        head, s, q_scale = ctx.geometry
+        proj, v_scale = ctx.saved_tensors
+        B, C3, H, W = g_conv.shape
+        grad = g_conv.permute(0, 2, 3, 1).reshape(B, H * W, C3)
+        grad = grad.transpose(1, 2).contiguous()
+        rows = grad.view(B, -1, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
+
+        def heads(g):  # (B, C, h, w) -> (B, head, head_dim, h, w)
+            return g.view(B, head, -1, *g.shape[-2:])
+
+        rows[:, 0, ..., ::s, ::s].add_(heads(g_query), alpha=q_scale)
+        rows[:, 1].add_(heads(g_key))
+        g_pe = heads(g_key).sum((0, 1), keepdim=True).neg_()
+        g_scale = None
+        if v_scale is None:
+            rows[:, 2].add_(heads(g_value))
+        else:
+            rows[:, 2].addcmul_(heads(g_value), v_scale)
+            if proj is not None:
+                v_raw = proj.view(B, -1, 3, head, H, W)[:, :, 2].transpose(1, 2)
+                g_scale = (heads(g_value) * v_raw).sum().view(1)
+        return grad.view(B, C3, H, W), g_pe[0], g_scale, None, None, None
+
+
 @MODELS.register_module()
 class ACmix(EvolutionLayer):
     """ACmix: rate1 * local self-attention + rate2 * shift convolution.
@@ -118,34 +179,33 @@ class ACmix(EvolutionLayer):
         if self.init_cfg is None:
             self.reset_parameters()
 
-    def _attention_inputs(self, x, v_scale=None):
-        """Query (B, C, ceil(H / s), ceil(W / s)), key and value (B, C, H, W).
+    def _inputs(self, x, v_scale=None):
+        """Query, key, value and the conv path input (see _SplitProjection).
 
-        The query is only needed at the output pixels (the window centres),
-        so with stride s it is projected from those alone. Constants are
-        folded into the small projection weights instead of passes over the
-        maps: the query is scaled by ``head_dim**-0.5``, the key has ``pe``
-        subtracted (its bias is ``b - pe`` per pixel) and the value is scaled
-        by ``v_scale`` (``rate1`` in :meth:`forward`). Matmuls: oneDNN's 1x1
-        conv backward is many times slower at these widths.
+        One matmul projects q, k and v (oneDNN's 1x1 conv backward is many
+        times slower at these widths). The query is scaled by
+        ``head_dim**-0.5`` and, with stride s, kept at the output pixels (the
+        window centres) only; the key has ``pe`` subtracted; the value is
+        scaled by ``v_scale`` (``rate1`` in :meth:`forward`). The conv path
+        input is the raw projection, as published.
         """
         self.check_input(x, self.in_planes)
         B, _, H, W = x.shape
-        scale, s = self.head_dim**-0.5, self.stride
-        query = pointwise(x[:, :, ::s, ::s], self.conv1.weight * scale,
-                          self.conv1.bias * scale)
+        convs = (self.conv1, self.conv2, self.conv3)
+        # Rows (head_dim, {q, k, v}, head): the grouping of dep_conv.
+        weight = torch.stack([c.weight.view(self.head, self.head_dim, -1)
+                              for c in convs]).permute(2, 0, 1, 3)
+        bias = torch.stack([c.bias.view(self.head, self.head_dim)
+                            for c in convs]).permute(2, 0, 1)
+        proj = torch.baddbmm(
+            bias.reshape(-1, 1),
+            weight.reshape(1, -1, self.in_planes).expand(B, -1, -1),
+            x.reshape(B, self.in_planes, H * W))
         pe = pointwise(position_map(H, W, x.dtype, x.device),
                        self.conv_p.weight, self.conv_p.bias)
-        key_bias = (self.conv2.bias.view(self.head, -1, 1) -
-                    pe.view(1, self.head_dim, -1))
-        key = torch.baddbmm(
-            key_bias.view(1, self.out_planes, H * W),
-            self.conv2.weight.view(1, self.out_planes, -1).expand(B, -1, -1),
-            x.reshape(B, self.in_planes, H * W)).view(B, -1, H, W)
-        w_v, b_v = self.conv3.weight, self.conv3.bias
-        if v_scale is not None:
-            w_v, b_v = w_v * v_scale, b_v * v_scale
-        return query, key, pointwise(x, w_v, b_v)
+        return _SplitProjection.apply(
+            proj.view(B, -1, H, W), pe.to(proj.dtype), v_scale, self.head,
+            self.stride, self.head_dim**-0.5)
 
     def window_input(self, x):
         """Reflection made explicit here (padding 0 for the ops), so the
@@ -159,46 +219,31 @@ class ACmix(EvolutionLayer):
 
     def _attention(self, query, key):
         """Softmax over the window of ``query . key(n)`` (already scaled and
-        shifted by ``pe``, see :meth:`_attention_inputs`); reflection of
-        (k - pe) is reflection of each, as it is linear."""
+        shifted by ``pe``, see :meth:`_inputs`); reflection of (k - pe) is
+        reflection of each, as it is linear."""
         key, padding, mode = self.window_input(key)
         logits = local_correlation(query, key, self.head,
                                    self.kernel_size, self.stride, padding,
                                    self.dilation, mode)
         return logits.flatten(2, 3).softmax(2).view_as(logits)
 
-    def _conv_path(self, x):
+    def _conv_path(self, conv_input):
         """``rate2 * dep_conv(fc(q, k, v heads))``, (B, C, H_out, W_out).
 
-        ``fc`` mixes the 3 * head q/k/v heads of each (channel, pixel); as
-        the projections are linear, ``rate2 * fc`` is folded into them, so
-        one matmul maps x to the ``dep_conv`` input, written channel-major
-        (head_dim, kc^2) in channels_last memory: no q/k/v transposes, and
-        oneDNN's grouped ``dep_conv`` backward is ~15x faster on that layout
-        than on NCHW.
+        ``fc`` mixes the 3 * head q/k/v heads of each (channel, pixel) and
+        ``dep_conv`` is grouped by channel, so ``rate2 * fc`` folds into
+        ``dep_conv``'s weights: one grouped convolution reads the projection
+        (channels_last: oneDNN's grouped backward is ~15x faster on it).
         """
-        B, _, H, W = x.shape
-        k2, d = self.kernel_conv**2, self.head_dim
-        fc = (self.fc.weight.view(k2, 3, self.head) * self.rate2).unbind(1)
-        convs = (self.conv1, self.conv2, self.conv3)
-        # fc over the heads of the stacked q/k/v weights, as three matmuls on
-        # the weights as they are stored (no concatenated or permuted copy
-        # of them): (k2, head_dim * in_planes) and (k2, head_dim).
-        weight = sum(torch.mm(f, c.weight.view(self.head, -1))
-                     for f, c in zip(fc, convs))
-        bias = sum(torch.mm(f, c.bias.view(self.head, -1))
-                   for f, c in zip(fc, convs))
-        # Rows in dep_conv's (head_dim, k2) channel order, in_planes inner.
-        weight = weight.view(k2, d, -1).transpose(0, 1).reshape(d * k2, -1)
-        pixels = x.reshape(B, self.in_planes, H * W).transpose(1, 2)
-        mixed = torch.baddbmm(bias.t().flatten(), pixels,
-                              weight.t().expand(B, -1, -1))
-        return self.dep_conv(mixed.view(B, H, W, -1).permute(0, 3, 1, 2))
+        fc = self.fc.weight.view(self.kernel_conv**2, -1) * self.rate2
+        weight = torch.einsum('otuv,tj->ojuv', self.dep_conv.weight, fc)
+        return F.conv2d(conv_input, weight, None, self.stride,
+                        self.kernel_conv // 2, 1, self.head_dim)
 
     def generate(self, x):
         """Return ``(v, attention)``; attention (B, head, K, K, Ho, Wo)."""
-        query, key, v = self._attention_inputs(x)
-        return v, self._attention(query, key)
+        query, key, value, _ = self._inputs(x)
+        return value, self._attention(query, key)
 
     def forward(self, x):
         """rate1 * attention path + rate2 * convolution path.
@@ -209,8 +254,8 @@ class ACmix(EvolutionLayer):
         Returns:
             Tensor: (B, out_planes, ceil(H / s), ceil(W / s)).
         """
-        query, key, v = self._attention_inputs(x, self.rate1)
-        out_att = self.aggregate(v, self._attention(query, key))
+        query, key, value, conv_input = self._inputs(x, self.rate1)
+        out_att = self.aggregate(value, self._attention(query, key))
         # out_att first: the sum takes its NCHW layout, the rest of the
         # network's, not the channels_last one of the convolution path.
-        return out_att + self._conv_path(x)
+        return out_att + self._conv_path(conv_input)
