@@ -25,13 +25,13 @@ class _SplitProjection(torch.autograd.Function):
     convolution reads them, so its input is ``proj`` itself in channels_last
     memory. The attention path gets head-major copies: the query (strided,
     times ``q_scale``), the key minus ``pe`` (1, head_dim, H, W) and the
-    value times ``v_scale``. One node rather than slicing, so the backward
+    value. One node rather than slicing, so the backward
     writes the four gradients into one buffer instead of summing zero-filled
     copies of ``proj``.
     """
 
     @staticmethod
-    def forward(ctx, proj, pe, v_scale, head, stride, q_scale):
+    def forward(ctx, proj, pe, head, stride, q_scale):
         B, C3, H, W = proj.shape
         C, s = C3 // 3, stride
         rows = proj.view(B, -1, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
@@ -39,15 +39,9 @@ class _SplitProjection(torch.autograd.Function):
         torch.mul(rows[:, 0, ..., ::s, ::s], q_scale, out=query)
         key = proj.new_empty(B, head, C // head, H, W)
         torch.sub(rows[:, 1], pe, out=key)
-        value = proj.new_empty(B, head, C // head, H, W)
-        if v_scale is None:
-            value.copy_(rows[:, 2])
-        else:
-            torch.mul(rows[:, 2], v_scale, out=value)
+        value = rows[:, 2].contiguous()
         conv_input = proj.view(B, C3, H * W).transpose(1, 2).contiguous()
         ctx.geometry = (head, s, q_scale)
-        ctx.save_for_backward(proj if ctx.needs_input_grad[2] else None,
-                              v_scale)
         return (query.view(B, C, *query.shape[-2:]), key.view(B, C, H, W),
                 value.view(B, C, H, W),
                 conv_input.view(B, H, W, C3).permute(0, 3, 1, 2))
@@ -55,7 +49,6 @@ class _SplitProjection(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_query, g_key, g_value, g_conv):
         head, s, q_scale = ctx.geometry
-        proj, v_scale = ctx.saved_tensors
         B, C3, H, W = g_conv.shape
         grad = g_conv.permute(0, 2, 3, 1).reshape(B, H * W, C3)
         grad = grad.transpose(1, 2).contiguous()
@@ -67,15 +60,27 @@ class _SplitProjection(torch.autograd.Function):
         rows[:, 0, ..., ::s, ::s].add_(heads(g_query), alpha=q_scale)
         rows[:, 1].add_(heads(g_key))
         g_pe = heads(g_key).sum((0, 1), keepdim=True).neg_()
-        g_scale = None
-        if v_scale is None:
-            rows[:, 2].add_(heads(g_value))
-        else:
-            rows[:, 2].addcmul_(heads(g_value), v_scale)
-            if proj is not None:
-                v_raw = proj.view(B, -1, 3, head, H, W)[:, :, 2].transpose(1, 2)
-                g_scale = (heads(g_value) * v_raw).sum().view(1)
-        return grad.view(B, C3, H, W), g_pe[0], g_scale, None, None, None
+        rows[:, 2].add_(heads(g_value))
+        return grad.view(B, C3, H, W), g_pe[0], None, None, None
+
+
+class _Mix(torch.autograd.Function):
+    """``rate1 * out_att + out_conv`` in out_att's (NCHW) layout, that of the
+    rest of the network; an autograd op sums in the channels_last layout of
+    the conv path's output."""
+
+    @staticmethod
+    def forward(ctx, out_att, out_conv, rate1):
+        ctx.save_for_backward(out_att, rate1)
+        out = torch.empty_like(out_att, memory_format=torch.contiguous_format)
+        return torch.addcmul(out_conv, out_att, rate1, out=out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_att, rate1 = ctx.saved_tensors
+        grad = grad.contiguous()
+        g_rate1 = torch.dot(grad.view(-1), out_att.reshape(-1)).view(1)
+        return grad * rate1, grad, g_rate1
 
 
 @MODELS.register_module()
@@ -179,14 +184,13 @@ class ACmix(EvolutionLayer):
         if self.init_cfg is None:
             self.reset_parameters()
 
-    def _inputs(self, x, v_scale=None):
+    def _inputs(self, x):
         """Query, key, value and the conv path input (see _SplitProjection).
 
         One matmul projects q, k and v (oneDNN's 1x1 conv backward is many
         times slower at these widths). The query is scaled by
         ``head_dim**-0.5`` and, with stride s, kept at the output pixels (the
-        window centres) only; the key has ``pe`` subtracted; the value is
-        scaled by ``v_scale`` (``rate1`` in :meth:`forward`). The conv path
+        window centres) only; the key has ``pe`` subtracted. The conv path
         input is the raw projection, as published.
         """
         self.check_input(x, self.in_planes)
@@ -204,7 +208,7 @@ class ACmix(EvolutionLayer):
         pe = pointwise(position_map(H, W, x.dtype, x.device),
                        self.conv_p.weight, self.conv_p.bias)
         return _SplitProjection.apply(
-            proj.view(B, -1, H, W), pe.to(proj.dtype), v_scale, self.head,
+            proj.view(B, -1, H, W), pe.to(proj.dtype), self.head,
             self.stride, self.head_dim**-0.5)
 
     def window_input(self, x):
@@ -254,8 +258,6 @@ class ACmix(EvolutionLayer):
         Returns:
             Tensor: (B, out_planes, ceil(H / s), ceil(W / s)).
         """
-        query, key, value, conv_input = self._inputs(x, self.rate1)
+        query, key, value, conv_input = self._inputs(x)
         out_att = self.aggregate(value, self._attention(query, key))
-        # out_att first: the sum takes its NCHW layout, the rest of the
-        # network's, not the channels_last one of the convolution path.
-        return out_att + self._conv_path(conv_input)
+        return _Mix.apply(out_att, self._conv_path(conv_input), self.rate1)
