@@ -89,10 +89,11 @@ def test_equals_published(in_planes, out_planes, kernel_att, head, stride,
 
 
 @pytest.mark.parametrize('stride, size', [(1, (9, 7)), (2, (9, 10)),
-                                          (1, (2, 3))])
+                                          (2, (3, 4)), (1, (2, 3))])
 def test_gradients_equal_published(stride, size):
     """Every parameter's and the input's gradient, through the fused
-    projection split, the folded conv path and the rate1-scaled value."""
+    projection split with its reflection (padding 2: maps just larger than
+    it, and not larger), the folded conv path and the rate1 mix."""
     torch.manual_seed(0)
     layer = randomised(ACmix(8, 12, 5, 3, 3, stride)).double()
     x = torch.randn(2, 8, *size, dtype=torch.float64, requires_grad=True)
