@@ -161,6 +161,18 @@ def test_channels_last_stem_gives_nchw_outputs_and_input_grads(cls, tiny):
     torch.testing.assert_close(x.grad, x2.grad, rtol=1e-10, atol=1e-12)
 
 
+def test_rednet_stem_hands_back_an_nchw_gradient():
+    """The stem's conv runs channels_last; the ReLU / BN before it get their
+    gradient NCHW, their own layout (mixed layouts are ~3x slower)."""
+    from mmevo.models.backbones.rednet import _ToChannelsLast
+    x = torch.randn(2, 3, 5, 4, requires_grad=True)
+    y = _ToChannelsLast.apply(x)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(2, 3, 5, 4).contiguous(memory_format=torch.channels_last)
+    y.backward(grad)
+    assert x.grad.is_contiguous() and torch.equal(x.grad, grad)
+
+
 @pytest.mark.parametrize('contract', [False, True])
 def test_dilation_output_stride_8(contract):
     model = RedNet(26, strides=(1, 2, 1, 1), dilations=(1, 1, 2, 4),
