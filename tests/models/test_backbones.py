@@ -144,6 +144,38 @@ def test_subsampled_downsample_is_the_strided_conv():
 
 @pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
                                       (ACmixResNet, TINY_ACMIX)])
+def test_matmul_conv1_is_the_1x1_conv(cls, tiny, monkeypatch):
+    """Every bottleneck's conv1 runs as a matmul with the numbers and
+    gradients of the 1x1 convolution, and swapping it in draws no random
+    numbers (seeded models stay those of mmdet's blocks)."""
+    from mmevo.models.backbones.dynamic_resnet import (
+        MiddleLayerBottleneck, _MatmulConv1x1)
+    torch.manual_seed(0)
+    model = cls(26, **tiny).double()
+    after = torch.rand(4)
+    with monkeypatch.context() as m:
+        m.setattr(_MatmulConv1x1, 'taking_over', classmethod(lambda c, x: x))
+        torch.manual_seed(0)
+        cls(26, **tiny)
+        torch.testing.assert_close(torch.rand(4), after, rtol=0, atol=0)
+    convs = [m.conv1 for m in model.modules()
+             if isinstance(m, MiddleLayerBottleneck)]
+    assert convs and all(type(c).__name__ == '_MatmulConv1x1' for c in convs)
+    conv = model.layer2[1].conv1
+    x = torch.rand(2, conv.in_channels, 7, 5, dtype=torch.float64,
+                   requires_grad=True)
+    y = conv(x)
+    ref = F.conv2d(x, conv.weight)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.rand_like(y)
+    got = torch.autograd.grad(y, (x, conv.weight), g)
+    want = torch.autograd.grad(ref, (x, conv.weight), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
+                                      (ACmixResNet, TINY_ACMIX)])
 def test_channels_last_stem_gives_nchw_outputs_and_input_grads(cls, tiny):
     """The stem runs channels_last internally; the stages, the outputs and
     the gradient reaching the input stay in the caller's NCHW layout."""
