@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmevo.ops import local_correlation
+from mmevo.ops import local_attention_weights
 from mmevo.registry import MODELS
 from .base import EvolutionLayer, check_divisible, check_int
 from .involution import pointwise
@@ -226,10 +226,9 @@ class ACmix(EvolutionLayer):
         shifted by ``pe``, see :meth:`_inputs`); reflection of (k - pe) is
         reflection of each, as it is linear."""
         key, padding, mode = self.window_input(key)
-        logits = local_correlation(query, key, self.head,
-                                   self.kernel_size, self.stride, padding,
-                                   self.dilation, mode)
-        return logits.flatten(2, 3).softmax(2).view_as(logits)
+        return local_attention_weights(query, key, self.head,
+                                       self.kernel_size, self.stride, padding,
+                                       self.dilation, mode)
 
     def _conv_path(self, conv_input):
         """``rate2 * dep_conv(fc(q, k, v heads))``, (B, C, H_out, W_out).

@@ -1,4 +1,8 @@
 """Compiled evolution ops: window aggregation and local correlation."""
-from .evolution import evolution_aggregate, local_correlation, output_size
+from .evolution import (evolution_aggregate, local_attention_weights,
+                        local_correlation, output_size)
 
-__all__ = ['evolution_aggregate', 'local_correlation', 'output_size']
+__all__ = [
+    'evolution_aggregate', 'local_attention_weights', 'local_correlation',
+    'output_size'
+]

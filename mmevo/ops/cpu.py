@@ -32,7 +32,9 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
                                     in_hw[1], stride, padding, dilation)
 
 
-def correlate(q, x, groups, kernel_size, stride, padding, dilation):
-    """out = Corr(q, x), see :func:`mmevo.ops.shift.correlate`."""
+def correlate(q, x, groups, kernel_size, stride, padding, dilation,
+              softmax=False):
+    """out = Corr(q, x), see :func:`mmevo.ops.shift.correlate`; the softmax
+    is fused: it runs on each tile's sums before they are written."""
     return _ext.correlate(q.contiguous(), x.contiguous(), groups, kernel_size,
-                          stride, padding, dilation)
+                          stride, padding, dilation, softmax)

@@ -158,6 +158,41 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
         >>> local_correlation(q, k, groups=4, kernel_size=3, stride=2).shape
         torch.Size([2, 4, 3, 3, 5, 6])
     """
+    return torch.ops.mmevo.local_correlation(*_correlation_args(
+        query, key, groups, kernel_size, stride, padding, dilation,
+        padding_mode))
+
+
+def local_attention_weights(query, key, groups, kernel_size, stride=1,
+                            padding=None, dilation=1, padding_mode='zeros'):
+    """Softmax over each window of :func:`local_correlation`, fused.
+
+    ``softmax(local_correlation(query, key, ...))`` over the K x K window of
+    every (b, g, i, j): the weights of local self-attention. The C++ kernel
+    normalises each tile's sums before writing them, so the logits never
+    make a trip through memory; the other backends run the softmax after.
+
+    Args:
+        query, key, groups, kernel_size, stride, padding, dilation,
+            padding_mode: as in :func:`local_correlation`.
+
+    Returns:
+        Tensor: (B, G, K, K, H_out, W_out), summing to 1 over (K, K).
+
+    Example:
+        >>> q, k = torch.randn(2, 32, 9, 11), torch.randn(2, 32, 9, 11)
+        >>> w = local_attention_weights(q, k, groups=4, kernel_size=3)
+        >>> torch.allclose(w.sum((2, 3)), torch.ones(2, 4, 9, 11))
+        True
+    """
+    return torch.ops.mmevo.local_attention_weights(*_correlation_args(
+        query, key, groups, kernel_size, stride, padding, dilation,
+        padding_mode))
+
+
+def _correlation_args(query, key, groups, kernel_size, stride, padding,
+                      dilation, padding_mode):
+    """Check the arguments of the correlation ops; return them resolved."""
     _check_tensor('query', query, 4, '(B, C, H_out, W_out)')
     _check_tensor('key', key, 4, '(B, C, H, W)')
     query, key = _autocast(query, key)
@@ -176,6 +211,5 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
         raise ValueError(f'query must be (B, C, H_out, W_out) = {expected} '
                          f'for key {tuple(key.shape)}, got '
                          f'{tuple(query.shape)}')
-    return torch.ops.mmevo.local_correlation(query, key, groups, kernel_size,
-                                             stride, padding, dilation,
-                                             padding_mode)
+    return (query, key, groups, kernel_size, stride, padding, dilation,
+            padding_mode)

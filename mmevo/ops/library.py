@@ -1,6 +1,6 @@
 """``torch.library`` registration of the evolution ops: dispatch, fake, autograd.
 
-Three operators, all taking resolved arguments (validation happens once, in
+Four operators, all taking resolved arguments (validation happens once, in
 :mod:`mmevo.ops.evolution`):
 
 * ``mmevo::evolution_aggregate(input, kernel, stride, padding, dilation,
@@ -8,11 +8,15 @@ Three operators, all taking resolved arguments (validation happens once, in
 * ``mmevo::local_correlation(query, key, groups, kernel_size, stride, padding,
   dilation, padding_mode)``: Corr(Q, X);
 * ``mmevo::evolution_aggregate_transpose(grad, kernel, height, width, stride,
-  padding, dilation, padding_mode)``: At(G, W), the transpose of A in X.
+  padding, dilation, padding_mode)``: At(G, W), the transpose of A in X;
+* ``mmevo::local_attention_weights(query, key, ...)`` (the arguments of
+  ``local_correlation``): softmax(Corr(Q, X)) over each window, the softmax
+  fused into the C++ kernel.
 
 Each one's gradients are the other ones (dX of A is At, dW of A is Corr, dQ of
-Corr is A, dX of Corr is At, and At's are A and Corr), so derivatives of every
-order exist and ``gradcheck``/``gradgradcheck`` hold. Reflect padding is made
+Corr is A, dX of Corr is At, and At's are A and Corr; the attention weights
+go through aten's softmax backward first), so derivatives of every order
+exist and ``gradcheck``/``gradgradcheck`` hold. Reflect padding is made
 explicit here (aten's reflection pad, or an index gather when the padding
 is not smaller than the map; their transposes for At), so backends
 only implement zero padding. Backends: C++ on CPU (:mod:`mmevo.ops.cpu`),
@@ -150,6 +154,17 @@ def _correlation(query, key, groups, kernel_size, stride, padding, dilation,
 
 
 @torch.library.custom_op(
+    'mmevo::local_attention_weights', mutates_args=(),
+    schema='(Tensor query, Tensor key, int groups, int kernel_size, '
+    'int stride, int padding, int dilation, str padding_mode) -> Tensor')
+def _attention_weights(query, key, groups, kernel_size, stride, padding,
+                       dilation, padding_mode):
+    x, p = _explicit_padding(key, padding, padding_mode)
+    return primitives(query).correlate(query, x, groups, kernel_size, stride,
+                                       p, dilation, softmax=True)
+
+
+@torch.library.custom_op(
     'mmevo::evolution_aggregate_transpose', mutates_args=(),
     schema='(Tensor grad, Tensor kernel, int height, int width, int stride, '
     'int padding, int dilation, str padding_mode) -> Tensor')
@@ -171,6 +186,13 @@ def _(input, kernel, stride, padding, dilation, padding_mode):
 
 
 @_correlation.register_fake
+def _(query, key, groups, kernel_size, stride, padding, dilation,
+      padding_mode):
+    return query.new_empty(query.shape[0], groups, kernel_size, kernel_size,
+                           *query.shape[-2:])
+
+
+@_attention_weights.register_fake
 def _(query, key, groups, kernel_size, stride, padding, dilation,
       padding_mode):
     return query.new_empty(query.shape[0], groups, kernel_size, kernel_size,
@@ -216,8 +238,8 @@ def _correlation_setup(ctx, inputs, output):
     _save_window(ctx, *inputs[4:])
 
 
-def _correlation_backward(ctx, grad):
-    query, key = ctx.saved_tensors
+def _correlation_grads(ctx, query, key, grad):
+    """Gradients of query and key from that of Corr(query, key)."""
     grad_query = grad_key = None
     if ctx.needs_input_grad[0]:
         grad_query = _aggregate(key, grad, *_window(ctx))
@@ -225,6 +247,24 @@ def _correlation_backward(ctx, grad):
         grad_key = _aggregate_transpose(query, grad, *key.shape[-2:],
                                         *_window(ctx))
     return (grad_query, grad_key) + (None, ) * 6
+
+
+def _correlation_backward(ctx, grad):
+    return _correlation_grads(ctx, *ctx.saved_tensors, grad)
+
+
+def _attention_setup(ctx, inputs, output):
+    query, key = inputs[:2]
+    ctx.save_for_backward(query, key, output)
+    _save_window(ctx, *inputs[4:])
+
+
+def _attention_backward(ctx, grad):
+    query, key, weights = ctx.saved_tensors
+    logits_grad = torch.ops.aten._softmax_backward_data(
+        grad.flatten(2, 3), weights.flatten(2, 3), 2,
+        weights.dtype).view_as(weights)
+    return _correlation_grads(ctx, query, key, logits_grad)
 
 
 def _transpose_setup(ctx, inputs, output):
@@ -249,3 +289,5 @@ _correlation.register_autograd(_correlation_backward,
                                setup_context=_correlation_setup)
 _aggregate_transpose.register_autograd(_transpose_backward,
                                        setup_context=_transpose_setup)
+_attention_weights.register_autograd(_attention_backward,
+                                     setup_context=_attention_setup)

@@ -64,8 +64,17 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
     return gx.reshape(B, C, H, W).to(gy.dtype)
 
 
-def correlate(q, x, groups, kernel_size, stride, padding, dilation):
+def window_softmax(t):
+    """Softmax of (B, G, K, K, Ho, Wo) over each pixel's K x K window."""
+    return t.flatten(2, 3).softmax(2).view_as(t)
+
+
+def correlate(q, x, groups, kernel_size, stride, padding, dilation,
+              softmax=False):
     """out = Corr(q, x): (B, C, Ho, Wo), (B, C, H, W) -> (B, G, K, K, Ho, Wo).
+
+    With ``softmax``, normalised over each pixel's K x K window (in the
+    accumulation dtype).
 
     Example:
         >>> correlate(torch.randn(1, 4, 5, 5), torch.randn(1, 4, 5, 5), 2, 3, 1, 1, 1).shape
@@ -81,4 +90,6 @@ def correlate(q, x, groups, kernel_size, stride, padding, dilation):
         for v in range(K):
             win = xp[:, :, _span(Ho, stride, u * dilation), _span(Wo, stride, v * dilation)]
             torch.sum(qa * win.view_as(qa), dim=2, out=out[:, :, u, v])
+    if softmax:
+        out = window_softmax(out)
     return out.to(q.dtype)

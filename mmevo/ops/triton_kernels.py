@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .shift import window_softmax
+
 _INTERPRET = os.environ.get('TRITON_INTERPRET', '0') == '1'
 
 
@@ -196,11 +198,17 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
                    lambda meta: B * G * triton.cdiv(C // G, meta['BLOCK_C']))
 
 
-def correlate(q, x, groups, kernel_size, stride, padding, dilation):
-    """out = Corr(q, x), see :func:`mmevo.ops.shift.correlate`."""
+def correlate(q, x, groups, kernel_size, stride, padding, dilation,
+              softmax=False):
+    """out = Corr(q, x), see :func:`mmevo.ops.shift.correlate`; the softmax
+    (if asked) runs after the kernel, in fp32 at least."""
     q, x = q.contiguous(), x.contiguous()
     B, C, Ho, Wo = q.shape
     out = q.new_empty(B, groups, kernel_size, kernel_size, Ho, Wo)
-    return _launch(_correlate_kernel, q, x, out, groups, kernel_size,
-                   tuple(x.shape[-2:]), (Ho, Wo), stride, padding, dilation,
-                   lambda meta: B * groups * kernel_size * kernel_size)
+    out = _launch(_correlate_kernel, q, x, out, groups, kernel_size,
+                  tuple(x.shape[-2:]), (Ho, Wo), stride, padding, dilation,
+                  lambda meta: B * groups * kernel_size * kernel_size)
+    if not softmax:
+        return out
+    acc = torch.promote_types(out.dtype, torch.float32)
+    return window_softmax(out.to(acc)).to(q.dtype)

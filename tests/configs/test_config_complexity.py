@@ -59,12 +59,13 @@ def test_parameters_match_published(name):
 
 
 class _OpsModule(nn.Module):
-    """Calls both mmevo ops through their public API."""
+    """Calls the mmevo ops through their public API."""
 
     def forward(self, x, kernel, query, key):
         out = mmevo.ops.evolution_aggregate(x, kernel, stride=2, dilation=2)
         corr = mmevo.ops.local_correlation(query, key, 4, 5, stride=1)
-        return out, corr
+        attn = mmevo.ops.local_attention_weights(query, key, 2, 3)
+        return out, corr, attn
 
 
 def _out_size(size, k, s, d):
@@ -83,6 +84,7 @@ def test_flop_handles_count_the_ops():
     flops = analyzer.by_operator()
     assert flops['evolution_aggregate'] == b * c * ho * wo * k * k
     assert flops['local_correlation'] == b * 16 * 7 * 9 * 5 * 5
+    assert flops['local_attention_weights'] == b * 16 * 7 * 9 * 3 * 3
     assert not analyzer.unsupported_ops()
 
 

@@ -4,7 +4,8 @@ A seeded random sweep over the window geometry (odd sizes, 1x1 and 2x3 maps,
 K in {1, 3, 5, 7}, stride and dilation 1-3, G in {1, C/16, C}, both padding
 modes, non-contiguous and channels_last inputs), forward and every gradient;
 gradcheck; reduced precision; reflect padding against torch/numpy; and
-torch.compile of a function using both ops.
+torch.compile of a function using the ops. The fused attention weights are
+checked against the softmax of the reference correlation.
 """
 import random
 
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from mmevo.ops import evolution_aggregate, local_correlation, output_size
+from mmevo.ops import (evolution_aggregate, local_attention_weights,
+                       local_correlation, output_size)
 from mmevo.ops import library
+from mmevo.ops.shift import window_softmax
 from mmevo.ops.reference import aggregate_reference, correlation_reference
 
 N_CONFIGS = 240
@@ -81,6 +84,9 @@ def test_matches_reference(backend, seed):
         xc, qc = leaf(x), leaf(q)
         o = local_correlation(qc, xc, G, K, s, cfg['p'], d, mode)
         o.backward(go)
+        xs, qs = leaf(x), leaf(q)
+        a = local_attention_weights(qs, xs, G, K, s, cfg['p'], d, mode)
+        a.backward(go)
 
     xr, wr, qr = leaf(x), leaf(w), leaf(q)
     y_ref = aggregate_reference(xr, wr, s, pad, d, mode)
@@ -88,6 +94,9 @@ def test_matches_reference(backend, seed):
     xq, qq = leaf(x), leaf(q)
     o_ref = correlation_reference(qq, xq, G, K, s, pad, d, mode)
     o_ref.backward(go)
+    xt, qt = leaf(x), leaf(q)
+    a_ref = window_softmax(correlation_reference(qt, xt, G, K, s, pad, d, mode))
+    a_ref.backward(go)
 
     tol = dict(rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(y, y_ref, **tol)
@@ -96,6 +105,9 @@ def test_matches_reference(backend, seed):
     torch.testing.assert_close(o, o_ref, **tol)
     torch.testing.assert_close(qc.grad, qq.grad, **tol)
     torch.testing.assert_close(xc.grad, xq.grad, **tol)
+    torch.testing.assert_close(a, a_ref, **tol)
+    torch.testing.assert_close(qs.grad, qt.grad, **tol)
+    torch.testing.assert_close(xs.grad, xt.grad, **tol)
 
 
 # Maps wider and taller than the kernels' register tiles: several column
@@ -123,16 +135,25 @@ def test_wide_maps_match_reference(geom, mode):
     q = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
     gy = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
     go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
+    def attention_reference(*args):
+        return window_softmax(correlation_reference(*args))
+
     outs = []
-    for fn_a, fn_c, padding in ((evolution_aggregate, local_correlation, p),
-                                (aggregate_reference, correlation_reference, pad)):
-        xa, wa, qa, xc = leaf(x), leaf(w), leaf(q), leaf(x)
+    for fn_a, fn_c, fn_s, padding in (
+            (evolution_aggregate, local_correlation, local_attention_weights,
+             p),
+            (aggregate_reference, correlation_reference, attention_reference,
+             pad)):
+        xa, wa, qa, xc, qs, xs = (leaf(t) for t in (x, w, q, x, q, x))
         with library.use_backend('cpp'):
             y = fn_a(xa, wa, s, padding, d, mode)
             o = fn_c(qa, xc, G, K, s, padding, d, mode)
+            a = fn_s(qs, xs, G, K, s, padding, d, mode)
         (y * gy).sum().backward()
         (o * go).sum().backward()
-        outs.append((y, o, xa.grad, wa.grad, qa.grad, xc.grad))
+        (a * go).sum().backward()
+        outs.append((y, o, a, xa.grad, wa.grad, qa.grad, xc.grad, qs.grad,
+                     xs.grad))
     for got, want in zip(*outs):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
@@ -174,6 +195,12 @@ def test_gradcheck(backend, mode):
         assert torch.autograd.gradgradcheck(
             lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode), (q, x),
             fast_mode=True)
+        assert torch.autograd.gradcheck(
+            lambda a, b: local_attention_weights(a, b, 2, 3, 2, 2, 2, mode),
+            (q, x))
+        assert torch.autograd.gradgradcheck(
+            lambda a, b: local_attention_weights(a, b, 2, 3, 2, 2, 2, mode),
+            (q, x), fast_mode=True)
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
@@ -190,10 +217,17 @@ def test_reduced_precision(dtype, mode):
         y = evolution_aggregate(xl, wl, 2, None, 1, mode)
         y.backward(gy.to(dtype))
         o = local_correlation(q.to(dtype), x.to(dtype), 2, 7, 2, None, 1, mode)
+        a = local_attention_weights(q.to(dtype) / 8, x.to(dtype), 2, 7, 2,
+                                    None, 1, mode)
     xr, wr = leaf(x), leaf(w)
     y_ref = aggregate_reference(xr, wr, 2, 3, 1, mode)
     y_ref.backward(gy)
     o_ref = correlation_reference(q, x, 2, 7, 2, 3, 1, mode)
+    a_ref = window_softmax(correlation_reference(q / 8, x, 2, 7, 2, 3, 1,
+                                                 mode))
+    assert a.dtype == dtype
+    assert (a.float() - a_ref).abs().max() < (2e-2 if dtype == torch.bfloat16
+                                              else 3e-3)
     assert y.dtype == o.dtype == xl.grad.dtype == wl.grad.dtype == dtype
     # Rounding the inputs to bf16 (8 bits) dominates: tolerance relative to the scale.
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
@@ -260,11 +294,13 @@ def test_backends_agree_bitwise_across_threads():
 
 
 def test_torch_compile_fullgraph():
-    """Both ops inside one torch.compile(fullgraph=True) graph, forward and backward."""
+    """The ops inside one torch.compile(fullgraph=True) graph, forward and backward."""
     def attention(q, k, v):
         logits = local_correlation(q, k, 2, 3, 1, None, 1, 'reflect')
         attn = logits.flatten(2, 3).softmax(2).view_as(logits)
-        return evolution_aggregate(v, attn, 1, None, 1, 'zeros')
+        fused = local_attention_weights(v, k, 2, 3, 1, None, 1, 'zeros')
+        return (evolution_aggregate(v, attn, 1, None, 1, 'zeros') +
+                evolution_aggregate(q, fused, 1, None, 1, 'zeros'))
 
     gen = torch.Generator().manual_seed(3)
     args = [torch.randn(1, 4, 5, 6, generator=gen) for _ in range(3)]

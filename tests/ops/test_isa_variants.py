@@ -15,8 +15,10 @@ from mmevo.ops import cpu
 SCRIPT = r'''
 import torch
 from mmevo import _ext
-from mmevo.ops import evolution_aggregate, local_correlation, output_size
+from mmevo.ops import (evolution_aggregate, local_attention_weights,
+                       local_correlation, output_size)
 from mmevo.ops.reference import aggregate_reference, correlation_reference
+from mmevo.ops.shift import window_softmax
 assert _ext.isa() == {isa!r}, _ext.isa()
 torch.manual_seed(0)
 for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1), (1, 36, 3, 5, 19, 40, 2, 1),
@@ -28,12 +30,16 @@ for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1), (1, 36, 3, 5, 19, 40
         w = torch.randn(B, G, K, K, Ho, Wo, dtype=dtype, requires_grad=True)
         q = torch.randn(B, C, Ho, Wo, dtype=dtype, requires_grad=True)
         outs = []
-        for agg, corr in ((evolution_aggregate, local_correlation),
-                          (aggregate_reference, correlation_reference)):
+        for agg, corr, attn in (
+                (evolution_aggregate, local_correlation, local_attention_weights),
+                (aggregate_reference, correlation_reference,
+                 lambda *a: window_softmax(correlation_reference(*a)))):
             y = agg(x, w, s, p, d, 'zeros')
             o = corr(q, x, G, K, s, p, d, 'zeros')
-            grads = torch.autograd.grad((y.square().sum() + o.square().sum()), (x, w, q))
-            outs.append((y, o) + grads)
+            a = attn(q, x, G, K, s, p, d, 'zeros')
+            grads = torch.autograd.grad(
+                (y.square().sum() + o.square().sum() + a.square().sum()), (x, w, q))
+            outs.append((y, o, a) + grads)
         for got, want in zip(*outs):
             torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 print('ok')

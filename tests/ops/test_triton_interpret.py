@@ -24,8 +24,10 @@ DEVICE = 'cpu' if INTERPRET else 'cuda'
 
 import pytest  # noqa: E402
 
-from mmevo.ops import evolution_aggregate, library, local_correlation, output_size  # noqa: E402
+from mmevo.ops import (evolution_aggregate, library,  # noqa: E402
+                       local_attention_weights, local_correlation, output_size)
 from mmevo.ops.reference import aggregate_reference, correlation_reference  # noqa: E402
+from mmevo.ops.shift import window_softmax  # noqa: E402
 
 tk = importlib.import_module('mmevo.ops.triton_kernels')
 
@@ -54,7 +56,8 @@ def run_primitives(x, w, q, gy, go, geom):
                 gw=tk.correlate(gy, x, G, K, s, p, d),
                 o=tk.correlate(q, x, G, K, s, p, d),
                 gq=tk.aggregate(x, go, s, p, d),
-                gk=tk.aggregate_transpose(q, go, (H, W), s, p, d))
+                gk=tk.aggregate_transpose(q, go, (H, W), s, p, d),
+                a=tk.correlate(q, x, G, K, s, p, d, softmax=True))
 
 
 def reference_products(x, w, q, gy, go, geom):
@@ -66,7 +69,8 @@ def reference_products(x, w, q, gy, go, geom):
     qc, xc = leaf(q), leaf(x)
     o = correlation_reference(qc, xc, G, K, s, p, d, 'zeros')
     o.backward(go)
-    return dict(y=y, gx=xr.grad, gw=wr.grad, o=o, gq=qc.grad, gk=xc.grad)
+    return dict(y=y, gx=xr.grad, gw=wr.grad, o=o, gq=qc.grad, gk=xc.grad,
+                a=window_softmax(o.detach()))
 
 
 def make_inputs(geom, dtype, seed):
@@ -114,11 +118,14 @@ def test_triton_through_the_ops(mode):
             if triton_backend:
                 y = evolution_aggregate(xa, wa, 1, None, 1, mode)
                 o = local_correlation(qa, xa, 2, 5, 1, None, 1, mode)
+                a = local_attention_weights(qa, xa, 2, 5, 1, None, 1, mode)
             else:
                 y = aggregate_reference(xa, wa, 1, 2, 1, mode)
                 o = correlation_reference(qa, xa, 2, 5, 1, 2, 1, mode)
+                a = window_softmax(o)
             # Inside the block: the backward runs the ops (on this backend) too.
-            (y * gy).sum().add(o.square().sum()).backward()
-        results.append([y, o, xa.grad, wa.grad, qa.grad])
+            (y * gy).sum().add(o.square().sum()).add(
+                a.square().sum()).backward()
+        results.append([y, o, a, xa.grad, wa.grad, qa.grad])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)

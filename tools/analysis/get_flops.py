@@ -40,7 +40,8 @@ from torch import nn
 DEFAULT_SHAPES = {'det': (1280, 800), 'seg': (2048, 1024)}
 #: Proposals the published two-stage ``forward_dummy`` fed its RoI head.
 NUM_PROPOSALS = 1000
-MMEVO_OPS = ('evolution_aggregate', 'local_correlation')
+MMEVO_OPS = ('evolution_aggregate', 'local_correlation',
+             'local_attention_weights')
 
 
 def _shape(value):
@@ -89,6 +90,9 @@ def local_correlation_flop(inputs, outputs):
 MMEVO_FLOP_HANDLES = {
     'mmevo::evolution_aggregate': evolution_aggregate_flop,
     'mmevo::local_correlation': local_correlation_flop,
+    # The correlation's multiply-adds; its softmax is not counted (as
+    # fvcore / mmengine count no softmax).
+    'mmevo::local_attention_weights': local_correlation_flop,
 }
 
 
@@ -226,7 +230,7 @@ def main():
     total_params, trainable = count_parameters(model)
     flops = count_flops(model, shape)
     total = sum(flops.values())
-    mmevo = sum(flops[op] for op in MMEVO_OPS)
+    mmevo = sum(flops.get(op, 0) for op in MMEVO_OPS)
     print(f'Config: {args.config}\nInput shape: (1, 3, {shape[0]}, '
           f'{shape[1]})')
     print(f'Params: {trainable / 1e6:.2f} M trainable (published convention)'

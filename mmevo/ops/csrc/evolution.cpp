@@ -11,6 +11,8 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -141,16 +143,17 @@ at::Tensor aggregate_transpose(const at::Tensor& gy, const at::Tensor& w, int64_
   return gx;
 }
 
-// out = Corr(q, x): (B, C, Ho, Wo), (B, C, H, W) -> (B, G, K, K, Ho, Wo).
+// out = Corr(q, x): (B, C, Ho, Wo), (B, C, H, W) -> (B, G, K, K, Ho, Wo);
+// with softmax, normalised over each pixel's K x K window.
 at::Tensor correlate(const at::Tensor& q, const at::Tensor& x, int64_t G, int64_t K, int64_t s,
-                     int64_t p, int64_t d) {
+                     int64_t p, int64_t d, bool softmax) {
   check_inputs(q, x);
   const Geometry g = make_geometry(x, G, K, q.size(2), q.size(3), s, p, d);
   TORCH_CHECK(q.size(0) == g.B && q.size(1) == g.C, "mmevo._ext: query/key shapes differ");
   auto out = at::empty({g.B, g.G, g.K, g.K, g.Ho, g.Wo}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "correlate", [&] {
     MMEVO_CALL(correlate, scalar_t, q.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-               out.data_ptr<scalar_t>(), g);
+               out.data_ptr<scalar_t>(), g, softmax);
   });
   return out;
 }
@@ -164,6 +167,6 @@ std::string isa_name() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("aggregate_forward", &mmevo::aggregate_forward, "y = A(x, w)");
   m.def("aggregate_transpose", &mmevo::aggregate_transpose, "grad_x = At(grad_y, w)");
-  m.def("correlate", &mmevo::correlate, "out = Corr(q, x)");
+  m.def("correlate", &mmevo::correlate, "out = Corr(q, x), softmax over the window if asked");
   m.def("isa", &mmevo::isa_name, "instruction set the kernels dispatch to");
 }

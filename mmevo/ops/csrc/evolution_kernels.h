@@ -290,6 +290,55 @@ void aggregate_transpose(const T* __restrict__ gy, const T* __restrict__ w,
   });
 }
 
+// exp of every lane. fp32: Cephes' expf polynomial on the vector (~1 ulp
+// for the arguments a softmax sees, x - max <= 0); fp64: std::exp per lane.
+template <typename A, typename vec>
+inline vec vexp(vec x) {
+  if constexpr (std::is_same_v<A, float>) {
+    typedef int32_t ivec __attribute__((vector_size(sizeof(vec))));
+    x = x < -87.33654f ? vec{} - 87.33654f : x;
+    x = x > 88.37626f ? vec{} + 88.37626f : x;
+    const vec fx = x * 1.44269504088896341f + 0.5f;
+    ivec n = __builtin_convertvector(fx, ivec);
+    n += (__builtin_convertvector(n, vec) > fx);  // truncation -> floor
+    const vec fn = __builtin_convertvector(n, vec);
+    x = x - fn * 0.693359375f + fn * 2.12194440e-4f;
+    vec y = ((((1.9875691500e-4f * x + 1.3981999507e-3f) * x + 8.3334519073e-3f) * x +
+              4.1665795894e-2f) * x + 1.6666665459e-1f) * x + 5.0000001201e-1f;
+    y = y * (x * x) + x + 1.0f;
+    return y * (vec)((n + 127) << 23);
+  } else {
+    constexpr int kLanes = sizeof(vec) / sizeof(A);
+    for (int j = 0; j < kLanes; ++j) x[j] = std::exp(x[j]);
+    return x;
+  }
+}
+
+// In place, for each lane: the n vectors at t + k * step (k < n) become
+// their softmax over k.
+template <typename A, typename vec>
+inline void softmax_lanes(A* t, int64_t n, int64_t step) {
+  constexpr int64_t VB = sizeof(vec);
+  vec m, e, sum = {};
+  std::memcpy(&m, t, VB);
+  for (int64_t k = 1; k < n; ++k) {
+    std::memcpy(&e, t + k * step, VB);
+    m = e > m ? e : m;
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    std::memcpy(&e, t + k * step, VB);
+    e = vexp<A, vec>(e - m);
+    sum += e;
+    std::memcpy(t + k * step, &e, VB);
+  }
+  const vec r = 1 / sum;
+  for (int64_t k = 0; k < n; ++k) {
+    std::memcpy(&e, t + k * step, VB);
+    e *= r;
+    std::memcpy(t + k * step, &e, VB);
+  }
+}
+
 // One (v, block of NU window rows) of a correlation tile: acc[n][m] =
 // sum_c q[c, n] * x[c, n*s + (u0 + m)*d] over the group's channels. UNIT:
 // s == d == 1 is known at compile time, so the loads of rows shared by
@@ -321,9 +370,13 @@ __attribute__((always_inline)) inline void correlate_tile(
 // over them stays in one task: deterministic); per column vector, tap column
 // v and block of kUs window rows u, the kCRows x kUs sums stay in registers
 // over the channel loop.
+//
+// softmax: normalise each pixel's K*K sums with a softmax over the window
+// before they are written (local attention weights), in the accumulation
+// type, while they are still in L1.
 template <typename T>
 void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__ out,
-               const Geometry& g) {
+               const Geometry& g, bool softmax) {
   using A = typename Acc<T>::type;
   typedef A vec __attribute__((vector_size(kVecBytes)));
   constexpr int64_t V = kVecBytes / sizeof(A);
@@ -338,6 +391,7 @@ void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__
   const int64_t grain = grain_for(Cg * kCRows * g.K * g.K * g.Wo);
   at::parallel_for(0, g.B * g.G * nIB, grain, [&](int64_t begin, int64_t end) {
     std::vector<A> xb(Cg * R * Lrow), qb(Cg * kCRows * Wv);
+    std::vector<A> ob(g.K * g.K * kCRows * V);  // a column vector's sums, (u, v, n)
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ib = t % nIB, bg = t / nIB, b = bg / g.G, grp = bg % g.G;
       const int64_t i0 = ib * kCRows, ni = std::min(kCRows, g.Ho - i0);
@@ -375,10 +429,18 @@ void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__
 #undef MMEVO_CORR_TILE
             for (int64_t m = 0; m < nu; ++m)
               for (int64_t n = 0; n < ni; ++n)
-                store_lanes<T, A>(
-                    out + ((bg * g.K + u0 + m) * g.K + v) * plane + (i0 + n) * g.Wo + jv,
-                    acc[n][m], nj);
+                std::memcpy(ob.data() + (((u0 + m) * g.K + v) * kCRows + n) * V, &acc[n][m],
+                            sizeof(vec));
           }
+        for (int64_t n = 0; n < ni; ++n) {
+          if (softmax) softmax_lanes<A, vec>(ob.data() + n * V, g.K * g.K, kCRows * V);
+          for (int64_t uv = 0; uv < g.K * g.K; ++uv) {
+            vec sums;
+            std::memcpy(&sums, ob.data() + (uv * kCRows + n) * V, sizeof(vec));
+            store_lanes<T, A>(out + (bg * g.K * g.K + uv) * plane + (i0 + n) * g.Wo + jv,
+                              sums, nj);
+          }
+        }
       }
     }
   });
