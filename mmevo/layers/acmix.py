@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from mmevo.ops import local_attention_weights
 from mmevo.registry import MODELS
 from .base import EvolutionLayer, check_divisible, check_int
-from .involution import pointwise
+from .pointwise import pointwise
 
 
 def position_map(height, width, dtype, device):

@@ -5,40 +5,7 @@ from mmcv.cnn import ConvModule
 
 from mmevo.registry import MODELS
 from .base import EvolutionLayer, check_divisible, check_int
-
-
-def pointwise(x, weight, bias=None):
-    """A 1x1, stride-1, ungrouped convolution as a batched matmul.
-
-    The generation / projection convs of the evolution layers have few input
-    or output channels, where oneDNN's 1x1 convolution (above all its
-    backward) is 1.5-10x slower on CPU than ``bmm``; ``bmm`` is also counted
-    by jit-based FLOP counters.
-
-    Args:
-        x (Tensor): (B, C_in, H, W).
-        weight (Tensor): (C_out, C_in, 1, 1), as ``nn.Conv2d`` holds it.
-        bias (Tensor, optional): (C_out,).
-
-    Returns:
-        Tensor: (B, C_out, H, W), equal to ``F.conv2d(x, weight, bias)``.
-
-    Example:
-        >>> import torch
-        >>> conv = torch.nn.Conv2d(8, 4, 1)
-        >>> x = torch.randn(2, 8, 5, 3)
-        >>> y = pointwise(x, conv.weight, conv.bias)
-        >>> torch.allclose(y, conv(x), atol=1e-6)
-        True
-    """
-    B, C, H, W = x.shape
-    y = torch.bmm(weight.view(1, -1, C).expand(B, -1, -1),
-                  x.reshape(B, C, H * W))
-    if bias is not None:
-        # In place: bmm's backward does not need y, and a second buffer the
-        # size of a whole generated kernel costs more than the add itself.
-        y.add_(bias.view(1, -1, 1))
-    return y.view(B, -1, H, W)
+from .pointwise import pointwise
 
 
 @MODELS.register_module()

@@ -14,7 +14,7 @@ from mmdet.models.backbones.resnet import Bottleneck, ResNet
 from mmengine.model import Sequential
 from torch import nn
 
-from mmevo.layers.involution import pointwise
+from mmevo.layers.pointwise import pointwise
 
 # Blocks per stage of the bottleneck ResNets (and of RedNet / ACmix-ResNet).
 STAGE_BLOCKS = {
