@@ -345,14 +345,14 @@ inline void softmax_lanes(A* t, int64_t n, int64_t step) {
 // several (n, m) are merged.
 template <typename A, typename vec, int NU, bool UNIT>
 __attribute__((always_inline)) inline void correlate_tile(
-    vec (&acc)[kCRows][kUs], const A* qb, int64_t qs, const A* xb, int64_t xs_row,
-    int64_t xs_c, int64_t nc, int64_t s_rt, int64_t d_rt) {
+    vec (&acc)[kCRows][kUs], const A* qb, int64_t qs, int64_t qs_c, const A* xb,
+    int64_t xs_row, int64_t xs_c, int64_t nc, int64_t s_rt, int64_t d_rt) {
   constexpr int64_t VB = sizeof(vec);
   const int64_t s = UNIT ? 1 : s_rt, d = UNIT ? 1 : d_rt;
   for (int64_t c = 0; c < nc; ++c) {
     vec qv[kCRows];
 #pragma GCC unroll 8
-    for (int n = 0; n < kCRows; ++n) std::memcpy(&qv[n], qb + (c * kCRows + n) * qs, VB);
+    for (int n = 0; n < kCRows; ++n) std::memcpy(&qv[n], qb + c * qs_c + n * qs, VB);
     const A* xc = xb + c * xs_c;
 #pragma GCC unroll 4
     for (int m = 0; m < NU; ++m)
@@ -366,10 +366,11 @@ __attribute__((always_inline)) inline void correlate_tile(
 }
 
 // out[b, g, u, v, i, :] = sum_{c in g} q[b, c, i, :] * x[b, c, i*s-p+u*d, :*s-p+v*d].
-// Task: (b, g, kCRows output rows) with all of the group's channels (the sum
-// over them stays in one task: deterministic); per column vector, tap column
-// v and block of kUs window rows u, the kCRows x kUs sums stay in registers
-// over the channel loop.
+// Task: (b, g, kCTaskRows output rows) with all of the group's channels (the
+// sum over them stays in one task: deterministic), computed kCRows rows at a
+// time from one buffer (the window's extra rows are loaded once per task);
+// per column vector, tap column v and block of kUs window rows u, the
+// kCRows x kUs sums stay in registers over the channel loop.
 //
 // softmax: normalise each pixel's K*K sums with a softmax over the window
 // before they are written (local attention weights), in the accumulation
@@ -380,22 +381,23 @@ void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__
   using A = typename Acc<T>::type;
   typedef A vec __attribute__((vector_size(kVecBytes)));
   constexpr int64_t V = kVecBytes / sizeof(A);
-  const int64_t Cg = g.C / g.G, nIB = ceil_div(g.Ho, kCRows);
-  const int64_t span = (g.K - 1) * g.d, R = (kCRows - 1) * g.s + span + 1;
+  constexpr int64_t kCTaskRows = 3 * kCRows;
+  const int64_t Cg = g.C / g.G, nIB = ceil_div(g.Ho, kCTaskRows);
+  const int64_t span = (g.K - 1) * g.d, R = (kCTaskRows - 1) * g.s + span + 1;
   const int64_t Wv = round_up(g.Wo, V), L = Wv + span / g.s, Lrow = g.s * L;
   const int64_t plane = g.Ho * g.Wo;
   const bool unit = g.s == 1 && g.d == 1;
   const RowPhases phases(g.s, g.p, g.W, L);
   std::vector<int64_t> voff(g.K);
   for (int64_t v = 0; v < g.K; ++v) voff[v] = phases.offset(v, g.d);
-  const int64_t grain = grain_for(Cg * kCRows * g.K * g.K * g.Wo);
+  const int64_t grain = grain_for(Cg * kCTaskRows * g.K * g.K * g.Wo);
   at::parallel_for(0, g.B * g.G * nIB, grain, [&](int64_t begin, int64_t end) {
-    std::vector<A> xb(Cg * R * Lrow), qb(Cg * kCRows * Wv);
+    std::vector<A> xb(Cg * R * Lrow), qb(Cg * kCTaskRows * Wv);
     std::vector<A> ob(g.K * g.K * kCRows * V);  // a column vector's sums, (u, v, n)
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ib = t % nIB, bg = t / nIB, b = bg / g.G, grp = bg % g.G;
-      const int64_t i0 = ib * kCRows, ni = std::min(kCRows, g.Ho - i0);
-      const int64_t c0 = grp * Cg, r0 = i0 * g.s - g.p;
+      const int64_t t0 = ib * kCTaskRows, nt = std::min(kCTaskRows, g.Ho - t0);
+      const int64_t c0 = grp * Cg, r0 = t0 * g.s - g.p;
       // Rows outside the map (and query rows past Ho) are zero rows.
       for (int64_t c = 0; c < Cg; ++c) {
         for (int64_t rr = 0; rr < R; ++rr) {
@@ -403,23 +405,27 @@ void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__
           if (r0 + rr < 0 || r0 + rr >= g.H) std::fill(dst, dst + Lrow, A(0));
           else phases.load(dst, x + ((b * g.C + c0 + c) * g.H + r0 + rr) * g.W);
         }
-        for (int64_t n = 0; n < kCRows; ++n) {
-          A* dst = qb.data() + (c * kCRows + n) * Wv;
-          if (n >= ni) std::fill(dst, dst + Wv, A(0));
-          else load_shifted(dst, q + ((b * g.C + c0 + c) * g.Ho + i0 + n) * g.Wo, g.Wo, 0, Wv);
+        for (int64_t n = 0; n < kCTaskRows; ++n) {
+          A* dst = qb.data() + (c * kCTaskRows + n) * Wv;
+          if (n >= nt) std::fill(dst, dst + Wv, A(0));
+          else load_shifted(dst, q + ((b * g.C + c0 + c) * g.Ho + t0 + n) * g.Wo, g.Wo, 0, Wv);
         }
       }
+      for (int64_t n0 = 0; n0 < nt; n0 += kCRows)
       for (int64_t jv = 0; jv < Wv; jv += V) {
+        const int64_t i0 = t0 + n0, ni = std::min(kCRows, nt - n0);
         const int64_t nj = std::min(V, g.Wo - jv);
         for (int64_t v = 0; v < g.K; ++v)
           for (int64_t u0 = 0; u0 < g.K; u0 += kUs) {
             const int64_t nu = std::min(kUs, g.K - u0);
             vec acc[kCRows][kUs] = {};
-            const A* xs = xb.data() + u0 * g.d * Lrow + jv + voff[v];
-            const A* qs = qb.data() + jv;
-#define MMEVO_CORR_TILE(NU)                                                                 \
-  (unit ? correlate_tile<A, vec, NU, true>(acc, qs, Wv, xs, Lrow, R * Lrow, Cg, 1, 1)       \
-        : correlate_tile<A, vec, NU, false>(acc, qs, Wv, xs, Lrow, R * Lrow, Cg, g.s, g.d))
+            const A* xs = xb.data() + (n0 * g.s + u0 * g.d) * Lrow + jv + voff[v];
+            const A* qs = qb.data() + n0 * Wv + jv;
+#define MMEVO_CORR_TILE(NU)                                                                \
+  (unit ? correlate_tile<A, vec, NU, true>(acc, qs, Wv, kCTaskRows * Wv, xs, Lrow, R * Lrow, \
+                                           Cg, 1, 1)                                         \
+        : correlate_tile<A, vec, NU, false>(acc, qs, Wv, kCTaskRows * Wv, xs, Lrow,          \
+                                            R * Lrow, Cg, g.s, g.d))
             switch (nu) {
               case 4: MMEVO_CORR_TILE(4); break;
               case 3: MMEVO_CORR_TILE(3); break;
