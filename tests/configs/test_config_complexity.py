@@ -18,7 +18,8 @@ from torch import nn
 
 import mmevo
 from configs_helpers import ROOT, load
-from mmevo.layers import Involution
+from mmevo.layers import ACmix, Involution
+from mmevo.layers.pointwise import pointwise
 
 _spec = importlib.util.spec_from_file_location(
     'get_flops', ROOT / 'tools' / 'analysis' / 'get_flops.py')
@@ -86,6 +87,37 @@ def test_flop_handles_count_the_ops():
     assert flops['local_correlation'] == b * 16 * 7 * 9 * 5 * 5
     assert flops['local_attention_weights'] == b * 16 * 7 * 9 * 3 * 3
     assert not analyzer.unsupported_ops()
+
+
+class _MatmulLayers(nn.Module):
+    """A 1x1 conv as ``pointwise`` (a custom autograd op outside tracing)
+    and as ``nn.Conv2d``, and an ACmix layer (its projection is a baddbmm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 6, 1)
+        self.acmix = ACmix(8, 8)
+
+    def forward(self, x):
+        return (pointwise(x, self.conv.weight, self.conv.bias), self.conv(x),
+                self.acmix(x))
+
+
+def test_matmul_layers_are_counted():
+    """The counter sees the generation / projection matmuls: pointwise
+    counts as the 1x1 conv it equals, ACmix's q/k/v projection as 3 * C *
+    C_in multiply-adds per pixel."""
+    x = torch.randn(2, 8, 5, 7)
+    model = _MatmulLayers()
+    analyzer = get_flops.FlopAnalyzer(model, (x, ))
+    analyzer.set_op_handle(**get_flops.MMEVO_FLOP_HANDLES,
+                           **{'aten::baddbmm': get_flops.baddbmm_flop})
+    flops = analyzer.by_operator()
+    pixels = 2 * 5 * 7
+    # pointwise once, ACmix's positional map (2 -> 2 channels, one image).
+    assert flops['bmm'] == 6 * 8 * pixels + 2 * 2 * 5 * 7
+    assert flops['baddbmm'] == 3 * 8 * 8 * pixels
+    assert flops['conv'] > 0  # the 1x1 conv and ACmix's grouped conv path
 
 
 def test_model_flops_include_every_involution():

@@ -87,6 +87,23 @@ def local_correlation_flop(inputs, outputs):
     return b * c * h_out * w_out * k_h * k_w
 
 
+def baddbmm_flop(inputs, outputs):
+    """FLOPs of ``aten::baddbmm``, which mmengine has no handle for: those of
+    its batched matmul, B*N*M*P multiply-adds (the added input is not
+    counted, as mmengine counts none for ``addmm``). The ACmix projections.
+
+    Args:
+        inputs (list[torch._C.Value]): inputs[1] (B, N, M) and inputs[2]
+            (B, M, P) are the matmul operands.
+        outputs (list[torch._C.Value]): the output (B, N, P).
+
+    Returns:
+        int: the multiply-add count.
+    """
+    b, n, m = _shape(inputs[1])
+    return b * n * m * _shape(inputs[2])[-1]
+
+
 MMEVO_FLOP_HANDLES = {
     'mmevo::evolution_aggregate': evolution_aggregate_flop,
     'mmevo::local_correlation': local_correlation_flop,
@@ -200,7 +217,7 @@ def count_flops(model, shape):
     h, w = shape
     inputs = torch.randn(1, 3, h, w, device=next(model.parameters()).device)
     analyzer = FlopAnalyzer(DummyForward(model), (inputs, ))
-    analyzer.set_op_handle(**MMEVO_FLOP_HANDLES)
+    analyzer.set_op_handle(**MMEVO_FLOP_HANDLES, **{'aten::baddbmm': baddbmm_flop})
     analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     with torch.no_grad():
         return Counter(analyzer.by_operator())
