@@ -35,10 +35,12 @@ class _SplitProjection(torch.autograd.Function):
         B, C3, H, W = proj.shape
         C, s = C3 // 3, stride
         rows = proj.view(B, -1, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
+        # Copied into head-major buffers, then scaled / shifted in place (not
+        # out=: under torch.compile an out= result takes the source's strides).
         query = proj.new_empty(B, head, C // head, -(-H // s), -(-W // s))
-        torch.mul(rows[:, 0, ..., ::s, ::s], q_scale, out=query)
+        query.copy_(rows[:, 0, ..., ::s, ::s]).mul_(q_scale)
         key = proj.new_empty(B, head, C // head, H, W)
-        torch.sub(rows[:, 1], pe, out=key)
+        key.copy_(rows[:, 1]).sub_(pe)
         value = rows[:, 2].contiguous()
         conv_input = proj.view(B, C3, H * W).transpose(1, 2).contiguous()
         ctx.geometry = (head, s, q_scale)

@@ -111,6 +111,21 @@ def test_gradients_equal_published(stride, size):
         torch.testing.assert_close(a, b, msg=name)
 
 
+def test_torch_compile_matches_eager():
+    """The layer (its autograd functions and the fused ops) compiles, and
+    the compiled forward and gradients are the eager ones."""
+    torch.manual_seed(0)
+    layer = randomised(ACmix(8, 8, 5, 2, 3, 2))
+    x = torch.randn(2, 8, 9, 10, requires_grad=True)
+    inputs = [x] + list(layer.parameters())
+    outs = []
+    for fn in (torch.compile(layer), layer):
+        y = fn(x)
+        outs.append([y] + list(torch.autograd.grad(y.square().sum(), inputs)))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_reflection_pad2d_where_published_runs():
     """On the published sizes our numpy-style pad is ReflectionPad2d."""
     x = torch.randn(1, 2, 8, 9, dtype=torch.float64)
