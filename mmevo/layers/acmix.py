@@ -25,9 +25,9 @@ class _SplitProjection(torch.autograd.Function):
     convolution reads them, so its input is ``proj`` itself in channels_last
     memory. The attention path gets head-major copies: the query (strided,
     times ``q_scale``), the key minus ``pe`` (1, head_dim, H, W) and the
-    value. One node rather than slicing, so the backward
-    writes the four gradients into one buffer instead of summing zero-filled
-    copies of ``proj``.
+    value. One node rather than slicing, so that the backward writes the four
+    gradients into one buffer instead of summing zero-filled copies of
+    ``proj``.
     """
 
     @staticmethod
@@ -57,7 +57,7 @@ class _SplitProjection(torch.autograd.Function):
         rows = grad.view(B, -1, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
 
         def heads(g):  # (B, C, h, w) -> (B, head, head_dim, h, w)
-            return g.view(B, head, -1, *g.shape[-2:])
+            return g.reshape(B, head, -1, *g.shape[-2:])
 
         rows[:, 0, ..., ::s, ::s].add_(heads(g_query), alpha=q_scale)
         rows[:, 1].add_(heads(g_key))
@@ -67,9 +67,9 @@ class _SplitProjection(torch.autograd.Function):
 
 
 class _Mix(torch.autograd.Function):
-    """``rate1 * out_att + out_conv`` in out_att's (NCHW) layout, that of the
-    rest of the network; an autograd op sums in the channels_last layout of
-    the conv path's output."""
+    """``rate1 * out_att + out_conv`` in one pass, in out_att's NCHW layout
+    (that of the rest of the network): an elementwise op would take the
+    channels_last layout of the conv path's output, its first operand."""
 
     @staticmethod
     def forward(ctx, out_att, out_conv, rate1):
