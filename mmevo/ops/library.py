@@ -186,12 +186,6 @@ def _(input, kernel, stride, padding, dilation, padding_mode):
 
 
 @_correlation.register_fake
-def _(query, key, groups, kernel_size, stride, padding, dilation,
-      padding_mode):
-    return query.new_empty(query.shape[0], groups, kernel_size, kernel_size,
-                           *query.shape[-2:])
-
-
 @_attention_weights.register_fake
 def _(query, key, groups, kernel_size, stride, padding, dilation,
       padding_mode):
