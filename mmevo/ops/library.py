@@ -142,26 +142,25 @@ def _aggregate(input, kernel, stride, padding, dilation, padding_mode):
     return primitives(input).aggregate(x, kernel, stride, p, dilation)
 
 
-@torch.library.custom_op(
-    'mmevo::local_correlation', mutates_args=(),
-    schema='(Tensor query, Tensor key, int groups, int kernel_size, '
-    'int stride, int padding, int dilation, str padding_mode) -> Tensor')
-def _correlation(query, key, groups, kernel_size, stride, padding, dilation,
-                 padding_mode):
-    x, p = _explicit_padding(key, padding, padding_mode)
-    return primitives(query).correlate(query, x, groups, kernel_size, stride,
-                                       p, dilation)
+def _correlation_op(name, softmax):
+    """Register ``mmevo::<name>``: Corr(query, key), with the window softmax
+    if ``softmax`` (the backends fuse it)."""
+
+    @torch.library.custom_op(
+        f'mmevo::{name}', mutates_args=(),
+        schema='(Tensor query, Tensor key, int groups, int kernel_size, '
+        'int stride, int padding, int dilation, str padding_mode) -> Tensor')
+    def op(query, key, groups, kernel_size, stride, padding, dilation,
+           padding_mode):
+        x, p = _explicit_padding(key, padding, padding_mode)
+        return primitives(query).correlate(query, x, groups, kernel_size,
+                                           stride, p, dilation, softmax)
+
+    return op
 
 
-@torch.library.custom_op(
-    'mmevo::local_attention_weights', mutates_args=(),
-    schema='(Tensor query, Tensor key, int groups, int kernel_size, '
-    'int stride, int padding, int dilation, str padding_mode) -> Tensor')
-def _attention_weights(query, key, groups, kernel_size, stride, padding,
-                       dilation, padding_mode):
-    x, p = _explicit_padding(key, padding, padding_mode)
-    return primitives(query).correlate(query, x, groups, kernel_size, stride,
-                                       p, dilation, softmax=True)
+_correlation = _correlation_op('local_correlation', softmax=False)
+_attention_weights = _correlation_op('local_attention_weights', softmax=True)
 
 
 @torch.library.custom_op(
