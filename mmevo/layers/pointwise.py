@@ -41,14 +41,21 @@ class _Pointwise(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.bmm(w2.t().expand(B, -1, -1), g3)
             grad_x = grad_x.view(B, C, H, W)
+        with_b = ctx.has_bias and ctx.needs_input_grad[2]
         if ctx.needs_input_grad[1]:
+            if with_b:
+                # A row of ones: the bias gradient comes out of the same
+                # matmul instead of another pass over the (kernel-sized) grad.
+                x3 = torch.cat([x3, x3.new_ones(B, 1, HW)], 1)
             if HW < _SINGLE_MATMUL_PIXELS:
-                grad_w = torch.mm(g3.transpose(0, 1).reshape(-1, B * HW),
-                                  x3.transpose(0, 1).reshape(C, B * HW).t())
+                grad_wb = torch.mm(g3.transpose(0, 1).reshape(-1, B * HW),
+                                   x3.transpose(0, 1).reshape(-1, B * HW).t())
             else:
-                grad_w = torch.bmm(g3, x3.transpose(1, 2)).sum(0)
-            grad_w = grad_w.view_as(weight)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+                grad_wb = torch.bmm(g3, x3.transpose(1, 2)).sum(0)
+            grad_w = grad_wb[:, :C].reshape_as(weight)
+            if with_b:
+                grad_b = grad_wb[:, C]
+        elif with_b:
             grad_b = g3.sum((0, 2))
         return grad_x, grad_w, grad_b
 
