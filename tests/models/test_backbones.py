@@ -124,22 +124,28 @@ def test_forward_matches_published_structure(cls, tiny, stem):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def assert_same_as_conv2d(conv, size, stride=1, forward_tol=1e-12):
+    """``conv`` (float64) gives F.conv2d's output and gradients on an input
+    of ``size``."""
+    x = torch.rand(2, conv.in_channels, *size, dtype=torch.float64,
+                   requires_grad=True)
+    y = conv(x)
+    ref = F.conv2d(x, conv.weight, stride=stride)
+    torch.testing.assert_close(y, ref, rtol=forward_tol, atol=forward_tol)
+    g = torch.rand_like(y)
+    got = torch.autograd.grad(y, (x, conv.weight), g)
+    want = torch.autograd.grad(ref, (x, conv.weight), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_subsampled_downsample_is_the_strided_conv():
     """The stride-2 1x1 downsample (run on the subsampled input) gives the
     numbers and gradients of the strided convolution, odd sizes included."""
     torch.manual_seed(0)
     conv = RedNet(26, **TINY_RED).layer2[0].downsample[0].double()
     assert conv.stride == (2, 2) and conv.kernel_size == (1, 1)
-    x = torch.rand(2, conv.in_channels, 15, 9, dtype=torch.float64,
-                   requires_grad=True)
-    y = conv(x)
-    ref = F.conv2d(x, conv.weight, stride=2)
-    torch.testing.assert_close(y, ref, rtol=0, atol=0)
-    g = torch.rand_like(y)
-    got = torch.autograd.grad(y, (x, conv.weight), g)
-    want = torch.autograd.grad(ref, (x, conv.weight), g)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert_same_as_conv2d(conv, (15, 9), stride=2, forward_tol=0)
 
 
 @pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
@@ -161,17 +167,7 @@ def test_matmul_conv1_is_the_1x1_conv(cls, tiny, monkeypatch):
     convs = [m.conv1 for m in model.modules()
              if isinstance(m, MiddleLayerBottleneck)]
     assert convs and all(type(c).__name__ == '_MatmulConv1x1' for c in convs)
-    conv = model.layer2[1].conv1
-    x = torch.rand(2, conv.in_channels, 7, 5, dtype=torch.float64,
-                   requires_grad=True)
-    y = conv(x)
-    ref = F.conv2d(x, conv.weight)
-    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    g = torch.rand_like(y)
-    got = torch.autograd.grad(y, (x, conv.weight), g)
-    want = torch.autograd.grad(ref, (x, conv.weight), g)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert_same_as_conv2d(model.layer2[1].conv1, (7, 5))
 
 
 @pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from mmevo.ops import evolution_aggregate, local_correlation
+from mmevo.ops import (evolution_aggregate, local_attention_weights,
+                       local_correlation)
 
 
 def x_w(C=8, H=9, W=11, G=2, K=3, Ho=None, Wo=None, dtype=torch.float32):
@@ -117,20 +118,33 @@ def test_map_too_small():
         evolution_aggregate(x, torch.randn(1, 1, 5, 5, 1, 5), padding=0)
 
 
-def test_correlation_groups_not_dividing():
+# The fused attention weights share the correlation's checks.
+CORRELATIONS = [local_correlation, local_attention_weights]
+
+
+@pytest.mark.parametrize('op', CORRELATIONS)
+def test_correlation_groups_not_dividing(op):
     x, _ = x_w(C=8)
     with pytest.raises(ValueError, match=r'key channels \(8\) must be divisible by groups=3'):
-        local_correlation(x, x, 3, 3)
+        op(x, x, 3, 3)
 
 
-def test_correlation_query_shape():
+@pytest.mark.parametrize('op', CORRELATIONS)
+def test_correlation_query_shape(op):
     x, _ = x_w()
     with pytest.raises(ValueError, match=r'query must be \(B, C, H_out, W_out\) = \(2, 8, 5, 6\) '
                        r'for key \(2, 8, 9, 11\), got \(2, 8, 9, 11\)'):
-        local_correlation(x, x, 2, 3, stride=2)
+        op(x, x, 2, 3, stride=2)
 
 
-def test_correlation_groups_not_int():
+@pytest.mark.parametrize('op', CORRELATIONS)
+def test_correlation_groups_not_int(op):
     x, _ = x_w()
     with pytest.raises(TypeError, match=r'groups must be an int, got str'):
-        local_correlation(x, x, '2', 3)
+        op(x, x, '2', 3)
+
+
+def test_attention_weights_key_not_4d():
+    x, _ = x_w()
+    with pytest.raises(ValueError, match=r'key must be \(B, C, H, W\), got \(8, 9, 11\)'):
+        local_attention_weights(x, x[0], 2, 3)
