@@ -412,42 +412,42 @@ void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__
         }
       }
       for (int64_t n0 = 0; n0 < nt; n0 += kCRows)
-      for (int64_t jv = 0; jv < Wv; jv += V) {
-        const int64_t i0 = t0 + n0, ni = std::min(kCRows, nt - n0);
-        const int64_t nj = std::min(V, g.Wo - jv);
-        for (int64_t v = 0; v < g.K; ++v)
-          for (int64_t u0 = 0; u0 < g.K; u0 += kUs) {
-            const int64_t nu = std::min(kUs, g.K - u0);
-            vec acc[kCRows][kUs] = {};
-            const A* xs = xb.data() + (n0 * g.s + u0 * g.d) * Lrow + jv + voff[v];
-            const A* qs = qb.data() + n0 * Wv + jv;
+        for (int64_t jv = 0; jv < Wv; jv += V) {
+          const int64_t i0 = t0 + n0, ni = std::min(kCRows, nt - n0);
+          const int64_t nj = std::min(V, g.Wo - jv);
+          for (int64_t v = 0; v < g.K; ++v)
+            for (int64_t u0 = 0; u0 < g.K; u0 += kUs) {
+              const int64_t nu = std::min(kUs, g.K - u0);
+              vec acc[kCRows][kUs] = {};
+              const A* xs = xb.data() + (n0 * g.s + u0 * g.d) * Lrow + jv + voff[v];
+              const A* qs = qb.data() + n0 * Wv + jv;
 #define MMEVO_CORR_TILE(NU)                                                                \
   (unit ? correlate_tile<A, vec, NU, true>(acc, qs, Wv, kCTaskRows * Wv, xs, Lrow, R * Lrow, \
                                            Cg, 1, 1)                                         \
         : correlate_tile<A, vec, NU, false>(acc, qs, Wv, kCTaskRows * Wv, xs, Lrow,          \
                                             R * Lrow, Cg, g.s, g.d))
-            switch (nu) {
-              case 4: MMEVO_CORR_TILE(4); break;
-              case 3: MMEVO_CORR_TILE(3); break;
-              case 2: MMEVO_CORR_TILE(2); break;
-              default: MMEVO_CORR_TILE(1);
-            }
+              switch (nu) {
+                case 4: MMEVO_CORR_TILE(4); break;
+                case 3: MMEVO_CORR_TILE(3); break;
+                case 2: MMEVO_CORR_TILE(2); break;
+                default: MMEVO_CORR_TILE(1);
+              }
 #undef MMEVO_CORR_TILE
-            for (int64_t m = 0; m < nu; ++m)
-              for (int64_t n = 0; n < ni; ++n)
-                std::memcpy(ob.data() + (((u0 + m) * g.K + v) * kCRows + n) * V, &acc[n][m],
-                            sizeof(vec));
-          }
-        for (int64_t n = 0; n < ni; ++n) {
-          if (softmax) softmax_lanes<A, vec>(ob.data() + n * V, g.K * g.K, kCRows * V);
-          for (int64_t uv = 0; uv < g.K * g.K; ++uv) {
-            vec sums;
-            std::memcpy(&sums, ob.data() + (uv * kCRows + n) * V, sizeof(vec));
-            store_lanes<T, A>(out + (bg * g.K * g.K + uv) * plane + (i0 + n) * g.Wo + jv,
-                              sums, nj);
+              for (int64_t m = 0; m < nu; ++m)
+                for (int64_t n = 0; n < ni; ++n)
+                  std::memcpy(ob.data() + (((u0 + m) * g.K + v) * kCRows + n) * V, &acc[n][m],
+                              sizeof(vec));
+            }
+          for (int64_t n = 0; n < ni; ++n) {
+            if (softmax) softmax_lanes<A, vec>(ob.data() + n * V, g.K * g.K, kCRows * V);
+            for (int64_t uv = 0; uv < g.K * g.K; ++uv) {
+              vec sums;
+              std::memcpy(&sums, ob.data() + (uv * kCRows + n) * V, sizeof(vec));
+              store_lanes<T, A>(out + (bg * g.K * g.K + uv) * plane + (i0 + n) * g.Wo + jv,
+                                sums, nj);
+            }
           }
         }
-      }
     }
   });
 }
