@@ -70,3 +70,14 @@ def correlation_reference(query, key, groups, kernel_size, stride, padding,
                               padding, dilation, padding_mode):
         out[:, :, u, v] = (q * win.view_as(q)).sum(2)
     return out
+
+
+def attention_weights_reference(query, key, groups, kernel_size, stride,
+                                padding, dilation, padding_mode):
+    """Reference of :func:`mmevo.ops.local_attention_weights`: the softmax
+    over each K x K window of :func:`correlation_reference`."""
+    logits = correlation_reference(query, key, groups, kernel_size, stride,
+                                   padding, dilation, padding_mode)
+    B, G, K, _, H_out, W_out = logits.shape
+    return torch.softmax(logits.reshape(B, G, K * K, H_out, W_out),
+                         dim=2).reshape(logits.shape)

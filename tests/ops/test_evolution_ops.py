@@ -16,8 +16,9 @@ import torch
 from mmevo.ops import (evolution_aggregate, local_attention_weights,
                        local_correlation, output_size)
 from mmevo.ops import library
-from mmevo.ops.shift import window_softmax
-from mmevo.ops.reference import aggregate_reference, correlation_reference
+from mmevo.ops.reference import (aggregate_reference,
+                                 attention_weights_reference,
+                                 correlation_reference)
 
 N_CONFIGS = 240
 
@@ -95,7 +96,7 @@ def test_matches_reference(backend, seed):
     o_ref = correlation_reference(qq, xq, G, K, s, pad, d, mode)
     o_ref.backward(go)
     xt, qt = leaf(x), leaf(q)
-    a_ref = window_softmax(correlation_reference(qt, xt, G, K, s, pad, d, mode))
+    a_ref = attention_weights_reference(qt, xt, G, K, s, pad, d, mode)
     a_ref.backward(go)
 
     tol = dict(rtol=1e-10, atol=1e-10)
@@ -135,15 +136,12 @@ def test_wide_maps_match_reference(geom, mode):
     q = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
     gy = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
     go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
-    def attention_reference(*args):
-        return window_softmax(correlation_reference(*args))
-
     outs = []
     for fn_a, fn_c, fn_s, padding in (
             (evolution_aggregate, local_correlation, local_attention_weights,
              p),
-            (aggregate_reference, correlation_reference, attention_reference,
-             pad)):
+            (aggregate_reference, correlation_reference,
+             attention_weights_reference, pad)):
         xa, wa, qa, xc, qs, xs = (leaf(t) for t in (x, w, q, x, q, x))
         with library.use_backend('cpp'):
             y = fn_a(xa, wa, s, padding, d, mode)
@@ -223,8 +221,7 @@ def test_reduced_precision(dtype, mode):
     y_ref = aggregate_reference(xr, wr, 2, 3, 1, mode)
     y_ref.backward(gy)
     o_ref = correlation_reference(q, x, 2, 7, 2, 3, 1, mode)
-    a_ref = window_softmax(correlation_reference(q / 8, x, 2, 7, 2, 3, 1,
-                                                 mode))
+    a_ref = attention_weights_reference(q / 8, x, 2, 7, 2, 3, 1, mode)
     assert a.dtype == dtype
     assert (a.float() - a_ref).abs().max() < (2e-2 if dtype == torch.bfloat16
                                               else 3e-3)

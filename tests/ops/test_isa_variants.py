@@ -17,8 +17,8 @@ import torch
 from mmevo import _ext
 from mmevo.ops import (evolution_aggregate, local_attention_weights,
                        local_correlation, output_size)
-from mmevo.ops.reference import aggregate_reference, correlation_reference
-from mmevo.ops.shift import window_softmax
+from mmevo.ops.reference import (aggregate_reference, attention_weights_reference,
+                                 correlation_reference)
 assert _ext.isa() == {isa!r}, _ext.isa()
 torch.manual_seed(0)
 for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1), (1, 36, 3, 5, 19, 40, 2, 1),
@@ -33,7 +33,7 @@ for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1), (1, 36, 3, 5, 19, 40
         for agg, corr, attn in (
                 (evolution_aggregate, local_correlation, local_attention_weights),
                 (aggregate_reference, correlation_reference,
-                 lambda *a: window_softmax(correlation_reference(*a)))):
+                 attention_weights_reference)):
             y = agg(x, w, s, p, d, 'zeros')
             o = corr(q, x, G, K, s, p, d, 'zeros')
             a = attn(q, x, G, K, s, p, d, 'zeros')

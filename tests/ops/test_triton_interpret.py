@@ -26,8 +26,9 @@ import pytest  # noqa: E402
 
 from mmevo.ops import (evolution_aggregate, library,  # noqa: E402
                        local_attention_weights, local_correlation, output_size)
-from mmevo.ops.reference import aggregate_reference, correlation_reference  # noqa: E402
-from mmevo.ops.shift import window_softmax  # noqa: E402
+from mmevo.ops.reference import (aggregate_reference,  # noqa: E402
+                                 attention_weights_reference,
+                                 correlation_reference)
 
 tk = importlib.import_module('mmevo.ops.triton_kernels')
 
@@ -70,7 +71,7 @@ def reference_products(x, w, q, gy, go, geom):
     o = correlation_reference(qc, xc, G, K, s, p, d, 'zeros')
     o.backward(go)
     return dict(y=y, gx=xr.grad, gw=wr.grad, o=o, gq=qc.grad, gk=xc.grad,
-                a=window_softmax(o.detach()))
+                a=attention_weights_reference(q, x, G, K, s, p, d, 'zeros'))
 
 
 def make_inputs(geom, dtype, seed):
@@ -122,7 +123,7 @@ def test_triton_through_the_ops(mode):
             else:
                 y = aggregate_reference(xa, wa, 1, 2, 1, mode)
                 o = correlation_reference(qa, xa, 2, 5, 1, 2, 1, mode)
-                a = window_softmax(o)
+                a = attention_weights_reference(qa, xa, 2, 5, 1, 2, 1, mode)
             # Inside the block: the backward runs the ops (on this backend) too.
             (y * gy).sum().add(o.square().sum()).add(
                 a.square().sum()).backward()
