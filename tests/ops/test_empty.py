@@ -3,8 +3,10 @@
 Every op, forward and backward, against the reference: empty results of the
 right shape, and where the result is not empty (the correlation and the
 kernel gradient with C = 0: sums over no channels) zeros, or the uniform
-softmax. The Triton backend runs interpreted on CPU tensors, as in
-``test_triton_interpret.py``.
+softmax. The registered ops answer these before any backend runs; each
+backend is forced in turn all the same, so that the answer stays right for
+every one of them (Triton, if it is ever reached, interpreted on CPU
+tensors as in ``test_triton_interpret.py``).
 """
 import os
 import sys

@@ -1,5 +1,6 @@
 """Backend selection: ``use_backend`` is per thread; a backward runs on the
 backend of its forward, whichever thread runs it."""
+import contextlib
 import threading
 
 import pytest
@@ -16,32 +17,38 @@ def backend_module(name):
 
 def test_use_backend_is_per_thread():
     default = library.primitives(torch.empty(0))
-    both_inside, done = threading.Barrier(3), threading.Barrier(3)
+    all_inside, done = threading.Barrier(4), threading.Barrier(4)
     seen, errors = {}, []
 
     def worker(name):
         try:
-            with library.use_backend(name):
-                both_inside.wait(timeout=10)
+            with (library.use_backend(name) if name else
+                  contextlib.nullcontext()):
+                all_inside.wait(timeout=10)
                 seen[name] = library.primitives(torch.empty(0))
                 done.wait(timeout=10)
         except Exception as e:  # reported below, not lost in the thread
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(name, ))
-               for name in ('torch', 'cpp')]
+               for name in ('torch', 'cpp', None)]
     for t in threads:
         t.start()
-    both_inside.wait(timeout=10)
-    # both workers are inside their blocks now: this thread keeps its own
-    assert library.primitives(torch.empty(0)) is default
-    done.wait(timeout=10)
+    with library.use_backend('torch'):
+        all_inside.wait(timeout=10)
+        # every thread is inside its block now
+        seen['main'] = library.primitives(torch.empty(0))
+        done.wait(timeout=10)
     for t in threads:
         t.join()
     assert not errors
-    assert seen['torch'] is backend_module('torch')
+    assert seen['torch'] is seen['main'] is backend_module('torch')
     assert seen['cpp'] is backend_module('cpp')
     assert seen['torch'] is not seen['cpp']
+    # a thread forcing nothing has the process-wide default
+    # (MMEVO_OPS_BACKEND), whatever the others force
+    assert seen[None] is default
+    assert library.primitives(torch.empty(0)) is default
 
 
 def test_backward_runs_on_the_forward_backend(monkeypatch):
