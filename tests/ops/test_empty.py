@@ -19,8 +19,8 @@ if not torch.cuda.is_available() and 'triton' not in sys.modules:
 
 from mmevo.ops import (evolution_aggregate, library,  # noqa: E402
                        local_attention_weights, local_correlation, output_size)
-from mmevo.ops.reference import (aggregate_reference,  # noqa: E402
-                                 attention_weights_reference,
+from mmevo.ops.reference import aggregate_reference  # noqa: E402
+from mmevo.ops.reference import (attention_weights_reference,
                                  correlation_reference)
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
