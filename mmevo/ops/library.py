@@ -13,18 +13,21 @@ Four operators, all taking resolved arguments (validation happens once, in
   ``local_correlation``): softmax(Corr(Q, X)) over each window, the softmax
   fused into the C++ kernel.
 
+Empty batches and maps without channels (B = 0, C = 0) are answered here,
+before any backend runs: backends see B >= 1 and C >= 1. The backend is the
+thread's (``MMEVO_OPS_BACKEND`` for every thread, :func:`use_backend` in
+one), and a backward runs on its forward's.
+
 Each one's gradients are the other ones (dX of A is At, dW of A is Corr, dQ of
 Corr is A, dX of Corr is At, and At's are A and Corr; the attention weights
 go through aten's softmax backward first), so derivatives of every order
 exist and ``gradcheck``/``gradgradcheck`` hold. Reflect padding is made
 explicit here (aten's reflection pad, or an index gather when the padding
 is not smaller than the map; their transposes for At), so backends
-only implement zero padding, and empty batches and maps without channels
-are answered here, so backends only see B >= 1 and C >= 1. Backends: C++ on
-CPU (:mod:`mmevo.ops.cpu`), Triton on CUDA (:mod:`mmevo.ops.triton_kernels`),
-and shift-and-accumulate in PyTorch (:mod:`mmevo.ops.shift`) elsewhere or
-when forced with ``MMEVO_OPS_BACKEND`` (process-wide) / :func:`use_backend`
-(in one thread).
+only implement zero padding. Backends: C++ on CPU (:mod:`mmevo.ops.cpu`),
+Triton on CUDA (:mod:`mmevo.ops.triton_kernels`), and shift-and-accumulate in
+PyTorch (:mod:`mmevo.ops.shift`) elsewhere or when forced with
+``MMEVO_OPS_BACKEND`` / :func:`use_backend`.
 """
 import contextlib
 import functools
