@@ -30,9 +30,9 @@ class ELSA(EvolutionLayer):
     Args:
         dim (int): input = output channels.
         num_heads (int): attention heads; dim_v must be divisible by it.
-        dim_qk (int, optional): q/k channels, rounded up to a multiple of
-            ``group_width``. Default: ``dim // 3 * 2``.
-        dim_v (int, optional): v channels. Default: ``dim``.
+        dim_qk (int, optional): q/k channels (>= 1), rounded up to a
+            multiple of ``group_width``. Default: ``dim // 3 * 2``.
+        dim_v (int, optional): v channels (>= 1). Default: ``dim``.
         kernel_size (int): K, odd. Default: 5.
         stride (int): window step. Default: 1.
         dilation (int): spacing of the window taps (and of the attention
@@ -80,17 +80,24 @@ class ELSA(EvolutionLayer):
         check_int('num_heads', num_heads)
         check_int('group_width', group_width)
         check_int('groups', groups)
+        if dim_qk is None:
+            dim_qk = dim // 3 * 2
+            if dim_qk < 1:
+                raise ValueError(f'dim_qk defaults to dim // 3 * 2, which is '
+                                 f'0 for dim={dim}: pass dim_qk >= 1')
+        check_int('dim_qk', dim_qk)
         self.dim = dim
         self.num_heads = num_heads
-        dim_qk = dim_qk or dim // 3 * 2
         # Published rule: round dim_qk up to whole groups of the K x K conv.
         self.dim_qk = math.ceil(dim_qk / group_width) * group_width
-        self.dim_v = dim_v or dim
+        self.dim_v = dim if dim_v is None else dim_v
+        check_int('dim_v', self.dim_v)
         check_divisible('dim_v', self.dim_v, 'num_heads', num_heads)
         check_divisible('dim_qk', self.dim_qk, 'groups', groups)
         check_divisible('kernel_size**2 * num_heads',
                         kernel_size**2 * num_heads, 'groups', groups)
-        self.scale = qk_scale or (self.dim_v // num_heads)**-0.5
+        self.scale = ((self.dim_v // num_heads)**-0.5
+                      if qk_scale is None else qk_scale)
         self.lam = lam
         self.gamma = gamma
 

@@ -71,6 +71,8 @@ def _check_pair(name_a, a, name_b, b):
 
 
 def _check_map(name, size, kernel_size, stride, padding, dilation):
+    if size < 1:  # B = 0 and C = 0 are fine, an empty map has no windows
+        raise ValueError(f'{name} must be >= 1, got {size}')
     out = output_size(size, kernel_size, stride, padding, dilation)
     if out < 1:
         raise ValueError(
@@ -87,7 +89,7 @@ def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
     input[b, c, i*s - p + u*d, j*s - p + v*d]`` with ``g(c) = c // (C // G)``.
 
     Args:
-        input (Tensor): (B, C, H, W).
+        input (Tensor): (B, C, H, W); B and C may be 0 (an empty result).
         kernel (Tensor): (B, G, K, K, H_out, W_out), C divisible by G.
         stride (int): window step. Default: 1.
         padding (int | None): padding on every side; None is "same",
@@ -142,7 +144,8 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
     ``evolution_aggregate(v, softmax(local_correlation(q, k, ...)))``.
 
     Args:
-        query (Tensor): (B, C, H_out, W_out), at the output positions.
+        query (Tensor): (B, C, H_out, W_out), at the output positions; B
+            and C may be 0 (with C = 0 the sums are 0).
         key (Tensor): (B, C, H, W).
         groups (int): G, C divisible by G (the attention heads).
         kernel_size (int): K, the window size.

@@ -13,6 +13,11 @@ Four operators, all taking resolved arguments (validation happens once, in
   ``local_correlation``): softmax(Corr(Q, X)) over each window, the softmax
   fused into the C++ kernel.
 
+Empty batches and maps without channels (B = 0, C = 0) are answered here,
+before any backend runs: backends see B >= 1 and C >= 1. The backend is the
+thread's (``MMEVO_OPS_BACKEND`` for every thread, :func:`use_backend` in
+one), and a backward runs on its forward's.
+
 Each one's gradients are the other ones (dX of A is At, dW of A is Corr, dQ of
 Corr is A, dX of Corr is At, and At's are A and Corr; the attention weights
 go through aten's softmax backward first), so derivatives of every order
@@ -25,20 +30,34 @@ PyTorch (:mod:`mmevo.ops.shift`) elsewhere or when forced with
 ``MMEVO_OPS_BACKEND`` / :func:`use_backend`.
 """
 import contextlib
+import functools
 import importlib
 import os
+import threading
 
 import torch
 
 from . import cpu, shift
 
 BACKENDS = ('auto', 'cpp', 'triton', 'torch')
-_state = {'backend': os.environ.get('MMEVO_OPS_BACKEND', 'auto')}
+
+
+class _ForcedBackend(threading.local):
+    """The backend of this thread: ``MMEVO_OPS_BACKEND`` (read at import)
+    until :func:`use_backend` changes it, for this thread only."""
+    name = os.environ.get('MMEVO_OPS_BACKEND', 'auto')
+
+
+_forced = _ForcedBackend()
 
 
 @contextlib.contextmanager
 def use_backend(name):
-    """Force a backend for the ops run inside the block.
+    """Force a backend for the ops this thread runs inside the block.
+
+    Other threads keep theirs. The backward of an op runs on the backend of
+    its forward, wherever it runs (autograd runs CUDA backwards on threads
+    of its own).
 
     Args:
         name (str): one of 'auto', 'cpp', 'triton', 'torch'.
@@ -49,11 +68,11 @@ def use_backend(name):
     """
     if name not in BACKENDS:
         raise ValueError(f'backend must be one of {BACKENDS}, got {name!r}')
-    old, _state['backend'] = _state['backend'], name
+    old, _forced.name = _forced.name, name
     try:
         yield
     finally:
-        _state['backend'] = old
+        _forced.name = old
 
 
 def _triton_available():
@@ -66,7 +85,7 @@ def _triton_available():
 
 def primitives(t):
     """The backend module (aggregate / aggregate_transpose / correlate) for ``t``."""
-    name = _state['backend']
+    name = _forced.name
     if name == 'auto':
         if t.device.type == 'cpu' and cpu.available():
             name = 'cpp'
@@ -132,12 +151,20 @@ def _fold_reflect(gxp, padding, H, W):
     return torch.matmul(torch.matmul(rh.t(), gxp), rw)
 
 
+def _empty(t):
+    """Whether ``t`` (B, C, ...) has no batch or no channels: the result is
+    then empty or zero (and the kernels would divide by C = 0)."""
+    return t.shape[0] == 0 or t.shape[1] == 0
+
+
 # ---------------------------------------------------------------- operators
 @torch.library.custom_op(
     'mmevo::evolution_aggregate', mutates_args=(),
     schema='(Tensor input, Tensor kernel, int stride, int padding, '
     'int dilation, str padding_mode) -> Tensor')
 def _aggregate(input, kernel, stride, padding, dilation, padding_mode):
+    if _empty(input):
+        return input.new_zeros(*input.shape[:2], *kernel.shape[-2:])
     x, p = _explicit_padding(input, padding, padding_mode)
     return primitives(input).aggregate(x, kernel, stride, p, dilation)
 
@@ -152,6 +179,10 @@ def _correlation_op(name, softmax):
         'int stride, int padding, int dilation, str padding_mode) -> Tensor')
     def op(query, key, groups, kernel_size, stride, padding, dilation,
            padding_mode):
+        if _empty(query):  # sums over no channels: 0, a uniform softmax
+            return query.new_full(
+                (query.shape[0], groups, kernel_size, kernel_size,
+                 *query.shape[-2:]), 1 / kernel_size**2 if softmax else 0)
         x, p = _explicit_padding(key, padding, padding_mode)
         return primitives(query).correlate(query, x, groups, kernel_size,
                                            stride, p, dilation, softmax)
@@ -169,6 +200,8 @@ _attention_weights = _correlation_op('local_attention_weights', softmax=True)
     'int padding, int dilation, str padding_mode) -> Tensor')
 def _aggregate_transpose(grad, kernel, height, width, stride, padding,
                          dilation, padding_mode):
+    if _empty(grad):
+        return grad.new_zeros(*grad.shape[:2], height, width)
     prims = primitives(grad)
     if padding_mode == 'zeros' or padding == 0:
         return prims.aggregate_transpose(grad, kernel, (height, width), stride,
@@ -205,6 +238,19 @@ def _window(ctx):
 def _save_window(ctx, stride, padding, dilation, padding_mode):
     ctx.stride, ctx.padding = stride, padding
     ctx.dilation, ctx.padding_mode = dilation, padding_mode
+    ctx.backend = _forced.name
+
+
+def _on_forward_backend(backward):
+    """``backward`` run on the backend its forward ran on: autograd may run
+    it on another thread, whose :func:`use_backend` is not the forward's."""
+
+    @functools.wraps(backward)
+    def run(ctx, grad):
+        with use_backend(ctx.backend):
+            return backward(ctx, grad)
+
+    return run
 
 
 def _aggregate_setup(ctx, inputs, output):
@@ -277,10 +323,11 @@ def _transpose_backward(ctx, grad_x):
     return (d_grad, d_kernel) + (None, ) * 6
 
 
-_aggregate.register_autograd(_aggregate_backward, setup_context=_aggregate_setup)
-_correlation.register_autograd(_correlation_backward,
+_aggregate.register_autograd(_on_forward_backend(_aggregate_backward),
+                             setup_context=_aggregate_setup)
+_correlation.register_autograd(_on_forward_backend(_correlation_backward),
                                setup_context=_correlation_setup)
-_aggregate_transpose.register_autograd(_transpose_backward,
-                                       setup_context=_transpose_setup)
-_attention_weights.register_autograd(_attention_backward,
-                                     setup_context=_attention_setup)
+_aggregate_transpose.register_autograd(
+    _on_forward_backend(_transpose_backward), setup_context=_transpose_setup)
+_attention_weights.register_autograd(
+    _on_forward_backend(_attention_backward), setup_context=_attention_setup)

@@ -94,3 +94,28 @@ def test_published_parameter_layout():
     assert layer.attn[2].weight.shape == (25 * 3, 64, 1, 1)
     assert layer.post_proj.weight.shape == (96, 96)
     assert ELSA(96, 3, dim_qk=20).dim_qk == 24  # rounded to group_width
+
+
+@pytest.mark.parametrize('args,message', [
+    (dict(dim_qk=0), r'dim_qk must be >= 1, got 0'),
+    (dict(dim_qk=-8), r'dim_qk must be >= 1, got -8'),
+    (dict(dim_v=0), r'dim_v must be >= 1, got 0'),
+    (dict(dim_v=-24), r'dim_v must be >= 1, got -24'),
+    (dict(num_heads=0), r'num_heads must be >= 1, got 0'),
+    (dict(num_heads=-2), r'num_heads must be >= 1, got -2'),
+    (dict(group_width=0), r'group_width must be >= 1, got 0'),
+    (dict(groups=0), r'groups must be >= 1, got 0'),
+    (dict(groups=-1), r'groups must be >= 1, got -1'),
+    (dict(dim=2, num_heads=1), r'dim_qk defaults to dim // 3 \* 2, which is '
+     r'0 for dim=2: pass dim_qk >= 1'),
+])
+def test_bad_sizes_are_refused(args, message):
+    """0 and negative sizes raise; none is silently replaced by a default."""
+    with pytest.raises(ValueError, match=message):
+        ELSA(**dict(dict(dim=24, num_heads=2, kernel_size=3), **args))
+
+
+def test_given_sizes_are_kept():
+    layer = ELSA(24, 2, dim_qk=8, dim_v=12, kernel_size=3, qk_scale=0.)
+    assert (layer.dim_qk, layer.dim_v, layer.scale) == (8, 12, 0.)
+    assert ELSA(2, 1, dim_qk=1, kernel_size=3).dim_qk == 8  # whole groups

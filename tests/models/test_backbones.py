@@ -1,5 +1,6 @@
 """RedNet / ACmix-ResNet: shapes, mmdet ResNet knobs, registry."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -276,7 +277,10 @@ def test_norm_eval(cls, tiny):
 
 @pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
                                       (ACmixResNet, TINY_ACMIX)])
-def test_with_cp_same_gradients(cls, tiny):
+def test_with_cp_same_step(cls, tiny):
+    """One training step with and without checkpointing: the same outputs,
+    gradients and BN buffers (the recomputation must not update the running
+    statistics a second time)."""
     torch.manual_seed(0)
     model = cls(26, **tiny)
     model.init_weights()
@@ -291,17 +295,29 @@ def test_with_cp_same_gradients(cls, tiny):
         if hasattr(m, 'with_cp'):
             m.with_cp = True
     x = torch.rand(2, 3, 48, 48, dtype=torch.float64)
-    grads = []
+    steps = []
     for net in (model, cp_model):
         net.train()
-        loss = sum((o**2).mean() for o in net(x.clone().requires_grad_()))
-        loss.backward()
-        grads.append({n: p.grad for n, p in net.named_parameters()})
-    assert set(grads[0]) == set(grads[1])
-    for n in grads[0]:
-        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-9,
-                                   atol=1e-9, msg=n)
-    assert any(g.abs().sum() > 0 for g in grads[0].values())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            outs = net(x.clone().requires_grad_())
+            sum((o**2).mean() for o in outs).backward()
+        assert not [w for w in caught if 'use_reentrant' in str(w.message)]
+        steps.append(
+            dict(outs=outs,
+                 grads={n: p.grad for n, p in net.named_parameters()},
+                 buffers=dict(net.named_buffers())))
+    for key in ('grads', 'buffers'):
+        assert set(steps[0][key]) == set(steps[1][key])
+        for n in steps[0][key]:
+            torch.testing.assert_close(steps[0][key][n], steps[1][key][n],
+                                       rtol=1e-9, atol=1e-9, msg=n)
+    torch.testing.assert_close(steps[0]['outs'], steps[1]['outs'], rtol=1e-9,
+                               atol=1e-9)
+    assert any(g.abs().sum() > 0 for g in steps[0]['grads'].values())
+    tracked = [b for n, b in steps[1]['buffers'].items()
+               if n.endswith('num_batches_tracked')]
+    assert tracked and all(b == 1 for b in tracked)
 
 
 def test_with_cp_flag_reaches_blocks():
@@ -328,6 +344,63 @@ def test_invalid_configs():
         ACmixResNet(101)
     with pytest.raises(ValueError, match='channels'):
         RedNet(26, stem_channels=32, base_channels=24)
+
+
+BAD_ARGS = [
+    (dict(depth=18), r'depth must be one of \[26, 38, 50.*\], got 18'),
+    (dict(num_stages=5), r'num_stages must be 1, 2, 3 or 4, got 5'),
+    (dict(num_stages=0), r'num_stages must be 1, 2, 3 or 4, got 0'),
+    (dict(strides=(1, 2, 2)), r'strides must be 4 ints >= 1 \(one per stage, '
+     r'num_stages=4\), got \(1, 2, 2\)'),
+    (dict(strides=(1, 2, 0, 2)), r'strides must be 4 ints >= 1'),
+    (dict(dilations=(1, 1)), r'dilations must be 4 ints >= 1'),
+    (dict(num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1)),
+     r'out_indices must be .* in \[-3, 3\) \(num_stages=3\), got '
+     r'\(0, 1, 2, 3\)'),
+    (dict(out_indices=(4, )), r'out_indices must be a non-empty sequence of '
+     r'stage indices in \[-4, 4\) \(num_stages=4\), got \(4,\)'),
+    (dict(out_indices=(-5, )), r'in \[-4, 4\) .* got \(-5,\)'),
+    (dict(out_indices=()), r'out_indices must be a non-empty sequence'),
+    (dict(out_indices=3), r'out_indices must be a non-empty sequence'),
+    (dict(out_indices=(1, 1)), r'out_indices must name distinct stages in '
+     r'increasing order'),
+    (dict(out_indices=(-1, 0)), r'distinct stages in increasing order .* got '
+     r'\(-1, 0\)'),
+    (dict(frozen_stages=5), r'frozen_stages must be an int in \[-1, 4\]'),
+    (dict(frozen_stages=-2), r'frozen_stages must be an int in \[-1, 4\]'),
+    (dict(num_stages=2, strides=(1, 2), dilations=(1, 1), out_indices=(1, ),
+          frozen_stages=3), r'frozen_stages must be an int in \[-1, 2\]'),
+    (dict(norm_cfg=dict(type='GN')), r'norm_cfg of type GN needs num_groups'),
+    (dict(norm_cfg=dict(requires_grad=True)),
+     r'norm_cfg must be a dict with a "type"'),
+]
+
+
+@pytest.mark.parametrize('cls', [RedNet, ACmixResNet])
+@pytest.mark.parametrize('args,message', BAD_ARGS)
+def test_bad_arguments_name_the_argument(cls, args, message):
+    args = dict(dict(depth=26), **args)
+    with pytest.raises(ValueError, match=message):
+        cls(**args, **TINY_RED)
+
+
+@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
+                                      (ACmixResNet, TINY_ACMIX)])
+def test_negative_out_indices_count_from_the_last_stage(cls, tiny):
+    model = cls(26, out_indices=(0, -1), **tiny).eval()
+    assert model.out_indices == (0, 3)
+    with torch.no_grad():
+        outs = model(torch.rand(1, 3, 32, 32))
+    assert [tuple(o.shape) for o in outs] == expected_shapes(
+        1, 32, 32, 16, (0, 3))
+    fewer = cls(26, num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),
+                out_indices=(-1, ), **tiny)
+    assert fewer.out_indices == (2, )
+
+
+def test_gn_with_num_groups_builds():
+    model = RedNet(26, norm_cfg=dict(type='GN', num_groups=4), **TINY_RED)
+    assert any(isinstance(m, torch.nn.GroupNorm) for m in model.modules())
 
 
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])

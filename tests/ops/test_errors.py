@@ -1,8 +1,10 @@
 """Every documented bad input raises ValueError/TypeError naming the argument."""
+import importlib.util
+
 import pytest
 import torch
 
-from mmevo.ops import (evolution_aggregate, local_attention_weights,
+from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
                        local_correlation)
 
 
@@ -148,3 +150,75 @@ def test_attention_weights_key_not_4d():
     x, _ = x_w()
     with pytest.raises(ValueError, match=r'key must be \(B, C, H, W\), got \(8, 9, 11\)'):
         local_attention_weights(x, x[0], 2, 3)
+
+
+# The registered ops take resolved arguments and skip the checks above; the
+# C++ kernels check every shape relation they rely on themselves.
+requires_ext = pytest.mark.skipif(
+    importlib.util.find_spec('mmevo._ext') is None,
+    reason='the C++ extension is not built')
+X = (1, 4, 4, 4)
+# (op, shapes of the two tensors, the other arguments, message)
+RAW_CASES = [
+    # a kernel map of the wrong size used to come back zero-padded
+    ('evolution_aggregate', (X, (1, 1, 3, 3, 50, 50)), (1, 1, 1, 'zeros'),
+     r'kernel must be \(B, G, K, K, H_out, W_out\) = \[1, 1, 3, 3, 4, 4\] '
+     r'for an input of \[1, 4, 4, 4\], stride=1, padding=1, dilation=1, '
+     r'got \[1, 1, 3, 3, 50, 50\]'),
+    ('evolution_aggregate', (X, (1, 1, 3, 3, 4, 4)), (2, 1, 1, 'zeros'),
+     r'= \[1, 1, 3, 3, 2, 2\] .* got \[1, 1, 3, 3, 4, 4\]'),  # stride 2
+    # reflect padding is made explicit before the kernel
+    ('evolution_aggregate', (X, (1, 1, 3, 3, 5, 5)), (1, 1, 1, 'reflect'),
+     r'= \[1, 1, 3, 3, 4, 4\] .* got \[1, 1, 3, 3, 5, 5\]'),
+    ('evolution_aggregate', (X, (2, 1, 3, 3, 4, 4)), (1, 1, 1, 'zeros'),
+     r'= \[1, 1, 3, 3, 4, 4\] .* got \[2, 1, 3, 3, 4, 4\]'),
+    ('evolution_aggregate', (X, (1, 1, 3, 5, 4, 4)), (1, 1, 1, 'zeros'),
+     r'= \[1, 1, 3, 3, 4, 4\] .* got \[1, 1, 3, 5, 4, 4\]'),
+    ('evolution_aggregate', (X, (1, 3, 3, 3, 4, 4)), (1, 1, 1, 'zeros'),
+     r'channels \(4\) must be divisible by groups \(3\)'),
+    ('evolution_aggregate', ((1, 4, 2, 2), (1, 1, 5, 5, 1, 1)),
+     (1, 0, 1, 'zeros'),
+     r'input map 2x2 is too small for kernel_size=5, padding=0'),
+    ('local_correlation', ((1, 4, 3, 3), X), (1, 3, 1, 1, 1, 'zeros'),
+     r'query must be \(B, C, H_out, W_out\) = \[1, 4, 4, 4\] for an input '
+     r'of \[1, 4, 4, 4\], stride=1, padding=1, dilation=1, got '
+     r'\[1, 4, 3, 3\]'),
+    ('local_correlation', ((2, 4, 4, 4), X), (1, 3, 1, 1, 1, 'zeros'),
+     r'query must be .* got \[2, 4, 4, 4\]'),
+    ('local_attention_weights', ((1, 8, 4, 4), X), (1, 3, 1, 1, 1, 'zeros'),
+     r'query must be .* got \[1, 8, 4, 4\]'),
+    ('local_attention_weights', (X, X), (3, 3, 1, 1, 1, 'zeros'),
+     r'channels \(4\) must be divisible by groups \(3\)'),
+    ('evolution_aggregate_transpose', (X, (1, 1, 3, 3, 4, 4)),
+     (9, 9, 1, 1, 1, 'zeros'),
+     r'grad_y must be \(B, C, H_out, W_out\) = \[1, 4, 9, 9\] for an input '
+     r'of \[1, 4, 9, 9\], .* got \[1, 4, 4, 4\]'),
+    ('evolution_aggregate_transpose', (X, (1, 1, 3, 3, 9, 9)),
+     (4, 4, 1, 1, 1, 'zeros'),
+     r'kernel must be .* = \[1, 1, 3, 3, 4, 4\] .* got \[1, 1, 3, 3, 9, 9\]'),
+]
+
+
+@requires_ext
+@pytest.mark.parametrize('op,shapes,args,message', RAW_CASES)
+def test_registered_op_checks_shapes(op, shapes, args, message):
+    tensors = [torch.randn(shape) for shape in shapes]
+    with library.use_backend('cpp'):
+        with pytest.raises(RuntimeError, match=message):
+            getattr(torch.ops.mmevo, op)(*tensors, *args)
+
+
+@requires_ext
+@pytest.mark.parametrize('call', ['aggregate_forward', 'aggregate_transpose',
+                                  'correlate'])
+def test_kernels_refuse_zero_channels(call):
+    """C = 0 reaches no kernel (the ops answer it first); called directly,
+    the C++ entry points refuse it instead of dividing by zero (SIGFPE)."""
+    from mmevo import _ext
+    x, w = torch.randn(2, 0, 9, 11), torch.randn(2, 1, 3, 3, 9, 11)
+    args = dict(aggregate_forward=(x, w, 1, 1, 1),
+                aggregate_transpose=(x, w, 9, 11, 1, 1, 1),
+                correlate=(x, x, 1, 3, 1, 1, 1, False))[call]
+    with pytest.raises(RuntimeError, match=r'input of \[2, 0, 9, 11\] has '
+                       r'no channels'):
+        getattr(_ext, call)(*args)

@@ -7,12 +7,17 @@ mmdet's ``ResNet`` keeps everything else identical to it: stem freezing,
 of the published checkpoints (``layer{i}.{j}.conv1/bn1/conv2/bn2/conv3/bn3``,
 ``downsample.0/1``) and the default initialisation.
 """
+import contextlib
+import inspect
+
 import torch
 import torch.nn.functional as F
 from mmcv.cnn import build_conv_layer, build_norm_layer
 from mmdet.models.backbones.resnet import Bottleneck, ResNet
 from mmengine.model import Sequential
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
 
 from mmevo.layers.pointwise import pointwise
 
@@ -49,6 +54,44 @@ class MiddleLayerBottleneck(Bottleneck):
         self.conv2 = middle_layer(planes, self.conv2_stride, self.dilation)
         if type(self.conv1) is nn.Conv2d and self.conv1.stride == (1, 1):
             self.conv1 = _MatmulConv1x1.taking_over(self.conv1)
+
+    def forward(self, x):
+        """mmdet's forward; with ``with_cp``, its BN statistics kept once.
+
+        mmdet's checkpoint recomputes the block in the backward with its BNs
+        still in train mode, which updates their running statistics (and
+        ``num_batches_tracked``) a second time per step. Here the buffers
+        the recomputation updates are put back as the forward left them.
+        (Turning ``track_running_stats`` off instead would change what
+        batch_norm saves, which the checkpoint refuses.)
+        """
+        if not (self.with_cp and x.requires_grad):
+            return super().forward(x)
+        return checkpoint(
+            self._forward_without_cp, x, use_reentrant=False,
+            context_fn=lambda: (contextlib.nullcontext(),
+                                _running_stats_kept(self)))
+
+    def _forward_without_cp(self, x):
+        self.with_cp = False  # mmdet's forward, minus its own checkpoint
+        try:
+            return super().forward(x)
+        finally:
+            self.with_cp = True
+
+
+@contextlib.contextmanager
+def _running_stats_kept(module):
+    """The BN buffers of ``module`` (running statistics, batch count) are
+    restored on exit to their values on entry."""
+    saved = [(buf, buf.clone()) for m in module.modules()
+             if isinstance(m, _BatchNorm) for buf in m.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
 
 
 class _MatmulConv1x1(nn.Conv2d):
@@ -98,6 +141,80 @@ class _ToContiguous(torch.autograd.Function):
         return grad.contiguous(memory_format=torch.channels_last)
 
 
+def check_resnet_args(arch_settings, depth, kwargs):
+    """Check a DynamicResNet's arguments; return them with ``out_indices``
+    normalised.
+
+    mmdet's ResNet raises bare AssertionErrors for some of them and accepts
+    others it cannot use (``out_indices=(-1,)`` returns nothing,
+    ``frozen_stages=5`` fails on the first ``train()``): here each one gets a
+    ValueError naming the argument and the values it allows. Negative
+    ``out_indices`` count from the last stage, as Python indices do.
+
+    Args:
+        arch_settings (dict): the supported depths (keys).
+        depth (int): the depth asked for.
+        kwargs (dict): mmdet ``ResNet`` arguments; the missing ones take
+            mmdet's defaults.
+
+    Returns:
+        dict: ``kwargs``, ``out_indices`` as increasing stage indices >= 0.
+
+    Example:
+        >>> check_resnet_args({50: None}, 50, dict(out_indices=(-1, )))
+        {'out_indices': (3,)}
+    """
+    if depth not in arch_settings:
+        raise ValueError(f'depth must be one of {sorted(arch_settings)}, '
+                         f'got {depth!r}')
+    args = {
+        name: param.default
+        for name, param in inspect.signature(ResNet).parameters.items()
+    }
+    args.update(kwargs)
+    n = args['num_stages']
+    if not (_is_int(n) and 1 <= n <= 4):
+        raise ValueError(f'num_stages must be 1, 2, 3 or 4, got {n!r}')
+    for name in ('strides', 'dilations'):
+        values = args[name]
+        if (not isinstance(values, (tuple, list)) or len(values) != n
+                or not all(_is_int(v) and v >= 1 for v in values)):
+            raise ValueError(f'{name} must be {n} ints >= 1 (one per stage, '
+                             f'num_stages={n}), got {values!r}')
+    out = args['out_indices']
+    if (not isinstance(out, (tuple, list)) or not out
+            or not all(_is_int(i) and -n <= i < n for i in out)):
+        raise ValueError(f'out_indices must be a non-empty sequence of stage '
+                         f'indices in [{-n}, {n}) (num_stages={n}), got '
+                         f'{out!r}')
+    normalised = tuple(i % n for i in out)
+    if list(normalised) != sorted(set(normalised)):
+        raise ValueError(f'out_indices must name distinct stages in '
+                         f'increasing order (the outputs come in stage '
+                         f'order), got {out!r}')
+    frozen = args['frozen_stages']
+    if not (_is_int(frozen) and -1 <= frozen <= n):
+        raise ValueError(f'frozen_stages must be an int in [-1, {n}] (-1: '
+                         f'none, 0: the stem, i: the stem and stages 1..i; '
+                         f'num_stages={n}), got {frozen!r}')
+    norm_cfg = args['norm_cfg']
+    if not isinstance(norm_cfg, dict) or 'type' not in norm_cfg:
+        raise ValueError(f'norm_cfg must be a dict with a "type", got '
+                         f'{norm_cfg!r}')
+    if norm_cfg['type'] == 'GN' and not (_is_int(norm_cfg.get('num_groups'))
+                                         and norm_cfg['num_groups'] >= 1):
+        raise ValueError(f'norm_cfg of type GN needs num_groups (an int >= 1 '
+                         f'dividing the channels of every norm layer), got '
+                         f'{norm_cfg!r}')
+    if 'out_indices' in kwargs:
+        kwargs = dict(kwargs, out_indices=normalised)
+    return kwargs
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class DynamicResNet(ResNet):
     """mmdet ResNet whose bottleneck middle layers come from a factory.
 
@@ -131,9 +248,7 @@ class DynamicResNet(ResNet):
                  zero_init_residual=True,
                  init_cfg=None,
                  **kwargs):
-        if depth not in self.arch_settings:
-            raise ValueError(f'depth must be one of '
-                             f'{sorted(self.arch_settings)}, got {depth}')
+        kwargs = check_resnet_args(self.arch_settings, depth, kwargs)
         # make_res_layer runs inside ResNet.__init__: set its inputs first.
         self.contract_dilation = contract_dilation
         # mmdet only zero-inits blocks that *are* its Bottleneck class, and

@@ -93,33 +93,70 @@ const Isa kIsa = detect_isa();
 #define MMEVO_CALL(fn, T, ...) base::fn<T>(__VA_ARGS__)
 #endif
 
-void check_inputs(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "mmevo._ext: CPU tensors expected");
-  TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "mmevo._ext: contiguous tensors expected");
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "mmevo._ext: dtypes differ");
-  TORCH_CHECK(a.dim() == 4, "mmevo._ext: 4-D feature map expected");
+void check_inputs(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), "mmevo._ext.", op,
+              ": CPU tensors expected");
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "mmevo._ext.", op,
+              ": contiguous tensors expected");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "mmevo._ext.", op, ": dtypes differ");
+  TORCH_CHECK(a.dim() == 4, "mmevo._ext.", op, ": 4-D feature map expected, got ", a.sizes());
 }
 
-Geometry make_geometry(const at::Tensor& x, int64_t G, int64_t K, int64_t Ho, int64_t Wo,
-                       int64_t s, int64_t p, int64_t d) {
-  TORCH_CHECK(G >= 1 && x.size(1) % G == 0 && K >= 1 && s >= 1 && d >= 1 && p >= 0,
-              "mmevo._ext: bad window arguments");
-  return Geometry{x.size(0), x.size(1), x.size(2), x.size(3), G, K, Ho, Wo, s, p, d};
+// The window geometry of an input x (B, C, H, W), with every relation the
+// kernels rely on checked: they divide by C / G and by the channel block
+// (so C >= 1), and read H x W maps through Ho x Wo windows.
+Geometry make_geometry(const char* op, const at::Tensor& x, int64_t G, int64_t K, int64_t s,
+                       int64_t p, int64_t d) {
+  TORCH_CHECK(G >= 1 && K >= 1 && s >= 1 && d >= 1 && p >= 0, "mmevo._ext.", op,
+              ": bad window arguments: groups=", G, ", kernel_size=", K, ", stride=", s,
+              ", padding=", p, ", dilation=", d);
+  const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  TORCH_CHECK(C >= 1, "mmevo._ext.", op, ": input of ", x.sizes(),
+              " has no channels (the Python entry, mmevo.ops, handles C = 0)");
+  TORCH_CHECK(C % G == 0, "mmevo._ext.", op, ": channels (", C,
+              ") must be divisible by groups (", G, ")");
+  TORCH_CHECK(H >= 1 && W >= 1, "mmevo._ext.", op, ": empty input map ", x.sizes());
+  const int64_t Ho = (H + 2 * p - d * (K - 1) - 1) / s + 1;
+  const int64_t Wo = (W + 2 * p - d * (K - 1) - 1) / s + 1;
+  TORCH_CHECK(H + 2 * p - d * (K - 1) >= 1 && W + 2 * p - d * (K - 1) >= 1, "mmevo._ext.", op,
+              ": input map ", H, "x", W, " is too small for kernel_size=", K, ", padding=", p,
+              ", dilation=", d);
+  return Geometry{B, C, H, W, G, K, Ho, Wo, s, p, d};
 }
 
-void check_kernel(const at::Tensor& w, const Geometry& g) {
+// A (B, C, Ho, Wo) map at the output positions of g: y, grad_y or query.
+void check_out_map(const char* op, const char* name, const at::Tensor& t, const Geometry& g) {
+  TORCH_CHECK(t.size(0) == g.B && t.size(1) == g.C && t.size(2) == g.Ho && t.size(3) == g.Wo,
+              "mmevo._ext.", op, ": ", name, " must be (B, C, H_out, W_out) = [", g.B, ", ",
+              g.C, ", ", g.Ho, ", ", g.Wo, "] for an input of [", g.B, ", ", g.C, ", ", g.H,
+              ", ", g.W, "], stride=", g.s, ", padding=", g.p, ", dilation=", g.d, ", got ",
+              t.sizes());
+}
+
+void check_kernel(const char* op, const at::Tensor& w, const Geometry& g) {
   TORCH_CHECK(w.dim() == 6 && w.size(0) == g.B && w.size(1) == g.G && w.size(2) == g.K &&
                   w.size(3) == g.K && w.size(4) == g.Ho && w.size(5) == g.Wo,
-              "mmevo._ext: kernel shape does not match the geometry");
+              "mmevo._ext.", op, ": kernel must be (B, G, K, K, H_out, W_out) = [", g.B, ", ",
+              g.G, ", ", g.K, ", ", g.K, ", ", g.Ho, ", ", g.Wo, "] for an input of [", g.B,
+              ", ", g.C, ", ", g.H, ", ", g.W, "], stride=", g.s, ", padding=", g.p,
+              ", dilation=", g.d, ", got ", w.sizes());
+}
+
+// The kernel's groups and window size, once it is known to be 6-D.
+std::pair<int64_t, int64_t> kernel_groups_size(const char* op, const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 6, "mmevo._ext.", op,
+              ": kernel must be 6-D (B, G, K, K, H_out, W_out), got ", w.sizes());
+  return {w.size(1), w.size(2)};
 }
 
 // y = A(x, w): (B, C, H, W), (B, G, K, K, Ho, Wo) -> (B, C, Ho, Wo).
 at::Tensor aggregate_forward(const at::Tensor& x, const at::Tensor& w, int64_t s, int64_t p,
                              int64_t d) {
-  check_inputs(x, w);
-  TORCH_CHECK(w.dim() == 6, "mmevo._ext: 6-D kernel expected");
-  const Geometry g = make_geometry(x, w.size(1), w.size(2), w.size(4), w.size(5), s, p, d);
-  check_kernel(w, g);
+  constexpr const char* op = "aggregate_forward";
+  check_inputs(op, x, w);
+  const auto [G, K] = kernel_groups_size(op, w);
+  const Geometry g = make_geometry(op, x, G, K, s, p, d);
+  check_kernel(op, w, g);
   auto y = at::empty({g.B, g.C, g.Ho, g.Wo}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "aggregate", [&] {
     MMEVO_CALL(aggregate_forward, scalar_t, x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
@@ -131,11 +168,15 @@ at::Tensor aggregate_forward(const at::Tensor& x, const at::Tensor& w, int64_t s
 // grad_x = At(gy, w): the transpose of A in x, for an input of H x W.
 at::Tensor aggregate_transpose(const at::Tensor& gy, const at::Tensor& w, int64_t H, int64_t W,
                                int64_t s, int64_t p, int64_t d) {
-  check_inputs(gy, w);
-  TORCH_CHECK(w.dim() == 6, "mmevo._ext: 6-D kernel expected");
+  constexpr const char* op = "aggregate_transpose";
+  check_inputs(op, gy, w);
+  const auto [G, K] = kernel_groups_size(op, w);
+  TORCH_CHECK(H >= 1 && W >= 1, "mmevo._ext.", op, ": input size must be >= 1, got ", H, "x",
+              W);
   auto gx = at::empty({gy.size(0), gy.size(1), H, W}, gy.options());
-  const Geometry g = make_geometry(gx, w.size(1), w.size(2), gy.size(2), gy.size(3), s, p, d);
-  check_kernel(w, g);
+  const Geometry g = make_geometry(op, gx, G, K, s, p, d);
+  check_out_map(op, "grad_y", gy, g);
+  check_kernel(op, w, g);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gy.scalar_type(), "aggregate_t", [&] {
     MMEVO_CALL(aggregate_transpose, scalar_t, gy.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
                gx.data_ptr<scalar_t>(), g);
@@ -147,9 +188,11 @@ at::Tensor aggregate_transpose(const at::Tensor& gy, const at::Tensor& w, int64_
 // with softmax, normalised over each pixel's K x K window.
 at::Tensor correlate(const at::Tensor& q, const at::Tensor& x, int64_t G, int64_t K, int64_t s,
                      int64_t p, int64_t d, bool softmax) {
-  check_inputs(q, x);
-  const Geometry g = make_geometry(x, G, K, q.size(2), q.size(3), s, p, d);
-  TORCH_CHECK(q.size(0) == g.B && q.size(1) == g.C, "mmevo._ext: query/key shapes differ");
+  constexpr const char* op = "correlate";
+  check_inputs(op, q, x);
+  TORCH_CHECK(x.dim() == 4, "mmevo._ext.", op, ": 4-D key expected, got ", x.sizes());
+  const Geometry g = make_geometry(op, x, G, K, s, p, d);
+  check_out_map(op, "query", q, g);
   auto out = at::empty({g.B, g.G, g.K, g.K, g.Ho, g.Wo}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "correlate", [&] {
     MMEVO_CALL(correlate, scalar_t, q.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
