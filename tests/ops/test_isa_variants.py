@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mmevo.ops import cpu
+from mmevo.ops import cpp_backend
 
 SCRIPT = r'''
 import torch
@@ -46,7 +46,7 @@ print('ok')
 '''
 
 
-@pytest.mark.skipif(not cpu.available(), reason='the C++ extension is not built')
+@pytest.mark.skipif(not cpp_backend.available(), reason='the C++ extension is not built')
 @pytest.mark.parametrize('isa', ['avx2', 'base'])
 def test_narrower_isa_matches_reference(isa):
     from mmevo import _ext

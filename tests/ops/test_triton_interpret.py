@@ -30,7 +30,7 @@ from mmevo.ops.reference import (aggregate_reference,  # noqa: E402
                                  attention_weights_reference,
                                  correlation_reference)
 
-tk = importlib.import_module('mmevo.ops.triton_kernels')
+tk = importlib.import_module('mmevo.ops.triton_backend')
 
 
 # (B, C, G, H, W, K, stride, padding, dilation)

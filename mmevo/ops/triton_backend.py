@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .shift import window_softmax
+from .torch_backend import window_softmax
 
 _INTERPRET = os.environ.get('TRITON_INTERPRET', '0') == '1'
 
@@ -177,7 +177,7 @@ def _launch(kernel, a, b, out, groups, kernel_size, in_hw, out_hw, stride,
 
 
 def aggregate(x, w, stride, padding, dilation):
-    """Y = A(x, w), see :func:`mmevo.ops.shift.aggregate`."""
+    """Y = A(x, w), see :func:`mmevo.ops.torch_backend.aggregate`."""
     x, w = x.contiguous(), w.contiguous()
     B, C, H, W = x.shape
     G, K, _, Ho, Wo = w.shape[1:]
@@ -188,7 +188,8 @@ def aggregate(x, w, stride, padding, dilation):
 
 
 def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
-    """grad_x = At(gy, w), see :func:`mmevo.ops.shift.aggregate_transpose`."""
+    """grad_x = At(gy, w), see
+    :func:`mmevo.ops.torch_backend.aggregate_transpose`."""
     gy, w = gy.contiguous(), w.contiguous()
     B, C, Ho, Wo = gy.shape
     G, K = w.shape[1:3]
@@ -200,8 +201,8 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
 
 def correlate(q, x, groups, kernel_size, stride, padding, dilation,
               softmax=False):
-    """out = Corr(q, x), see :func:`mmevo.ops.shift.correlate`; the softmax
-    (if asked) runs after the kernel, in fp32 at least."""
+    """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
+    softmax (if asked) runs after the kernel, in fp32 at least."""
     q, x = q.contiguous(), x.contiguous()
     B, C, Ho, Wo = q.shape
     out = q.new_empty(B, groups, kernel_size, kernel_size, Ho, Wo)

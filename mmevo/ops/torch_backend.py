@@ -65,7 +65,20 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
 
 
 def window_softmax(t):
-    """Softmax of (B, G, K, K, Ho, Wo) over each pixel's K x K window."""
+    """Softmax over each pixel's K x K window: the attention weights of
+    local self-attention from their logits.
+
+    Args:
+        t (Tensor): logits (B, G, K, K, H_out, W_out).
+
+    Returns:
+        Tensor: same shape, summing to 1 over dims 2 and 3.
+
+    Example:
+        >>> w = window_softmax(torch.randn(2, 4, 3, 3, 5, 6))
+        >>> torch.allclose(w.sum((2, 3)), torch.ones(2, 4, 5, 6))
+        True
+    """
     return t.flatten(2, 3).softmax(2).view_as(t)
 
 
