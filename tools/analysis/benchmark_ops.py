@@ -6,7 +6,9 @@ RedNet-50 stage shapes (involution: K = 7, 16 channels per group):
 
 * ``unfold``: the published involution code (``nn.Unfold`` of K^2 copies);
 * ``shift``: the best pure-PyTorch formulation, shift-and-accumulate over the
-  K^2 offsets with a hand-written backward (``mmevo.ops.shift``);
+  K^2 offsets (``mmevo.ops.torch_backend``): the mmevo ops with
+  ``use_backend('torch')``, whose registered backward runs the transpose and
+  the correlation on that backend too;
 * ``mmevo``: ``mmevo.ops.evolution_aggregate`` (C++ on CPU, Triton on CUDA).
 
 Peak memory is the largest number of bytes held by tensors allocated during
