@@ -278,14 +278,16 @@ def test_backends_agree_bitwise_across_threads():
     w = torch.randn(2, 2, 5, 5, 8, 7, generator=gen)
     threads = torch.get_num_threads()
     results = []
-    for n in (1, 2):
-        torch.set_num_threads(n)
-        xl, wl = leaf(x), leaf(w)
-        with library.use_backend('cpp'):
-            y = evolution_aggregate(xl, wl, 2, None, 1, 'reflect')
-            y.square().sum().backward()
-        results.append((y, xl.grad, wl.grad))
-    torch.set_num_threads(threads)
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            xl, wl = leaf(x), leaf(w)
+            with library.use_backend('cpp'):
+                y = evolution_aggregate(xl, wl, 2, None, 1, 'reflect')
+                y.square().sum().backward()
+            results.append((y, xl.grad, wl.grad))
+    finally:
+        torch.set_num_threads(threads)
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
