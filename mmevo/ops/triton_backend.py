@@ -1,4 +1,5 @@
-"""Triton kernels of the window primitives (CUDA; CPU tensors under TRITON_INTERPRET=1).
+"""Triton kernels of the window primitives (CUDA; CPU tensors under
+``TRITON_INTERPRET=1``).
 
 Three output-stationary kernels, one per primitive, zero padding only (reflect
 padding is made explicit by :mod:`mmevo.ops.library`):
@@ -107,7 +108,8 @@ def _transpose_kernel(g_ptr, w_ptr, x_ptr, C, H, W, G, Ho, Wo, K, stride,
     g_rows = g_ptr + chan[:, None] * P
     acc = tl.zeros([BLOCK_C, BLOCK_P], dtype=acc_t)
     for u in range(K):
-        # Output row i whose tap u lands on h: i * stride = h + padding - u * dilation.
+        # Output row i whose tap u lands on h:
+        # i * stride = h + padding - u * dilation.
         ti = h + padding - u * dilation
         i = ti // stride
         r_ok = p_mask & (ti >= 0) & (ti % stride == 0) & (i < Ho)
@@ -163,7 +165,8 @@ def _correlate_kernel(q_ptr, x_ptr, out_ptr, C, H, W, G, Ho, Wo, K, stride,
 
 def _launch(kernel, a, b, out, groups, kernel_size, in_hw, out_hw, stride,
             padding, dilation, programs_1):
-    """Launch ``kernel`` on position blocks x ``programs_1(meta)``, as a 1-D grid."""
+    """Launch ``kernel`` on position blocks x ``programs_1(meta)``, as a 1-D
+    grid."""
     n_pos = (in_hw if kernel is _transpose_kernel else out_hw)
     n_pos = n_pos[0] * n_pos[1]
 

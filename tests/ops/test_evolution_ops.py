@@ -79,7 +79,7 @@ def test_matches_reference(backend, seed):
     go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
 
     with library.use_backend(backend):
-        xa, wa, qa = leaf(x), leaf(w), leaf(q)
+        xa, wa = leaf(x), leaf(w)
         y = evolution_aggregate(xa, wa, s, cfg['p'], d, mode)
         y.backward(gy)
         xc, qc = leaf(x), leaf(q)
@@ -89,7 +89,7 @@ def test_matches_reference(backend, seed):
         a = local_attention_weights(qs, xs, G, K, s, cfg['p'], d, mode)
         a.backward(go)
 
-    xr, wr, qr = leaf(x), leaf(w), leaf(q)
+    xr, wr = leaf(x), leaf(w)
     y_ref = aggregate_reference(xr, wr, s, pad, d, mode)
     y_ref.backward(gy)
     xq, qq = leaf(x), leaf(q)
