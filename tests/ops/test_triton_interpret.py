@@ -22,11 +22,13 @@ if INTERPRET:
     os.environ['TRITON_INTERPRET'] = '1'
 DEVICE = 'cpu' if INTERPRET else 'cuda'
 
-import pytest  # noqa: E402
+# Imported after TRITON_INTERPRET is set (E402 is off for this file in
+# setup.cfg).
+import pytest
 
-from mmevo.ops import (evolution_aggregate, library,  # noqa: E402
-                       local_attention_weights, local_correlation, output_size)
-from mmevo.ops.reference import (aggregate_reference,  # noqa: E402
+from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
+                       local_correlation, output_size)
+from mmevo.ops.reference import (aggregate_reference,
                                  attention_weights_reference,
                                  correlation_reference)
 
