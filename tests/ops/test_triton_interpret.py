@@ -1,4 +1,5 @@
-"""The Triton kernels against the reference: interpreted on CPU, compiled on CUDA.
+"""The Triton kernels against the reference: interpreted on CPU, compiled on
+CUDA.
 
 Without CUDA, Triton's interpreter runs the kernels on CPU tensors. Triton
 decides whether a function is interpreted when it is decorated (its own
@@ -98,7 +99,8 @@ def test_triton_fp32(geom):
 
 @pytest.mark.parametrize('geom', GEOMETRIES[:3])
 def test_triton_bf16(geom):
-    """bf16 in, fp32 accumulation, bf16 out: within bf16 rounding of the result."""
+    """bf16 in, fp32 accumulation, bf16 out: within bf16 rounding of the
+    result."""
     inputs = make_inputs(geom, torch.bfloat16, 1)
     got = run_primitives(*inputs, geom)
     ref = reference_products(*[t.double() for t in inputs], geom)
@@ -126,7 +128,8 @@ def test_triton_through_the_ops(mode):
                 y = aggregate_reference(xa, wa, 1, 2, 1, mode)
                 o = correlation_reference(qa, xa, 2, 5, 1, 2, 1, mode)
                 a = attention_weights_reference(qa, xa, 2, 5, 1, 2, 1, mode)
-            # Inside the block: the backward runs the ops (on this backend) too.
+            # Inside the block: the backward runs the ops (on this backend)
+            # too.
             (y * gy).sum().add(o.square().sum()).add(
                 a.square().sum()).backward()
         results.append([y, o, a, xa.grad, wa.grad, qa.grad])

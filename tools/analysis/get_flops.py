@@ -34,6 +34,7 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.structures import InstanceData
 from torch import nn
 
+import mmevo  # noqa: F401  registers mmevo's modules
 from mmevo.ops.flops import FLOP_HANDLES, MMEVO_OPS
 
 #: Default input (H, W) per task, those of the tools that made the published
@@ -104,7 +105,6 @@ def build_model(cfg):
     Returns:
         nn.Module: the model.
     """
-    import mmevo  # noqa: F401  registers mmevo's modules
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     model = revert_sync_batchnorm(MODELS.build(cfg.model))
     return model.eval()
@@ -179,14 +179,14 @@ def main():
     total_params, trainable = count_parameters(model)
     flops = count_flops(model, shape)
     total = sum(flops.values())
-    mmevo = sum(flops.get(op, 0) for op in MMEVO_OPS)
+    in_ops = sum(flops.get(op, 0) for op in MMEVO_OPS)
     print(f'Config: {args.config}\nInput shape: (1, 3, {shape[0]}, '
           f'{shape[1]})')
     print(f'Params: {trainable / 1e6:.2f} M trainable (published convention)'
           f', {total_params / 1e6:.2f} M in all')
-    print(f'FLOPs: {total / 1e9:.1f} G ({(total - mmevo) / 1e9:.1f} G without '
-          f'mmevo ops, which the published counter did not see; '
-          f'{mmevo / 1e9:.2f} G in mmevo ops)')
+    print(f'FLOPs: {total / 1e9:.1f} G ({(total - in_ops) / 1e9:.1f} G '
+          f'without mmevo ops, which the published counter did not see; '
+          f'{in_ops / 1e9:.2f} G in mmevo ops)')
     print('FLOPs by operator (G): ' + ', '.join(
         f'{op} {n / 1e9:.2f}' for op, n in flops.most_common()))
 
