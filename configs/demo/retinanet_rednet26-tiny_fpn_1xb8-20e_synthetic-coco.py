@@ -1,6 +1,6 @@
 # Demo (``make demo``): RetinaNet on a small RedNet-26, trained from scratch on
 # the synthetic COCO-format shapes set (tools/misc/make_synthetic_data.py),
-# scored with the real COCO metric. Sized for a 2-core CPU: ~10 minutes.
+# scored with the real COCO metric. Sized for a 2-core CPU: about 4 minutes.
 _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     'mmdet::_base_/default_runtime.py',

@@ -7,8 +7,5 @@ _base_ = './mask-rcnn_rednet50_fpn_1x_coco.py'
 model = dict(neck=dict(type='InvolutionFPN'))
 
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0,
-         end=2000),
-    dict(type='MultiStepLR', begin=0, end=12, by_epoch=True,
-         milestones=[8, 11], gamma=0.1)
+    dict(_base_.param_scheduler[0], end=2000), _base_.param_scheduler[1]
 ]

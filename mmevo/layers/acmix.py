@@ -3,9 +3,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmevo.ops import local_attention_weights
+from mmevo.ops import check_int, local_attention_weights
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible, check_int
+from .base import EvolutionLayer, check_divisible
 from .pointwise import pointwise
 
 

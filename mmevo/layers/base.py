@@ -14,17 +14,7 @@ import torch
 from mmengine.model import BaseModule
 from torch.utils.hooks import RemovableHandle
 
-from mmevo.ops import evolution_aggregate, output_size
-from mmevo.ops.evolution import resolve_window
-
-
-def check_int(name, value, minimum=1):
-    """Raise a clear build-time error unless ``value`` is an int >= minimum."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f'{name} must be an int, got {type(value).__name__} '
-                        f'{value!r}')
-    if value < minimum:
-        raise ValueError(f'{name} must be >= {minimum}, got {value}')
+from mmevo.ops import evolution_aggregate, output_size, resolve_window
 
 
 def check_divisible(name, value, divisor_name, divisor):

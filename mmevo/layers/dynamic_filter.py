@@ -3,8 +3,9 @@ import torch
 import torch.nn as nn
 from torch.nn.init import calculate_gain
 
+from mmevo.ops import check_int
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_int
+from .base import EvolutionLayer
 
 
 class FilterNorm(nn.Module):

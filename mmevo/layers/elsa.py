@@ -5,8 +5,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmevo.ops import check_int, window_softmax
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible, check_int
+from .base import EvolutionLayer, check_divisible
 
 
 @MODELS.register_module()
@@ -152,8 +153,7 @@ class ELSA(EvolutionLayer):
         logits = self.attn(quadratic)
         B, _, H, W = logits.shape
         G, K = self.num_heads, self.kernel_size
-        attn = logits.view(B, G, K * K, H, W).softmax(2).view(
-            B, G, K, K, H, W)
+        attn = window_softmax(logits.view(B, G, K, K, H, W))
         attn = self.attn_drop(attn)
         mul, add = self.ghost_terms()
         if mul is None and add is None:

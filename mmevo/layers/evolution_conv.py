@@ -4,8 +4,9 @@ import math
 import torch
 import torch.nn as nn
 
+from mmevo.ops import check_int
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible, check_int
+from .base import EvolutionLayer, check_divisible
 
 
 @MODELS.register_module()

@@ -3,8 +3,9 @@ import torch
 import torch.nn.functional as F
 from mmcv.cnn import ConvModule
 
+from mmevo.ops import check_int
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible, check_int
+from .base import EvolutionLayer, check_divisible
 from .pointwise import pointwise
 
 

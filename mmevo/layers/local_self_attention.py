@@ -2,9 +2,9 @@
 import torch
 import torch.nn as nn
 
-from mmevo.ops import local_correlation
+from mmevo.ops import check_int, local_correlation, window_softmax
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible, check_int
+from .base import EvolutionLayer, check_divisible
 
 
 @MODELS.register_module()
@@ -112,5 +112,5 @@ class LocalSelfAttention(EvolutionLayer):
                 'bgdhw,gduv->bguvhw', q.view(B, G, C // G, H_out, W_out), r)
         if self.rel_pos_bias is not None:
             logits = logits + self.rel_pos_bias[None, :, :, :, None, None]
-        attention = logits.flatten(2, 3).softmax(2).view_as(logits)
+        attention = window_softmax(logits)
         return v, attention

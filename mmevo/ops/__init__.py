@@ -1,8 +1,10 @@
 """Compiled evolution ops: window aggregation and local correlation."""
-from .evolution import (evolution_aggregate, local_attention_weights,
-                        local_correlation, output_size)
+from .evolution import (check_int, evolution_aggregate,
+                        local_attention_weights, local_correlation,
+                        output_size, resolve_window)
+from .torch_backend import window_softmax
 
 __all__ = [
-    'evolution_aggregate', 'local_attention_weights', 'local_correlation',
-    'output_size'
+    'check_int', 'evolution_aggregate', 'local_attention_weights',
+    'local_correlation', 'output_size', 'resolve_window', 'window_softmax'
 ]

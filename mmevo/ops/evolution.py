@@ -2,8 +2,9 @@
 
 Every argument is checked here, once, so that no kernel ever sees a shape it
 cannot handle; then the ``torch.ops.mmevo`` operator runs (registered in
-``library.py``, kernels in ``csrc/`` (C++), ``triton_kernels.py`` and
-``shift.py``). ``reference.py`` is the formula in plain PyTorch.
+``library.py``; backends ``cpp_backend.py`` (the C++ kernels of ``csrc/``),
+``triton_backend.py`` and ``torch_backend.py``). ``reference.py`` is the
+formula in plain PyTorch.
 """
 import torch
 
@@ -12,18 +13,49 @@ from . import library  # noqa: F401  (registers torch.ops.mmevo.*)
 PADDING_MODES = ('zeros', 'reflect')
 
 
-def _check_int(name, value, minimum):
+def check_int(name, value, minimum=1):
+    """Raise a clear error unless ``value`` is an int >= ``minimum``.
+
+    Args:
+        name (str): the argument's name, for the message.
+        value: the value to check (a bool is not an int here).
+        minimum (int): the smallest value allowed. Default: 1.
+
+    Example:
+        >>> check_int('stride', 2)
+        >>> check_int('padding', -1, minimum=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: padding must be >= 0, got -1
+    """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f'{name} must be an int, got {type(value).__name__}')
+        raise TypeError(f'{name} must be an int, got {type(value).__name__} '
+                        f'{value!r}')
     if value < minimum:
         raise ValueError(f'{name} must be >= {minimum}, got {value}')
 
 
 def resolve_window(kernel_size, stride, padding, dilation, padding_mode):
-    """Check the window arguments; return the padding ('same' resolved)."""
-    _check_int('kernel_size', kernel_size, 1)
-    _check_int('stride', stride, 1)
-    _check_int('dilation', dilation, 1)
+    """Check the window arguments; return the padding ('same' resolved).
+
+    Args:
+        kernel_size (int): K, >= 1.
+        stride (int): >= 1.
+        padding (int | None): >= 0, or None for "same",
+            ``dilation * (K - 1) // 2`` (K must be odd).
+        dilation (int): >= 1.
+        padding_mode (str): one of :data:`PADDING_MODES`.
+
+    Returns:
+        int: the padding on every side.
+
+    Example:
+        >>> resolve_window(7, 1, None, 2, 'zeros')
+        6
+    """
+    check_int('kernel_size', kernel_size, 1)
+    check_int('stride', stride, 1)
+    check_int('dilation', dilation, 1)
     if padding_mode not in PADDING_MODES:
         raise ValueError(f'padding_mode must be one of {PADDING_MODES}, '
                          f'got {padding_mode!r}')
@@ -32,7 +64,7 @@ def resolve_window(kernel_size, stride, padding, dilation, padding_mode):
             raise ValueError(f'padding=None ("same") needs an odd kernel_size, '
                              f'got {kernel_size}; pass padding explicitly')
         return dilation * (kernel_size - 1) // 2
-    _check_int('padding', padding, 0)
+    check_int('padding', padding, 0)
     return padding
 
 
@@ -200,7 +232,7 @@ def _correlation_args(query, key, groups, kernel_size, stride, padding,
     _check_tensor('key', key, 4, '(B, C, H, W)')
     query, key = _autocast(query, key)
     _check_pair('query', query, 'key', key)
-    _check_int('groups', groups, 1)
+    check_int('groups', groups, 1)
     padding = resolve_window(kernel_size, stride, padding, dilation,
                              padding_mode)
     B, C, H, W = map(int, key.shape)

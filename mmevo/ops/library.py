@@ -24,9 +24,10 @@ go through aten's softmax backward first), so derivatives of every order
 exist and ``gradcheck``/``gradgradcheck`` hold. Reflect padding is made
 explicit here (aten's reflection pad, or an index gather when the padding
 is not smaller than the map; their transposes for At), so backends
-only implement zero padding. Backends: C++ on CPU (:mod:`mmevo.ops.cpu`),
-Triton on CUDA (:mod:`mmevo.ops.triton_kernels`), and shift-and-accumulate in
-PyTorch (:mod:`mmevo.ops.shift`) elsewhere or when forced with
+only implement zero padding. Backends: C++ on CPU
+(:mod:`mmevo.ops.cpp_backend`), Triton on CUDA
+(:mod:`mmevo.ops.triton_backend`), and shift-and-accumulate in PyTorch
+(:mod:`mmevo.ops.torch_backend`) elsewhere or when forced with
 ``MMEVO_OPS_BACKEND`` / :func:`use_backend`.
 """
 import contextlib
@@ -37,7 +38,7 @@ import threading
 
 import torch
 
-from . import cpu, shift
+from . import cpp_backend, torch_backend
 
 BACKENDS = ('auto', 'cpp', 'triton', 'torch')
 
@@ -87,17 +88,17 @@ def primitives(t):
     """The backend module (aggregate / aggregate_transpose / correlate) for ``t``."""
     name = _forced.name
     if name == 'auto':
-        if t.device.type == 'cpu' and cpu.available():
+        if t.device.type == 'cpu' and cpp_backend.available():
             name = 'cpp'
         elif t.device.type == 'cuda' and _triton_available():
             name = 'triton'
         else:
             name = 'torch'
     if name == 'cpp':
-        return cpu
+        return cpp_backend
     if name == 'triton':
-        return importlib.import_module('mmevo.ops.triton_kernels')
-    return shift
+        return importlib.import_module('mmevo.ops.triton_backend')
+    return torch_backend
 
 
 def reflect_index(size, padding, device):

@@ -1,11 +1,11 @@
-"""Parameter counts against the published table, and the FLOP counter.
+"""Parameter counts against the published table, and FLOPs of whole models.
 
 The published counts come from mmcv 1.x's ``get_model_complexity_info``,
 which counts the parameters with ``requires_grad``: a detector's frozen stem
-and stage 1 (``frozen_stages=1``) are not in them. ``count_parameters``
-returns both numbers; the trainable one must agree within 1%.
+and stage 1 (``frozen_stages=1``) are not in them. The trainable count must
+agree within 1%. ``tools/analysis/get_flops.py`` is run as a command; the
+FLOP rules of the ops themselves are tested in ``tests/ops/test_flops.py``.
 """
-import importlib.util
 import os
 import re
 import subprocess
@@ -14,19 +14,26 @@ import sys
 import pytest
 import torch
 import yaml
+from mmengine.analysis import FlopAnalyzer
+from mmengine.model import revert_sync_batchnorm
+from mmengine.registry import MODELS, init_default_scope
 from torch import nn
 
-import mmevo
+import mmevo  # noqa: F401  registers mmevo's modules
+from mmevo.layers import Involution
+from mmevo.ops.flops import FLOP_HANDLES
 from configs_helpers import ROOT, load
-from mmevo.layers import ACmix, Involution
-from mmevo.layers.pointwise import pointwise
 
-_spec = importlib.util.spec_from_file_location(
-    'get_flops', ROOT / 'tools' / 'analysis' / 'get_flops.py')
-get_flops = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(get_flops)
 
-# Published parameters (M), shared/reference/published_results.md.
+def build_model(rel_path):
+    """The model of a config on CPU (SyncBN as BN), in eval mode, weights
+    not loaded."""
+    cfg = load(rel_path)
+    init_default_scope(cfg.default_scope)
+    return revert_sync_batchnorm(MODELS.build(cfg.model)).eval()
+
+
+# Published parameters (M), the table of configs/rednet/README.md.
 PUBLISHED_PARAMS_M = {
     'faster-rcnn_rednet50_fpn_1x_coco': 31.6,
     'faster-rcnn_rednet50_inv-neck_1x_coco': 29.5,
@@ -44,8 +51,9 @@ PUBLISHED_PARAMS_M = {
 
 @pytest.mark.parametrize('name', sorted(PUBLISHED_PARAMS_M))
 def test_parameters_match_published(name):
-    model = get_flops.build_model(load(f'configs/rednet/{name}.py'))
-    total, trainable = get_flops.count_parameters(model)
+    model = build_model(f'configs/rednet/{name}.py')
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     published = PUBLISHED_PARAMS_M[name] * 1e6
     assert abs(trainable - published) <= 0.01 * published, (
         f'{name}: {trainable / 1e6:.3f} M trainable ({total / 1e6:.3f} M in '
@@ -59,93 +67,63 @@ def test_parameters_match_published(name):
         assert total - trainable == frozen > 0
 
 
-class _OpsModule(nn.Module):
-    """Calls the mmevo ops through their public API."""
+class _Features(nn.Module):
+    """A two-stage detector's backbone, neck and RPN head, tensors out."""
 
-    def forward(self, x, kernel, query, key):
-        out = mmevo.ops.evolution_aggregate(x, kernel, stride=2, dilation=2)
-        corr = mmevo.ops.local_correlation(query, key, 4, 5, stride=1)
-        attn = mmevo.ops.local_attention_weights(query, key, 2, 3)
-        return out, corr, attn
-
-
-def _out_size(size, k, s, d):
-    p = d * (k - 1) // 2  # "same" padding
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
-
-
-def test_flop_handles_count_the_ops():
-    b, c, g, k, h, w = 2, 24, 3, 3, 13, 10
-    ho, wo = _out_size(h, k, 2, 2), _out_size(w, k, 2, 2)
-    x = torch.randn(b, c, h, w)
-    kernel = torch.randn(b, g, k, k, ho, wo)
-    query, key = torch.randn(b, 16, 7, 9), torch.randn(b, 16, 7, 9)
-    analyzer = get_flops.FlopAnalyzer(_OpsModule(), (x, kernel, query, key))
-    analyzer.set_op_handle(**get_flops.MMEVO_FLOP_HANDLES)
-    flops = analyzer.by_operator()
-    assert flops['evolution_aggregate'] == b * c * ho * wo * k * k
-    assert flops['local_correlation'] == b * 16 * 7 * 9 * 5 * 5
-    assert flops['local_attention_weights'] == b * 16 * 7 * 9 * 3 * 3
-    assert not analyzer.unsupported_ops()
-
-
-class _MatmulLayers(nn.Module):
-    """A 1x1 conv as ``pointwise`` (a custom autograd op outside tracing)
-    and as ``nn.Conv2d``, and an ACmix layer (its projection is a baddbmm)."""
-
-    def __init__(self):
+    def __init__(self, detector):
         super().__init__()
-        self.conv = nn.Conv2d(8, 6, 1)
-        self.acmix = ACmix(8, 8)
+        self.detector = detector
 
     def forward(self, x):
-        return (pointwise(x, self.conv.weight, self.conv.bias), self.conv(x),
-                self.acmix(x))
-
-
-def test_matmul_layers_are_counted():
-    """The counter sees the generation / projection matmuls: pointwise
-    counts as the 1x1 conv it equals, ACmix's q/k/v projection as 3 * C *
-    C_in multiply-adds per pixel."""
-    x = torch.randn(2, 8, 5, 7)
-    model = _MatmulLayers()
-    analyzer = get_flops.FlopAnalyzer(model, (x, ))
-    analyzer.set_op_handle(**get_flops.MMEVO_FLOP_HANDLES,
-                           **{'aten::baddbmm': get_flops.baddbmm_flop})
-    flops = analyzer.by_operator()
-    pixels = 2 * 5 * 7
-    # pointwise once, ACmix's positional map (2 -> 2 channels, one image).
-    assert flops['bmm'] == 6 * 8 * pixels + 2 * 2 * 5 * 7
-    assert flops['baddbmm'] == 3 * 8 * 8 * pixels
-    assert flops['conv'] > 0  # the 1x1 conv and ACmix's grouped conv path
+        feats = self.detector.extract_feat(x)
+        cls_scores, bbox_preds = self.detector.rpn_head(feats)
+        return tuple(feats) + tuple(cls_scores) + tuple(bbox_preds)
 
 
 def test_model_flops_include_every_involution():
-    # Independent reference: each Involution's output size times K*K.
-    model = get_flops.build_model(
-        load('configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py'))
-    expected = []
+    """With the mmevo FLOP handles, the count of a whole model (involutions
+    in the backbone, the neck and the RPN head) has every involution's
+    output size times K*K, the independent reference taken by hooks."""
+    model = build_model(
+        'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py')
+    expected, called = [], set()
 
     def hook(module, inputs, output):
         b, c, h, w = output.shape
         expected.append(b * c * h * w * module.kernel_size**2)
+        called.add(module)
 
-    for m in model.modules():
-        if isinstance(m, Involution):
-            m.register_forward_hook(hook)
-    flops = get_flops.count_flops(model, (96, 160))
-    # Traced once by the analyzer (hooks fire once per call).
-    assert expected and flops['evolution_aggregate'] == sum(expected)
-    assert flops['conv'] > 0 and flops['linear'] > 0
+    involutions = {
+        n: m
+        for n, m in model.named_modules() if isinstance(m, Involution)
+    }
+    assert {n.split('.')[0]
+            for n in involutions} == {'backbone', 'neck', 'rpn_head'}
+    for m in involutions.values():
+        m.register_forward_hook(hook)
+    analyzer = FlopAnalyzer(_Features(model), (torch.randn(1, 3, 96, 160), ))
+    analyzer.set_op_handle(**FLOP_HANDLES)
+    analyzer.unsupported_ops_warnings(False)
+    with torch.no_grad():
+        flops = analyzer.by_operator()
+    # Traced once by the analyzer (hooks fire once per call; the RPN head
+    # runs once per pyramid level).
+    assert called == set(involutions.values())
+    assert flops['evolution_aggregate'] == sum(expected)
+    assert flops['conv'] > 0
 
 
 def test_cli_prints_parameters_and_flops():
     config = 'configs/rednet/retinanet_rednet50_inv-neck_1x_coco.py'
-    out = subprocess.run(
-        [sys.executable, 'tools/analysis/get_flops.py', config, '--shape',
-         '128', '160'],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True, text=True, timeout=300)
+    out = subprocess.run([
+        sys.executable, 'tools/analysis/get_flops.py', config, '--shape',
+        '128', '160'
+    ],
+                         cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True,
+                         text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     params = re.search(r'Params: ([\d.]+) M trainable .*, ([\d.]+) M in all',
                        out.stdout)

@@ -1,7 +1,7 @@
 """The configs' backbones load the published ImageNet checkpoints.
 
 The checkpoints are stood in for by tensors of the published keys and shapes
-(``shared/reference/*_state_dict.json``, copied to ``tests/models/data/``) with random values, saved the way
+(``tests/models/data/*_state_dict.json``) with random values, saved the way
 they were released: mmcls format (``state_dict`` with keys under
 ``backbone.``) for RedNet, a torchvision-style classifier for ACmix.
 """
@@ -15,7 +15,7 @@ from mmengine.registry import MODELS, init_default_scope
 import mmevo  # noqa: F401
 from configs_helpers import ROOT, load
 
-# the repository's copy of shared/reference/*_state_dict.json
+# Keys and shapes of the released ImageNet checkpoints.
 REFERENCE = ROOT / 'tests' / 'models' / 'data'
 
 

@@ -1,4 +1,5 @@
-"""The CPU ops (C++ kernels, PyTorch fallback) against the plain reference (float64).
+"""The CPU ops (C++ kernels, PyTorch fallback) against the plain reference
+(float64).
 
 A seeded random sweep over the window geometry (odd sizes, 1x1 and 2x3 maps,
 K in {1, 3, 5, 7}, stride and dilation 1-3, G in {1, C/16, C}, both padding
@@ -26,7 +27,8 @@ N_CONFIGS = 240
 def random_config(rng):
     """One valid geometry: returns a dict of sizes and window arguments."""
     while True:
-        # 80 channels in one group span three channel blocks of the kernels (32, 32, 16).
+        # 80 channels in one group span three channel blocks of the kernels
+        # (32, 32, 16).
         C = rng.choice([16, 32, 80, 6, 12])
         G = rng.choice([1, C // 16, C] if C % 16 == 0 else [1, 3, C])
         K = rng.choice([1, 3, 5, 7])
@@ -59,7 +61,8 @@ def leaf(t):
 
 
 def cases():
-    """(backend, seed): the C++ kernels on the full sweep, the PyTorch fallback on a part."""
+    """(backend, seed): the C++ kernels on the full sweep, the PyTorch
+    fallback on a part."""
     return [('cpp', seed) for seed in range(N_CONFIGS)] + [('torch', seed) for seed in range(40)]
 
 
@@ -79,7 +82,7 @@ def test_matches_reference(backend, seed):
     go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
 
     with library.use_backend(backend):
-        xa, wa, qa = leaf(x), leaf(w), leaf(q)
+        xa, wa = leaf(x), leaf(w)
         y = evolution_aggregate(xa, wa, s, cfg['p'], d, mode)
         y.backward(gy)
         xc, qc = leaf(x), leaf(q)
@@ -89,7 +92,7 @@ def test_matches_reference(backend, seed):
         a = local_attention_weights(qs, xs, G, K, s, cfg['p'], d, mode)
         a.backward(go)
 
-    xr, wr, qr = leaf(x), leaf(w), leaf(q)
+    xr, wr = leaf(x), leaf(w)
     y_ref = aggregate_reference(xr, wr, s, pad, d, mode)
     y_ref.backward(gy)
     xq, qq = leaf(x), leaf(q)
@@ -204,7 +207,8 @@ def test_gradcheck(backend, mode):
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize('mode', ['zeros', 'reflect'])
 def test_reduced_precision(dtype, mode):
-    """bf16/fp16 accumulate in fp32: close to the fp32 reference, dtype kept."""
+    """bf16/fp16 accumulate in fp32: close to the fp32 reference, dtype
+    kept."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(2, 32, 9, 11, generator=gen)
     w = torch.randn(2, 2, 7, 7, 5, 6, generator=gen) / 7
@@ -226,7 +230,8 @@ def test_reduced_precision(dtype, mode):
     assert (a.float() - a_ref).abs().max() < (2e-2 if dtype == torch.bfloat16
                                               else 3e-3)
     assert y.dtype == o.dtype == xl.grad.dtype == wl.grad.dtype == dtype
-    # Rounding the inputs to bf16 (8 bits) dominates: tolerance relative to the scale.
+    # Rounding the inputs to bf16 (8 bits) dominates: tolerance relative to
+    # the scale.
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
     for got, ref in [(y, y_ref), (o, o_ref), (xl.grad, xr.grad), (wl.grad, wr.grad)]:
         err = (got.float() - ref).abs().max() / ref.abs().max()
@@ -234,7 +239,8 @@ def test_reduced_precision(dtype, mode):
 
 
 def test_autocast_mixed_dtypes():
-    """Under autocast a fp32 map and a bf16 kernel (from a conv) run in bf16."""
+    """Under autocast a fp32 map and a bf16 kernel (from a conv) run in
+    bf16."""
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(2, 16, 7, 9, generator=gen, requires_grad=True)
     w = torch.randn(2, 2, 3, 3, 7, 9, generator=gen).bfloat16().requires_grad_()
@@ -252,7 +258,8 @@ def test_autocast_mixed_dtypes():
 @pytest.mark.parametrize('size', [(6, 7), (2, 3), (1, 1), (3, 2)])
 @pytest.mark.parametrize('padding', [1, 2, 3, 5])
 def test_reflect_is_reflection_pad(size, padding):
-    """'reflect' equals ReflectionPad2d where it is defined, numpy's 'reflect' beyond."""
+    """'reflect' equals ReflectionPad2d where it is defined, numpy's
+    'reflect' beyond."""
     gen = torch.Generator().manual_seed(padding)
     x = torch.randn(1, 4, *size, generator=gen, dtype=torch.float64)
     if padding < min(size):
@@ -272,26 +279,30 @@ def test_reflect_is_reflection_pad(size, padding):
 
 
 def test_backends_agree_bitwise_across_threads():
-    """The C++ kernels own their output rows: the thread count changes no bit."""
+    """The C++ kernels own their output rows: the thread count changes no
+    bit."""
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(2, 32, 15, 13, generator=gen)
     w = torch.randn(2, 2, 5, 5, 8, 7, generator=gen)
     threads = torch.get_num_threads()
     results = []
-    for n in (1, 2):
-        torch.set_num_threads(n)
-        xl, wl = leaf(x), leaf(w)
-        with library.use_backend('cpp'):
-            y = evolution_aggregate(xl, wl, 2, None, 1, 'reflect')
-            y.square().sum().backward()
-        results.append((y, xl.grad, wl.grad))
-    torch.set_num_threads(threads)
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            xl, wl = leaf(x), leaf(w)
+            with library.use_backend('cpp'):
+                y = evolution_aggregate(xl, wl, 2, None, 1, 'reflect')
+                y.square().sum().backward()
+            results.append((y, xl.grad, wl.grad))
+    finally:
+        torch.set_num_threads(threads)
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
 
 def test_torch_compile_fullgraph():
-    """The ops inside one torch.compile(fullgraph=True) graph, forward and backward."""
+    """The ops inside one torch.compile(fullgraph=True) graph, forward and
+    backward."""
     def attention(q, k, v):
         logits = local_correlation(q, k, 2, 3, 1, None, 1, 'reflect')
         attn = logits.flatten(2, 3).softmax(2).view_as(logits)

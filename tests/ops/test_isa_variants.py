@@ -10,18 +10,20 @@ import sys
 
 import pytest
 
-from mmevo.ops import cpu
+from mmevo.ops import cpp_backend
 
 SCRIPT = r'''
 import torch
 from mmevo import _ext
 from mmevo.ops import (evolution_aggregate, local_attention_weights,
                        local_correlation, output_size)
-from mmevo.ops.reference import (aggregate_reference, attention_weights_reference,
+from mmevo.ops.reference import (aggregate_reference,
+                                 attention_weights_reference,
                                  correlation_reference)
 assert _ext.isa() == {isa!r}, _ext.isa()
 torch.manual_seed(0)
-for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1), (1, 36, 3, 5, 19, 40, 2, 1),
+for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1),
+                               (1, 36, 3, 5, 19, 40, 2, 1),
                                (1, 16, 1, 3, 26, 21, 3, 2)]:
     p = d * (K - 1) // 2
     Ho, Wo = output_size(H, K, s, p, d), output_size(W, K, s, p, d)
@@ -31,14 +33,15 @@ for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1), (1, 36, 3, 5, 19, 40
         q = torch.randn(B, C, Ho, Wo, dtype=dtype, requires_grad=True)
         outs = []
         for agg, corr, attn in (
-                (evolution_aggregate, local_correlation, local_attention_weights),
+                (evolution_aggregate, local_correlation,
+                 local_attention_weights),
                 (aggregate_reference, correlation_reference,
                  attention_weights_reference)):
             y = agg(x, w, s, p, d, 'zeros')
             o = corr(q, x, G, K, s, p, d, 'zeros')
             a = attn(q, x, G, K, s, p, d, 'zeros')
-            grads = torch.autograd.grad(
-                (y.square().sum() + o.square().sum() + a.square().sum()), (x, w, q))
+            loss = y.square().sum() + o.square().sum() + a.square().sum()
+            grads = torch.autograd.grad(loss, (x, w, q))
             outs.append((y, o, a) + grads)
         for got, want in zip(*outs):
             torch.testing.assert_close(got, want, rtol=tol, atol=tol)
@@ -46,7 +49,7 @@ print('ok')
 '''
 
 
-@pytest.mark.skipif(not cpu.available(), reason='the C++ extension is not built')
+@pytest.mark.skipif(not cpp_backend.available(), reason='the C++ extension is not built')
 @pytest.mark.parametrize('isa', ['avx2', 'base'])
 def test_narrower_isa_matches_reference(isa):
     from mmevo import _ext

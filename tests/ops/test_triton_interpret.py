@@ -1,4 +1,5 @@
-"""The Triton kernels against the reference: interpreted on CPU, compiled on CUDA.
+"""The Triton kernels against the reference: interpreted on CPU, compiled on
+CUDA.
 
 Without CUDA, Triton's interpreter runs the kernels on CPU tensors. Triton
 decides whether a function is interpreted when it is decorated (its own
@@ -22,15 +23,17 @@ if INTERPRET:
     os.environ['TRITON_INTERPRET'] = '1'
 DEVICE = 'cpu' if INTERPRET else 'cuda'
 
-import pytest  # noqa: E402
+# Imported after TRITON_INTERPRET is set (E402 is off for this file in
+# setup.cfg).
+import pytest
 
-from mmevo.ops import (evolution_aggregate, library,  # noqa: E402
-                       local_attention_weights, local_correlation, output_size)
-from mmevo.ops.reference import (aggregate_reference,  # noqa: E402
+from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
+                       local_correlation, output_size)
+from mmevo.ops.reference import (aggregate_reference,
                                  attention_weights_reference,
                                  correlation_reference)
 
-tk = importlib.import_module('mmevo.ops.triton_kernels')
+tk = importlib.import_module('mmevo.ops.triton_backend')
 
 
 # (B, C, G, H, W, K, stride, padding, dilation)
@@ -96,7 +99,8 @@ def test_triton_fp32(geom):
 
 @pytest.mark.parametrize('geom', GEOMETRIES[:3])
 def test_triton_bf16(geom):
-    """bf16 in, fp32 accumulation, bf16 out: within bf16 rounding of the result."""
+    """bf16 in, fp32 accumulation, bf16 out: within bf16 rounding of the
+    result."""
     inputs = make_inputs(geom, torch.bfloat16, 1)
     got = run_primitives(*inputs, geom)
     ref = reference_products(*[t.double() for t in inputs], geom)
@@ -124,7 +128,8 @@ def test_triton_through_the_ops(mode):
                 y = aggregate_reference(xa, wa, 1, 2, 1, mode)
                 o = correlation_reference(qa, xa, 2, 5, 1, 2, 1, mode)
                 a = attention_weights_reference(qa, xa, 2, 5, 1, 2, 1, mode)
-            # Inside the block: the backward runs the ops (on this backend) too.
+            # Inside the block: the backward runs the ops (on this backend)
+            # too.
             (y * gy).sum().add(o.square().sum()).add(
                 a.square().sum()).backward()
         results.append([y, o, a, xa.grad, wa.grad, qa.grad])

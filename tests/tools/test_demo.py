@@ -4,8 +4,7 @@ IoUMetric), and tools/test.py reproducing it from the saved checkpoint."""
 import pickle
 
 import pytest
-from tool_utils import (DEMO_DET, DEMO_SEG, load_tool,  # noqa: F401
-                        tiny_cityscapes, tiny_coco)
+from tool_utils import DEMO_DET, DEMO_SEG, load_tool
 
 DET_CONFIG = """
 _base_ = '{base}'
@@ -41,7 +40,7 @@ default_hooks = dict(checkpoint=dict(interval=2))
 
 
 @pytest.mark.parametrize('kind', ['det', 'seg'])
-def test_demo_train_then_test(kind, tiny_coco, tiny_cityscapes,  # noqa: F811
+def test_demo_train_then_test(kind, tiny_coco, tiny_cityscapes,
                               tmp_path):
     if kind == 'det':
         text = DET_CONFIG.format(base=DEMO_DET, root=tiny_coco)

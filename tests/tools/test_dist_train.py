@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import torch
-from tool_utils import DEMO_DET, REPO, tiny_coco  # noqa: F401
+from tool_utils import DEMO_DET, REPO
 
 # Each rank saves its own model state after training (mmengine's checkpoint
 # hook only writes on rank 0).
@@ -56,7 +56,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_process_cpu_training(tiny_coco, tmp_path):  # noqa: F811
+def test_two_process_cpu_training(tiny_coco, tmp_path):
     (tmp_path / 'dump_rank_state.py').write_text(DUMP_HOOK)
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(CONFIG.format(base=DEMO_DET, root=tiny_coco))

@@ -5,7 +5,7 @@ import glob
 import os.path as osp
 
 import torch
-from tool_utils import DEMO_DET, load_tool, tiny_coco  # noqa: F401
+from tool_utils import DEMO_DET, load_tool
 
 # The demo detector on 8 images of 64 px, with a deterministic pipeline
 # (RandomFlip draws from the global RNG, which a checkpoint does not hold)
@@ -50,7 +50,7 @@ def _train(train, cfg_file, work_dir, epochs, name, resume=None):
     return torch.load(osp.join(work_dir, f'epoch_{epochs}.pth'))
 
 
-def test_resume_is_bit_exact(tiny_coco, tmp_path):  # noqa: F811
+def test_resume_is_bit_exact(tiny_coco, tmp_path):
     cfg_file = str(tmp_path / 'cfg.py')
     with open(cfg_file, 'w') as f:
         f.write(CONFIG.format(base=DEMO_DET, root=tiny_coco))

@@ -1,5 +1,4 @@
 """tools/analysis/visualize_kernels.py writes a PNG of generated kernels."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS, init_default_scope
 from PIL import Image
+from tool_utils import load_tool
 
 import mmevo  # noqa: F401  (registers RedNet, InvolutionFPN)
 
@@ -45,20 +45,13 @@ model = dict(
 """
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location('visualize_kernels', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
     """Config, a checkpoint with random weights, an image, the layer names."""
     tmp = tmp_path_factory.mktemp('visualize')
     config = tmp / 'retinanet_rednet-tiny.py'
     config.write_text(CONFIG)
-    tool = load_tool()
+    tool = load_tool('analysis/visualize_kernels')
     torch.manual_seed(0)
     cfg = Config.fromfile(str(config))
     init_default_scope('mmdet')

@@ -1,11 +1,8 @@
-"""Helpers of the tool tests: tiny synthetic data sets (fixtures) and the
-``tools/*.py`` scripts imported as modules (so runs happen in-process)."""
+"""Helpers of the tool tests: the demo configs and the ``tools/*.py``
+scripts imported as modules (so runs happen in-process). The data set
+fixtures are in ``conftest.py``."""
 import importlib.util
 import os.path as osp
-
-import pytest
-
-from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEMO_DET = osp.join(REPO, 'configs', 'demo',
@@ -22,19 +19,3 @@ def load_tool(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope='session')
-def tiny_coco(tmp_path_factory):
-    """8 train / 4 val images of 64 x 64 px."""
-    root = str(tmp_path_factory.mktemp('tiny_coco'))
-    make_synthetic_coco(root, num_train=8, num_val=4, img_size=64)
-    return root
-
-
-@pytest.fixture(scope='session')
-def tiny_cityscapes(tmp_path_factory):
-    """4 train / 2 val scenes of 64 x 128 px."""
-    root = str(tmp_path_factory.mktemp('tiny_cityscapes'))
-    make_synthetic_cityscapes(root, num_train=4, num_val=2, img_size=(64, 128))
-    return root

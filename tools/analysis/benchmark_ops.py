@@ -6,7 +6,9 @@ RedNet-50 stage shapes (involution: K = 7, 16 channels per group):
 
 * ``unfold``: the published involution code (``nn.Unfold`` of K^2 copies);
 * ``shift``: the best pure-PyTorch formulation, shift-and-accumulate over the
-  K^2 offsets with a hand-written backward (``mmevo.ops.shift``);
+  K^2 offsets (``mmevo.ops.torch_backend``): the mmevo ops with
+  ``use_backend('torch')``, whose registered backward runs the transpose and
+  the correlation on that backend too;
 * ``mmevo``: ``mmevo.ops.evolution_aggregate`` (C++ on CPU, Triton on CUDA).
 
 Peak memory is the largest number of bytes held by tensors allocated during
@@ -18,7 +20,8 @@ per-thread scratch rows, a few KiB, are plain std::vector and not counted).
 
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
-    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --cpu-time  # busy machine
+    # on a busy machine:
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --cpu-time
     python tools/analysis/benchmark_ops.py --device cuda --dtype float16
 """
 import argparse
@@ -112,7 +115,8 @@ def peak_bytes(step, device):
 
 
 def forward_bandwidth(fn, x, w, device, repeat):
-    """Bytes of the unavoidable forward traffic (read x, w; write y) per second."""
+    """Bytes of the unavoidable forward traffic (read x, w; write y) per
+    second."""
     with torch.no_grad():
         ms = time_ms({'fwd': lambda: fn(x, w)}, device, repeat)['fwd']
     nbytes = (2 * x.numel() + w.numel()) * x.element_size()
@@ -129,15 +133,19 @@ def main():
     parser.add_argument('--peak-gbps', type=float, default=None,
                         help='peak memory bandwidth of the GPU in GB/s (known: '
                         + ', '.join(PEAK_BANDWIDTH) + ')')
-    parser.add_argument('--cpu-time', action='store_true',
-                        help='time with the process CPU clock instead of the wall clock: '
-                        'with OMP_NUM_THREADS=1 it ignores other processes on a busy machine')
+    parser.add_argument(
+        '--cpu-time', action='store_true',
+        help='time with the process CPU clock instead of the wall clock: '
+        'with OMP_NUM_THREADS=1 it ignores other processes on a busy '
+        'machine')
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.manual_seed(0)
-    print(f'device={device} dtype={args.dtype} threads={torch.get_num_threads()} '
-          f'fwd+bwd median of {args.repeat} ({"CPU" if args.cpu_time else "wall"} time); '
+    clock_name = 'CPU' if args.cpu_time else 'wall'
+    print(f'device={device} dtype={args.dtype} '
+          f'threads={torch.get_num_threads()} '
+          f'fwd+bwd median of {args.repeat} ({clock_name} time); '
           'peak = tensor bytes above the inputs')
     header = '| shape (B·C·H²·K·G) |' + ''.join(
         f' {n} ms | {n} MiB |' for n in args.impls)
@@ -165,7 +173,8 @@ def main():
         if 'mmevo' in res:
             row += ''.join(f' {res[n][0] / res["mmevo"][0]:.1f}× |' for n in ratios)
             if 'unfold' in res:
-                row += f' {res["unfold"][1] / max(res["mmevo"][1], 1e-9):.1f}× |'
+                mem = res['unfold'][1] / max(res['mmevo'][1], 1e-9)
+                row += f' {mem:.1f}× |'
         print(row, flush=True)
         if device.type == 'cuda' and 'mmevo' in res:
             bw, fwd_ms = forward_bandwidth(mmevo_aggregate, x.detach(), w.detach(), device,

@@ -1,8 +1,9 @@
 """Parameters and FLOPs of a whole detector or segmentor built from a config.
 
 Counts with mmengine's jit-based ``FlopAnalyzer`` (one multiply-add = one
-FLOP), with handles registered for mmevo's two ops so their aggregation and
-correlation work is counted, on what the published tables measured:
+FLOP), with the handles of :mod:`mmevo.ops.flops` registered so the work of
+the mmevo ops (and of ACmix's ``baddbmm``) is counted, on what the published
+tables measured:
 
 * parameters: mmcv 1.x's counter (used for the published tables) counts only
   parameters with ``requires_grad``, so a detector's frozen stem and stage 1
@@ -33,6 +34,9 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.structures import InstanceData
 from torch import nn
 
+import mmevo  # noqa: F401  registers mmevo's modules
+from mmevo.ops.flops import FLOP_HANDLES, MMEVO_OPS
+
 #: Default input (H, W) per task, those of the tools that made the published
 #: tables: mmdet 2.x ``get_flops.py --shape 1280 800`` and mmseg 0.x
 #: ``--shape 2048 1024`` built inputs (1, 3, H, W) with H the first number.
@@ -40,77 +44,6 @@ from torch import nn
 DEFAULT_SHAPES = {'det': (1280, 800), 'seg': (2048, 1024)}
 #: Proposals the published two-stage ``forward_dummy`` fed its RoI head.
 NUM_PROPOSALS = 1000
-MMEVO_OPS = ('evolution_aggregate', 'local_correlation',
-             'local_attention_weights')
-
-
-def _shape(value):
-    shape = value.type().sizes() if value.isCompleteTensor() else None
-    if shape is None:
-        raise ValueError(f'cannot count FLOPs of an op on {value.type()}: '
-                         'its input shape is unknown to the tracer')
-    return shape
-
-
-def evolution_aggregate_flop(inputs, outputs):
-    """FLOPs of ``mmevo::evolution_aggregate``: B*C*H_out*W_out*K*K
-    multiply-adds (each output element sums K*K weighted inputs).
-
-    Args:
-        inputs (list[torch._C.Value]): the op's traced inputs; inputs[1] is
-            the kernel (B, G, K, K, H_out, W_out).
-        outputs (list[torch._C.Value]): the output (B, C, H_out, W_out).
-
-    Returns:
-        int: the multiply-add count.
-    """
-    b, c, h_out, w_out = _shape(outputs[0])
-    k_h, k_w = _shape(inputs[1])[2:4]
-    return b * c * h_out * w_out * k_h * k_w
-
-
-def local_correlation_flop(inputs, outputs):
-    """FLOPs of ``mmevo::local_correlation``: B*C*H_out*W_out*K*K
-    multiply-adds (each of the G*K*K correlations per position sums C/G
-    channel products).
-
-    Args:
-        inputs (list[torch._C.Value]): inputs[0] is the query
-            (B, C, H_out, W_out).
-        outputs (list[torch._C.Value]): the output (B, G, K, K, H_out, W_out).
-
-    Returns:
-        int: the multiply-add count.
-    """
-    b, c, h_out, w_out = _shape(inputs[0])
-    k_h, k_w = _shape(outputs[0])[2:4]
-    return b * c * h_out * w_out * k_h * k_w
-
-
-def baddbmm_flop(inputs, outputs):
-    """FLOPs of ``aten::baddbmm``, which mmengine has no handle for: those of
-    its batched matmul, B*N*M*P multiply-adds (the added input is not
-    counted, as mmengine counts none for ``addmm``). The ACmix projections.
-
-    Args:
-        inputs (list[torch._C.Value]): inputs[1] (B, N, M) and inputs[2]
-            (B, M, P) are the matmul operands.
-        outputs (list[torch._C.Value]): the output (B, N, P).
-
-    Returns:
-        int: the multiply-add count.
-    """
-    b, n, m = _shape(inputs[1])
-    return b * n * m * _shape(inputs[2])[-1]
-
-
-MMEVO_FLOP_HANDLES = {
-    'mmevo::evolution_aggregate': evolution_aggregate_flop,
-    'mmevo::local_correlation': local_correlation_flop,
-    # The correlation's multiply-adds; its softmax is not counted (as
-    # fvcore / mmengine count no softmax).
-    'mmevo::local_attention_weights': local_correlation_flop,
-}
 
 
 class DummyForward(nn.Module):
@@ -172,7 +105,6 @@ def build_model(cfg):
     Returns:
         nn.Module: the model.
     """
-    import mmevo  # noqa: F401  registers mmevo's modules
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     model = revert_sync_batchnorm(MODELS.build(cfg.model))
     return model.eval()
@@ -217,7 +149,7 @@ def count_flops(model, shape):
     h, w = shape
     inputs = torch.randn(1, 3, h, w, device=next(model.parameters()).device)
     analyzer = FlopAnalyzer(DummyForward(model), (inputs, ))
-    analyzer.set_op_handle(**MMEVO_FLOP_HANDLES, **{'aten::baddbmm': baddbmm_flop})
+    analyzer.set_op_handle(**FLOP_HANDLES)
     analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     with torch.no_grad():
         return Counter(analyzer.by_operator())
@@ -247,14 +179,14 @@ def main():
     total_params, trainable = count_parameters(model)
     flops = count_flops(model, shape)
     total = sum(flops.values())
-    mmevo = sum(flops.get(op, 0) for op in MMEVO_OPS)
+    in_ops = sum(flops.get(op, 0) for op in MMEVO_OPS)
     print(f'Config: {args.config}\nInput shape: (1, 3, {shape[0]}, '
           f'{shape[1]})')
     print(f'Params: {trainable / 1e6:.2f} M trainable (published convention)'
           f', {total_params / 1e6:.2f} M in all')
-    print(f'FLOPs: {total / 1e9:.1f} G ({(total - mmevo) / 1e9:.1f} G without '
-          f'mmevo ops, which the published counter did not see; '
-          f'{mmevo / 1e9:.2f} G in mmevo ops)')
+    print(f'FLOPs: {total / 1e9:.1f} G ({(total - in_ops) / 1e9:.1f} G '
+          f'without mmevo ops, which the published counter did not see; '
+          f'{in_ops / 1e9:.2f} G in mmevo ops)')
     print('FLOPs by operator (G): ' + ', '.join(
         f'{op} {n / 1e9:.2f}' for op, n in flops.most_common()))
 

@@ -1,9 +1,10 @@
 // CPU kernels of mmevo.ops: aggregation, its transpose and local correlation.
 //
-// Python (mmevo/ops/library.py) validates every argument, makes the tensors
-// contiguous and turns reflect padding into an explicit padded input, so the
-// kernels here only see contiguous NCHW tensors and zero padding. The checks
-// below are a last guard against misuse of the private entry points.
+// Python validates every argument (mmevo/ops/evolution.py), turns reflect
+// padding into an explicit padded input (mmevo/ops/library.py) and makes the
+// tensors contiguous (mmevo/ops/cpp_backend.py), so the kernels here only see
+// contiguous NCHW tensors and zero padding. The checks below are a last guard
+// against misuse of the private entry points.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>

@@ -1,4 +1,5 @@
-"""Triton kernels of the window primitives (CUDA; CPU tensors under TRITON_INTERPRET=1).
+"""Triton kernels of the window primitives (CUDA; CPU tensors under
+``TRITON_INTERPRET=1``).
 
 Three output-stationary kernels, one per primitive, zero padding only (reflect
 padding is made explicit by :mod:`mmevo.ops.library`):
@@ -23,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .shift import window_softmax
+from .torch_backend import window_softmax
 
 _INTERPRET = os.environ.get('TRITON_INTERPRET', '0') == '1'
 
@@ -107,7 +108,8 @@ def _transpose_kernel(g_ptr, w_ptr, x_ptr, C, H, W, G, Ho, Wo, K, stride,
     g_rows = g_ptr + chan[:, None] * P
     acc = tl.zeros([BLOCK_C, BLOCK_P], dtype=acc_t)
     for u in range(K):
-        # Output row i whose tap u lands on h: i * stride = h + padding - u * dilation.
+        # Output row i whose tap u lands on h:
+        # i * stride = h + padding - u * dilation.
         ti = h + padding - u * dilation
         i = ti // stride
         r_ok = p_mask & (ti >= 0) & (ti % stride == 0) & (i < Ho)
@@ -163,7 +165,8 @@ def _correlate_kernel(q_ptr, x_ptr, out_ptr, C, H, W, G, Ho, Wo, K, stride,
 
 def _launch(kernel, a, b, out, groups, kernel_size, in_hw, out_hw, stride,
             padding, dilation, programs_1):
-    """Launch ``kernel`` on position blocks x ``programs_1(meta)``, as a 1-D grid."""
+    """Launch ``kernel`` on position blocks x ``programs_1(meta)``, as a 1-D
+    grid."""
     n_pos = (in_hw if kernel is _transpose_kernel else out_hw)
     n_pos = n_pos[0] * n_pos[1]
 
@@ -177,7 +180,7 @@ def _launch(kernel, a, b, out, groups, kernel_size, in_hw, out_hw, stride,
 
 
 def aggregate(x, w, stride, padding, dilation):
-    """Y = A(x, w), see :func:`mmevo.ops.shift.aggregate`."""
+    """Y = A(x, w), see :func:`mmevo.ops.torch_backend.aggregate`."""
     x, w = x.contiguous(), w.contiguous()
     B, C, H, W = x.shape
     G, K, _, Ho, Wo = w.shape[1:]
@@ -188,7 +191,8 @@ def aggregate(x, w, stride, padding, dilation):
 
 
 def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
-    """grad_x = At(gy, w), see :func:`mmevo.ops.shift.aggregate_transpose`."""
+    """grad_x = At(gy, w), see
+    :func:`mmevo.ops.torch_backend.aggregate_transpose`."""
     gy, w = gy.contiguous(), w.contiguous()
     B, C, Ho, Wo = gy.shape
     G, K = w.shape[1:3]
@@ -200,8 +204,8 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
 
 def correlate(q, x, groups, kernel_size, stride, padding, dilation,
               softmax=False):
-    """out = Corr(q, x), see :func:`mmevo.ops.shift.correlate`; the softmax
-    (if asked) runs after the kernel, in fp32 at least."""
+    """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
+    softmax (if asked) runs after the kernel, in fp32 at least."""
     q, x = q.contiguous(), x.contiguous()
     B, C, Ho, Wo = q.shape
     out = q.new_empty(B, groups, kernel_size, kernel_size, Ho, Wo)

@@ -11,7 +11,7 @@ run every variant on one machine.
 """
 try:
     from mmevo import _ext
-except ImportError:  # not built: the library falls back to mmevo.ops.shift
+except ImportError:  # not built: the library uses torch_backend instead
     _ext = None
 
 
@@ -21,20 +21,22 @@ def available():
 
 
 def aggregate(x, w, stride, padding, dilation):
-    """Y = A(x, w), see :func:`mmevo.ops.shift.aggregate`."""
+    """Y = A(x, w), see :func:`mmevo.ops.torch_backend.aggregate`."""
     return _ext.aggregate_forward(x.contiguous(), w.contiguous(), stride,
                                   padding, dilation)
 
 
 def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
-    """grad_x = At(gy, w), see :func:`mmevo.ops.shift.aggregate_transpose`."""
+    """grad_x = At(gy, w), see
+    :func:`mmevo.ops.torch_backend.aggregate_transpose`."""
     return _ext.aggregate_transpose(gy.contiguous(), w.contiguous(), in_hw[0],
                                     in_hw[1], stride, padding, dilation)
 
 
 def correlate(q, x, groups, kernel_size, stride, padding, dilation,
               softmax=False):
-    """out = Corr(q, x), see :func:`mmevo.ops.shift.correlate`; the softmax
-    is fused: it runs on each tile's sums before they are written."""
+    """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
+    softmax is fused: it runs on each tile's sums before they are
+    written."""
     return _ext.correlate(q.contiguous(), x.contiguous(), groups, kernel_size,
                           stride, padding, dilation, softmax)

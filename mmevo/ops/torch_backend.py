@@ -25,7 +25,8 @@ def aggregate(x, w, stride, padding, dilation):
     """Y = A(x, w): (B, C, H, W), (B, G, K, K, Ho, Wo) -> (B, C, Ho, Wo).
 
     Example:
-        >>> aggregate(torch.randn(1, 4, 5, 5), torch.randn(1, 2, 3, 3, 5, 5), 1, 1, 1).shape
+        >>> x, w = torch.randn(1, 4, 5, 5), torch.randn(1, 2, 3, 3, 5, 5)
+        >>> aggregate(x, w, 1, 1, 1).shape
         torch.Size([1, 4, 5, 5])
     """
     B, C = x.shape[:2]
@@ -45,8 +46,8 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
     """grad_x = At(gy, w): the transpose of :func:`aggregate` in ``x``.
 
     Example:
-        >>> aggregate_transpose(torch.randn(1, 4, 3, 3), torch.randn(1, 2, 3, 3, 3, 3),
-        ...                     (5, 5), 2, 1, 1).shape
+        >>> gy, w = torch.randn(1, 4, 3, 3), torch.randn(1, 2, 3, 3, 3, 3)
+        >>> aggregate_transpose(gy, w, (5, 5), 2, 1, 1).shape
         torch.Size([1, 4, 5, 5])
     """
     B, C, Ho, Wo = gy.shape
@@ -65,7 +66,20 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
 
 
 def window_softmax(t):
-    """Softmax of (B, G, K, K, Ho, Wo) over each pixel's K x K window."""
+    """Softmax over each pixel's K x K window: the attention weights of
+    local self-attention from their logits.
+
+    Args:
+        t (Tensor): logits (B, G, K, K, H_out, W_out).
+
+    Returns:
+        Tensor: same shape, summing to 1 over dims 2 and 3.
+
+    Example:
+        >>> w = window_softmax(torch.randn(2, 4, 3, 3, 5, 6))
+        >>> torch.allclose(w.sum((2, 3)), torch.ones(2, 4, 5, 6))
+        True
+    """
     return t.flatten(2, 3).softmax(2).view_as(t)
 
 
@@ -77,7 +91,8 @@ def correlate(q, x, groups, kernel_size, stride, padding, dilation,
     accumulation dtype).
 
     Example:
-        >>> correlate(torch.randn(1, 4, 5, 5), torch.randn(1, 4, 5, 5), 2, 3, 1, 1, 1).shape
+        >>> q, x = torch.randn(1, 4, 5, 5), torch.randn(1, 4, 5, 5)
+        >>> correlate(q, x, 2, 3, 1, 1, 1).shape
         torch.Size([1, 2, 3, 3, 5, 5])
     """
     B, C, Ho, Wo = q.shape
