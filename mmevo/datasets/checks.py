@@ -5,11 +5,10 @@ deep inside dataset construction (in a dataloader worker, or once per rank),
 after the model was built. :func:`check_data_exists` finds the first missing
 path of the dataloaders a run needs, and :class:`MissingDataError` carries a
 one-line message saying which path is missing and where the instructions
-to get the data are.
+to get the data are. What a program does then (the tools print the line and
+exit with status 2) is the program's business.
 """
-import os
 import os.path as osp
-import sys
 
 # How to get the data, by dataset type (docs/datasets.md has the details).
 _HOW_TO_GET = {
@@ -149,31 +148,3 @@ def check_pretrained_exists(cfg):
                 'published ImageNet checkpoint (configs/rednet/README.md), '
                 f'or set --cfg-options {key}.checkpoint=PATH (or '
                 f'{key}=None to train from scratch)')
-
-
-def exit_if_data_missing(cfg, dataloaders, pretrained=False):
-    """Stop the program with one line on stderr if the data is missing.
-
-    For the command-line tools: :func:`check_data_exists` (and, with
-    ``pretrained``, :func:`check_pretrained_exists`), and on
-    :class:`MissingDataError` print ``error: <message>`` (from rank 0 only,
-    so a distributed job prints it once) and exit with status 2.
-
-    Args:
-        cfg (mmengine.Config): The config.
-        dataloaders (Sequence[str]): Dataloader keys the run uses.
-        pretrained (bool): Also check the local ``Pretrained`` checkpoints
-            the model initialises from (training). Default: False.
-
-    Example:
-        >>> exit_if_data_missing(cfg, ['test_dataloader'])
-    """
-    try:
-        check_data_exists(cfg, dataloaders)
-        if pretrained:
-            check_pretrained_exists(cfg)
-    except MissingDataError as e:
-        rank = os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))
-        if rank == '0':
-            print(f'error: {e}', file=sys.stderr)
-        raise SystemExit(2)
