@@ -115,10 +115,10 @@ class RandomStateHook(Hook):
     With it, N epochs straight and k epochs + ``--resume`` give bit-identical
     weights, with random augmentation and dataloader workers, as long as the
     number of ranks and workers stays the same and the computation itself is
-    deterministic. ``tools/train.py`` registers it. Validation between the
-    saved epoch and the next one is not replayed: a non-persistent
-    validation dataloader started there draws from torch's generator in the
-    uninterrupted run only.
+    deterministic. ``tools/train.py`` registers it. Validation is not
+    accounted for: creating its dataloader's iterator draws a seed from
+    torch's generator at other points of a resumed run than of the
+    uninterrupted one.
 
     Example:
         >>> runner = Runner.from_cfg(cfg)

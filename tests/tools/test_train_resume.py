@@ -10,12 +10,13 @@ import torch
 from tool_utils import DEMO_DET, load_tool, tiny_coco  # noqa: F401
 
 # The demo detector and its training pipeline (RandomFlip) on 8 images of
-# 64 px, one persistent worker, no validation. Two iterations per epoch.
+# 64 px, one persistent worker (its streams run on from epoch to epoch, the
+# hard case), no validation. Two iterations per epoch.
 CONFIG = """
 _base_ = '{base}'
 data_root = '{root}/'
 train_dataloader = dict(
-    batch_size=4, num_workers=1, persistent_workers={persistent},
+    batch_size=4, num_workers=1, persistent_workers=True,
     dataset=dict(data_root=data_root))
 val_dataloader = None
 val_cfg = None
@@ -45,19 +46,17 @@ def _train(train, cfg_file, work_dir, epochs, name, resume=None):
     return torch.load(osp.join(work_dir, f'epoch_{epochs}.pth'))
 
 
-def _write_cfg(tmp_path, root, persistent=True):
+def _write_cfg(tmp_path, root):
     cfg_file = str(tmp_path / 'cfg.py')
     with open(cfg_file, 'w') as f:
-        f.write(CONFIG.format(base=DEMO_DET, root=root,
-                              persistent=persistent))
+        f.write(CONFIG.format(base=DEMO_DET, root=root))
     return cfg_file
 
 
-@pytest.mark.parametrize('persistent', [True, False])
-def test_resume_is_bit_exact(tiny_coco, tmp_path, persistent):  # noqa: F811
-    cfg_file = _write_cfg(tmp_path, tiny_coco, persistent)
+def test_resume_is_bit_exact(tiny_coco, tmp_path):  # noqa: F811
+    cfg_file = _write_cfg(tmp_path, tiny_coco)
     train = load_tool('train')
-    tag = f'resume_{persistent}'
+    tag = 'resume'
     straight = _train(train, cfg_file, str(tmp_path / 'a'), 3, f'{tag}_a')
     split = str(tmp_path / 'b')
     second = _train(train, cfg_file, split, 2, f'{tag}_b')
