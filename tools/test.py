@@ -18,15 +18,15 @@ import warnings
 # build) flags as deprecated on every start: noise, not a problem of the run
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
+# tools/_cli.py (the tool's folder is on the path of a script)
+from _cli import exit_if_data_missing, fail, load_config  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import CheckpointLoader, Runner  # noqa: E402
 
 import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
-from mmevo.engine import (checkpoint_error,  # noqa: E402
-                          setup_cpu_distributed, state_dict_mismatch)
-
-from _cli import exit_if_data_missing, fail, load_config  # noqa: E402,I100
+from mmevo.engine import (checkpoint_error, setup_cpu_distributed,  # noqa
+                          state_dict_mismatch)
 
 # keys listed per kind in the mismatch message (then: "... and N more")
 _MAX_KEYS = 10

@@ -23,6 +23,8 @@ import torch
 # build) flags as deprecated on every start: noise, not a problem of the run
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
+# tools/_cli.py (the tool's folder is on the path of a script)
+from _cli import exit_if_data_missing, fail, load_config  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
@@ -30,8 +32,6 @@ from mmengine.runner import Runner  # noqa: E402
 import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
 from mmevo.engine import (RandomStateHook, checkpoint_error,  # noqa: E402
                           find_resumable_checkpoint, setup_cpu_distributed)
-
-from _cli import exit_if_data_missing, fail, load_config  # noqa: E402,I100
 
 
 def parse_args(argv=None):

@@ -102,7 +102,7 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
 
 
 def _pretrained_cfgs(node, key):
-    """Yield (key, init_cfg) of every ``Pretrained`` init_cfg under ``node``."""
+    """Yield (key, init_cfg) of each ``Pretrained`` init_cfg under ``node``."""
     if isinstance(node, dict):
         init_cfgs = node.get('init_cfg')
         for i, init in enumerate(init_cfgs if isinstance(init_cfgs, list)

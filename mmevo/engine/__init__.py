@@ -10,8 +10,7 @@ see :mod:`.dist`.
 """
 from .checkpoint import (AtomicLocalBackend, atomic_write, checkpoint_error,
                          find_resumable_checkpoint,
-                         register_checkpoint_safe_globals,
-                         state_dict_mismatch)
+                         register_checkpoint_safe_globals, state_dict_mismatch)
 from .dist import (DEFAULT_DIST_TIMEOUT, CPUDistributedDataParallel,
                    convert_sync_bn_to_bn, setup_cpu_distributed)
 from .randomness import RandomStateHook, get_rng_state, set_rng_state
