@@ -132,13 +132,15 @@ class RandomStateHook(Hook):
         self._workers = {}  # worker id -> states after its latest batch
         self._epoch_states = None  # every rank's, at the end of the epoch
         self._saved = None  # what the loaded checkpoint held
+        self._main = None  # this rank's main-process states to restore
         self._restore_at = None  # 'epoch' or 'iter': when to restore
 
     def before_train(self, runner):
         loader = runner.train_dataloader
         persistent = loader.num_workers > 0 and loader.persistent_workers
         epoch_based = isinstance(runner.train_loop, EpochBasedTrainLoop)
-        if loader.num_workers > 0:
+        if loader.num_workers > 0 and not isinstance(
+                loader.collate_fn, _CollateWithWorkerState):
             loader.collate_fn = _CollateWithWorkerState(loader.collate_fn)
             loader.worker_init_fn = _WorkerInitWithState(
                 loader.worker_init_fn)

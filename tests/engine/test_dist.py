@@ -126,12 +126,17 @@ def test_distributed_launchers_get_a_default_timeout():
 
 
 # One rank of two stops (SIGSTOP) after a first all-reduce; the other must
-# give up after the default timeout (set to 3 s here) and exit non-zero.
+# give up after the default timeout (set to 3 s here) and exit non-zero. The
+# ranks wait for a go file after their (slow) imports: the 3 s also bound
+# the rendezvous.
 _STALL_SCRIPT = """
 import os, signal, sys, time
 import torch, torch.distributed as dist
 from mmengine.config import Config
 import mmevo.engine.dist
+print('ready', flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
 mmevo.engine.dist.DEFAULT_DIST_TIMEOUT = 3
 mmevo.engine.dist.setup_cpu_distributed(Config(dict()), 'pytorch')
 x = torch.ones(1)
@@ -151,16 +156,20 @@ def test_a_stalled_rank_ends_the_job(tmp_path):
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
+    go = tmp_path / 'go'
     procs = [
         subprocess.Popen(
-            [sys.executable, '-c', _STALL_SCRIPT], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
+            [sys.executable, '-c', _STALL_SCRIPT, str(go)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, PYTHONPATH=REPO, RANK=str(rank),
                      LOCAL_RANK=str(rank), WORLD_SIZE='2',
                      MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
                      OMP_NUM_THREADS='1')) for rank in (0, 1)
     ]
     try:
+        for p in procs:
+            assert p.stdout.readline() == 'ready\n'
+        go.touch()
         out, err = procs[0].communicate(timeout=90)
     finally:
         for p in procs:
