@@ -16,6 +16,8 @@ from mmevo.datasets import (MissingDataError, check_data_exists,
 
 # exit status of a usage error (as argparse): missing config or data
 USAGE = 2
+# the Makefile target that generates a synthetic set (and trains its demo)
+_MAKE_TARGETS = {'det': 'make demo', 'seg': 'make demo-seg'}
 
 
 def fail(message, status=1):
@@ -53,7 +55,8 @@ def exit_if_data_missing(cfg, dataloaders, pretrained=False):
 
     Runs :func:`mmevo.datasets.check_data_exists` (and, with ``pretrained``,
     :func:`mmevo.datasets.check_pretrained_exists`) and reports their
-    :class:`mmevo.datasets.MissingDataError` with :func:`fail`.
+    :class:`mmevo.datasets.MissingDataError` with :func:`fail`, adding the
+    ``make`` target that generates a missing demo set.
 
     Args:
         cfg (mmengine.Config): The config.
@@ -69,4 +72,6 @@ def exit_if_data_missing(cfg, dataloaders, pretrained=False):
         if pretrained:
             check_pretrained_exists(cfg)
     except MissingDataError as e:
-        fail(str(e), USAGE)
+        make = _MAKE_TARGETS.get(e.synthetic)
+        fail(f'{e} (`{make}` generates it and trains the demo)'
+             if make else str(e), USAGE)

@@ -19,11 +19,22 @@ _HOW_TO_GET = {
 }
 # The demo sets are generated, not downloaded.
 _SYNTHETIC_HINT = ('generate it with '
-                   '`python tools/misc/make_synthetic_data.py` (or `{}`)')
+                   '`python tools/misc/make_synthetic_data.py {}`')
 
 
 class MissingDataError(FileNotFoundError):
-    """A path a config's dataset needs does not exist (one-line message)."""
+    """A path a config's dataset needs does not exist (one-line message).
+
+    Args:
+        message (str): One line: what is missing and how to get it.
+        synthetic (str, optional): 'det' or 'seg' when the missing set is a
+            generated demo set (``make_synthetic_data.py det|seg``), for a
+            program to add its own hint. Default: None.
+    """
+
+    def __init__(self, message, synthetic=None):
+        super().__init__(message)
+        self.synthetic = synthetic
 
 
 def _dataset_cfgs(dataset, key):
@@ -87,10 +98,11 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
                 if '://' in path or osp.exists(path):
                     continue
                 dtype = dataset.get('type', 'the dataset')
+                synthetic = None
                 if 'synthetic' in path:
-                    how = _SYNTHETIC_HINT.format(
-                        'make demo-seg' if dtype == 'CityscapesDataset' else
-                        'make demo')
+                    synthetic = 'seg' if dtype == 'CityscapesDataset' \
+                        else 'det'
+                    how = _SYNTHETIC_HINT.format(synthetic)
                 else:
                     how = _HOW_TO_GET.get(
                         dtype, f'get the {dtype} data as described in '
@@ -98,7 +110,7 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
                 raise MissingDataError(
                     f"{name}: {what} '{path}' does not exist; {how}, or point "
                     f'the config at your copy with --cfg-options '
-                    f'{key}.data_root=PATH')
+                    f'{key}.data_root=PATH', synthetic)
 
 
 def _pretrained_cfgs(node, key):

@@ -77,11 +77,18 @@ def test_wrapped_datasets_and_remote_paths(coco_root, tmp_path):
 def test_synthetic_sets_point_to_the_generator(tmp_path):
     cfg = _coco_cfg(str(tmp_path / 'synthetic_coco/'))
     with pytest.raises(MissingDataError,
-                       match=r'make_synthetic_data.py` \(or `make demo`\)'):
+                       match=r'make_synthetic_data.py det`, or point') as info:
         check_data_exists(cfg)
+    assert info.value.synthetic == 'det'
     cfg.train_dataloader.dataset.type = 'CityscapesDataset'
-    with pytest.raises(MissingDataError, match='or `make demo-seg`'):
+    with pytest.raises(MissingDataError,
+                       match=r'make_synthetic_data.py seg`') as info:
         check_data_exists(cfg)
+    assert info.value.synthetic == 'seg'
+    # a downloaded set is no demo set
+    with pytest.raises(MissingDataError) as info:
+        check_data_exists(_coco_cfg(str(tmp_path.parent / 'no_coco/')))
+    assert info.value.synthetic is None
 
 
 def _pretrained_cfg(checkpoint, as_list=False):

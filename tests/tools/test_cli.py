@@ -67,9 +67,10 @@ def test_tools_stop_without_a_trace(tool, tmp_path):
     assert 'Traceback' not in out.stderr
     assert out.stderr.strip() == (
         f"error: {loader}: data_root 'data/synthetic_coco/' does not exist; "
-        'generate it with `python tools/misc/make_synthetic_data.py` (or '
-        '`make demo`), or point the config at your copy with --cfg-options '
-        f'{loader}.dataset.data_root=PATH')
+        'generate it with `python tools/misc/make_synthetic_data.py det`, '
+        'or point the config at your copy with --cfg-options '
+        f'{loader}.dataset.data_root=PATH (`make demo` generates it and '
+        'trains the demo)')
     assert not (tmp_path / 'work_dirs').exists()
 
 
