@@ -59,13 +59,19 @@ def parse_args(argv=None):
 
 
 def _list(keys):
+    """'N (key, key, ...)', at most ``_MAX_KEYS`` of them named."""
     more = f', ... and {len(keys) - _MAX_KEYS} more' \
         if len(keys) > _MAX_KEYS else ''
     return f"{len(keys)} ({', '.join(keys[:_MAX_KEYS])}{more})"
 
 
 def check_checkpoint_fits(model, checkpoint):
-    """Exit with one line if ``checkpoint`` does not fit ``model``."""
+    """Exit with one line if ``checkpoint`` does not fit ``model``.
+
+    Args:
+        model (nn.Module): The runner's model (wrapped or not).
+        checkpoint (str): The checkpoint's path or URL.
+    """
     state = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
     missing, unexpected, misshaped = state_dict_mismatch(model, state)
     problems = [f'{what} keys {_list(keys)}' for what, keys in (
@@ -89,9 +95,9 @@ def main(argv=None):
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
     if '://' not in args.checkpoint:
-        reason = checkpoint_error(args.checkpoint)
-        if reason == 'no such file':
+        if not osp.isfile(args.checkpoint):
             fail(f"checkpoint '{args.checkpoint}' does not exist")
+        reason = checkpoint_error(args.checkpoint)
         if reason is not None:
             fail(f"checkpoint '{args.checkpoint}' cannot be loaded: {reason}")
     cfg.load_from = args.checkpoint

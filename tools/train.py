@@ -91,11 +91,11 @@ def build_cfg(args):
         cfg.resume = cfg.load_from is not None
     elif args.resume is not None:
         if '://' not in args.resume:
-            reason = checkpoint_error(args.resume)
-            if reason == 'no such file':
+            if not osp.isfile(args.resume):
                 fail(f"--resume checkpoint '{args.resume}' does not exist "
                      '(--resume without a path takes the latest one of the '
                      'work dir)')
+            reason = checkpoint_error(args.resume)
             if reason is not None:
                 fail(f"--resume checkpoint '{args.resume}' cannot be "
                      f'loaded: {reason}')
