@@ -5,6 +5,7 @@
 CONFIG=$1
 CHECKPOINT=$2
 GPUS=$3
+shift 3
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
@@ -14,12 +15,12 @@ PYTHON=${PYTHON:-$( [ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/pyt
 
 PYTHONPATH="$ROOT":$PYTHONPATH \
 "$PYTHON" -m torch.distributed.run \
-    --nnodes=$NNODES \
-    --node_rank=$NODE_RANK \
-    --master_addr=$MASTER_ADDR \
-    --nproc_per_node=$GPUS \
-    --master_port=$PORT \
+    --nnodes="$NNODES" \
+    --node_rank="$NODE_RANK" \
+    --master_addr="$MASTER_ADDR" \
+    --nproc_per_node="$GPUS" \
+    --master_port="$PORT" \
     "$ROOT/tools/test.py" \
-    $CONFIG \
-    $CHECKPOINT \
-    --launcher pytorch ${@:4}
+    "$CONFIG" \
+    "$CHECKPOINT" \
+    --launcher pytorch "$@"

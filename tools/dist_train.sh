@@ -5,6 +5,7 @@
 # Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT as in mmdet.
 CONFIG=$1
 GPUS=$2
+shift 2
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
@@ -15,11 +16,11 @@ PYTHON=${PYTHON:-$( [ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/pyt
 
 PYTHONPATH="$ROOT":$PYTHONPATH \
 "$PYTHON" -m torch.distributed.run \
-    --nnodes=$NNODES \
-    --node_rank=$NODE_RANK \
-    --master_addr=$MASTER_ADDR \
-    --nproc_per_node=$GPUS \
-    --master_port=$PORT \
+    --nnodes="$NNODES" \
+    --node_rank="$NODE_RANK" \
+    --master_addr="$MASTER_ADDR" \
+    --nproc_per_node="$GPUS" \
+    --master_port="$PORT" \
     "$ROOT/tools/train.py" \
-    $CONFIG \
-    --launcher pytorch ${@:3}
+    "$CONFIG" \
+    --launcher pytorch "$@"

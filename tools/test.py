@@ -1,7 +1,9 @@
 """Test (evaluate) a checkpoint of a detector or a segmentor with mmevo.
 
 The config's ``default_scope`` ('mmdet' or 'mmseg') decides which library's
-registries build it; the metric is the config's ``test_evaluator``.
+registries build it; the metric is the config's ``test_evaluator``. A
+checkpoint whose keys or shapes do not fit the model is refused (exit status
+1, the keys listed) unless ``--allow-partial`` is given.
 
 Example:
     python tools/test.py CONFIG work_dirs/demo/epoch_20.pth --out preds.pkl
@@ -10,20 +12,24 @@ Example:
 import argparse
 import os
 import os.path as osp
-import sys
 import warnings
 
 # mmengine imports pkg_resources, which setuptools < 70 (needed by mmcv's
 # build) flags as deprecated on every start: noise, not a problem of the run
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-from mmengine.config import Config, DictAction  # noqa: E402
+# tools/_cli.py (the tool's folder is on the path of a script)
+from _cli import exit_if_data_missing, fail, load_config  # noqa: E402
+from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
+from mmengine.runner import CheckpointLoader, Runner  # noqa: E402
 
 import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
-from mmevo.datasets import exit_if_data_missing  # noqa: E402
-from mmevo.engine import setup_cpu_distributed  # noqa: E402
+from mmevo.engine import (checkpoint_error, setup_cpu_distributed,  # noqa
+                          state_dict_mismatch)
+
+# keys listed per kind in the mismatch message (then: "... and N more")
+_MAX_KEYS = 10
 
 
 def parse_args(argv=None):
@@ -38,6 +44,10 @@ def parse_args(argv=None):
         '--cfg-options', nargs='+', action=DictAction,
         help='override config settings, key=value')
     parser.add_argument(
+        '--allow-partial', action='store_true',
+        help='evaluate a checkpoint even if keys are missing, unexpected or '
+        'of another shape (those weights keep their initialisation)')
+    parser.add_argument(
         '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
         default='none', help='job launcher')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
@@ -48,9 +58,34 @@ def parse_args(argv=None):
     return args
 
 
+def _list(keys):
+    """'N (key, key, ...)', at most ``_MAX_KEYS`` of them named."""
+    more = f', ... and {len(keys) - _MAX_KEYS} more' \
+        if len(keys) > _MAX_KEYS else ''
+    return f"{len(keys)} ({', '.join(keys[:_MAX_KEYS])}{more})"
+
+
+def check_checkpoint_fits(model, checkpoint):
+    """Exit with one line if ``checkpoint`` does not fit ``model``.
+
+    Args:
+        model (nn.Module): The runner's model (wrapped or not).
+        checkpoint (str): The checkpoint's path or URL.
+    """
+    state = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
+    missing, unexpected, misshaped = state_dict_mismatch(model, state)
+    problems = [f'{what} keys {_list(keys)}' for what, keys in (
+        ('missing', missing), ('unexpected', unexpected),
+        ('mis-shaped', misshaped)) if keys]
+    if problems:
+        fail(f"checkpoint '{checkpoint}' does not fit the model: "
+             f"{'; '.join(problems)}; evaluate it anyway with "
+             '--allow-partial')
+
+
 def main(argv=None):
     args = parse_args(argv)
-    cfg = Config.fromfile(args.config)
+    cfg = load_config(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
@@ -59,8 +94,12 @@ def main(argv=None):
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
-    if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
-        sys.exit(f"error: checkpoint '{args.checkpoint}' does not exist")
+    if '://' not in args.checkpoint:
+        if not osp.isfile(args.checkpoint):
+            fail(f"checkpoint '{args.checkpoint}' does not exist")
+        reason = checkpoint_error(args.checkpoint)
+        if reason is not None:
+            fail(f"checkpoint '{args.checkpoint}' cannot be loaded: {reason}")
     cfg.load_from = args.checkpoint
     if args.out is not None:
         evaluators = cfg.test_evaluator
@@ -74,6 +113,8 @@ def main(argv=None):
     setup_cpu_distributed(cfg, args.launcher)
     runner = (Runner.from_cfg(cfg)
               if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    if not args.allow_partial:
+        check_checkpoint_fits(runner.model, args.checkpoint)
     return runner.test()
 
 

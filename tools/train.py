@@ -5,6 +5,10 @@ registries build it; ``import mmevo`` makes mmevo's modules visible to both.
 On a machine without a GPU, distributed runs use gloo (see
 ``mmevo.engine.setup_cpu_distributed``) and SyncBN becomes BN.
 
+Checkpoints are written atomically (``atomic_local`` backend) and hold the
+random streams (``RandomStateHook``), so ``--resume`` continues bit-exactly;
+``--resume`` without a path skips a corrupt latest checkpoint.
+
 Example:
     python tools/train.py configs/rednet50_fpn_coco.py --work-dir work_dirs/x
     tools/dist_train.sh CONFIG 2 --resume
@@ -12,7 +16,6 @@ Example:
 import argparse
 import os
 import os.path as osp
-import sys
 import warnings
 
 import torch
@@ -20,13 +23,15 @@ import torch
 # build) flags as deprecated on every start: noise, not a problem of the run
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-from mmengine.config import Config, DictAction  # noqa: E402
+# tools/_cli.py (the tool's folder is on the path of a script)
+from _cli import exit_if_data_missing, fail, load_config  # noqa: E402
+from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
-from mmevo.datasets import exit_if_data_missing  # noqa: E402
-from mmevo.engine import setup_cpu_distributed  # noqa: E402
+from mmevo.engine import (RandomStateHook, checkpoint_error,  # noqa: E402
+                          find_resumable_checkpoint, setup_cpu_distributed)
 
 
 def parse_args(argv=None):
@@ -58,7 +63,7 @@ def parse_args(argv=None):
 
 def build_cfg(args):
     """The config of ``args``, with the command-line overrides applied."""
-    cfg = Config.fromfile(args.config)
+    cfg = load_config(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
@@ -69,27 +74,49 @@ def build_cfg(args):
                                 osp.splitext(osp.basename(args.config))[0])
     if args.amp:
         if not torch.cuda.is_available():
-            sys.exit('error: --amp needs a GPU (mmengine\'s AmpOptimWrapper '
-                     'runs on CUDA/NPU/MLU only); train without --amp on CPU')
+            fail('--amp needs a GPU (mmengine\'s AmpOptimWrapper runs on '
+                 'CUDA/NPU/MLU only); train without --amp on CPU')
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in \
                 cfg.auto_scale_lr:
-            sys.exit('error: --auto-scale-lr needs cfg.auto_scale_lr with '
-                     'base_batch_size')
+            fail('--auto-scale-lr needs cfg.auto_scale_lr with '
+                 'base_batch_size')
         cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':
-        cfg.resume = True
-        cfg.load_from = None
+        # the newest sound checkpoint (a crash may have left a corrupt one);
+        # none: train from the start, as mmengine does
+        cfg.load_from = find_resumable_checkpoint(cfg.work_dir)
+        cfg.resume = cfg.load_from is not None
     elif args.resume is not None:
-        if '://' not in args.resume and not osp.isfile(args.resume):
-            sys.exit(f"error: --resume checkpoint '{args.resume}' does not "
-                     'exist (--resume without a path takes the latest one of '
-                     'the work dir)')
+        if '://' not in args.resume:
+            if not osp.isfile(args.resume):
+                fail(f"--resume checkpoint '{args.resume}' does not exist "
+                     '(--resume without a path takes the latest one of the '
+                     'work dir)')
+            reason = checkpoint_error(args.resume)
+            if reason is not None:
+                fail(f"--resume checkpoint '{args.resume}' cannot be "
+                     f'loaded: {reason}')
         cfg.resume = True
         cfg.load_from = args.resume
+    _write_checkpoints_atomically(cfg)
     return cfg
+
+
+def _write_checkpoints_atomically(cfg):
+    """Make the CheckpointHook write through mmevo's ``atomic_local``
+    backend, unless the config chose a backend (or disabled the hook)."""
+    hooks = cfg.setdefault('default_hooks', {})
+    if 'checkpoint' not in hooks:  # mmengine's default hook
+        hooks['checkpoint'] = dict(type='CheckpointHook', interval=1)
+    ckpt = hooks['checkpoint']
+    if ckpt is None or ckpt.get('backend_args') is not None \
+            or ckpt.get('file_client_args') is not None \
+            or '://' in str(ckpt.get('out_dir', '')):
+        return
+    ckpt['backend_args'] = dict(backend='atomic_local')
 
 
 def main(argv=None):
@@ -103,6 +130,8 @@ def main(argv=None):
     setup_cpu_distributed(cfg, args.launcher)
     runner = (Runner.from_cfg(cfg)
               if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    if not any(isinstance(h, RandomStateHook) for h in runner.hooks):
+        runner.register_hook(RandomStateHook())
     runner.train()
     return runner
 

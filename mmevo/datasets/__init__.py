@@ -1,12 +1,11 @@
 """Synthetic demo data sets and data-root checks."""
 from .checks import (MissingDataError, check_data_exists,
-                     check_pretrained_exists, exit_if_data_missing)
+                     check_pretrained_exists)
 from .synthetic import (DET_CLASSES, SEG_TRAIN_IDS, make_synthetic_cityscapes,
                         make_synthetic_coco)
 
 __all__ = [
     'MissingDataError', 'check_data_exists', 'check_pretrained_exists',
-    'exit_if_data_missing',
     'DET_CLASSES', 'SEG_TRAIN_IDS', 'make_synthetic_coco',
     'make_synthetic_cityscapes'
 ]

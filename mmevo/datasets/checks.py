@@ -5,11 +5,10 @@ deep inside dataset construction (in a dataloader worker, or once per rank),
 after the model was built. :func:`check_data_exists` finds the first missing
 path of the dataloaders a run needs, and :class:`MissingDataError` carries a
 one-line message saying which path is missing and where the instructions
-to get the data are.
+to get the data are. What a program does then (the tools print the line and
+exit with status 2) is the program's business.
 """
-import os
 import os.path as osp
-import sys
 
 # How to get the data, by dataset type (docs/datasets.md has the details).
 _HOW_TO_GET = {
@@ -20,11 +19,22 @@ _HOW_TO_GET = {
 }
 # The demo sets are generated, not downloaded.
 _SYNTHETIC_HINT = ('generate it with '
-                   '`python tools/misc/make_synthetic_data.py` (or `{}`)')
+                   '`python tools/misc/make_synthetic_data.py {}`')
 
 
 class MissingDataError(FileNotFoundError):
-    """A path a config's dataset needs does not exist (one-line message)."""
+    """A path a config's dataset needs does not exist (one-line message).
+
+    Args:
+        message (str): One line: what is missing and how to get it.
+        synthetic (str, optional): 'det' or 'seg' when the missing set is a
+            generated demo set (``make_synthetic_data.py det|seg``), for a
+            program to add its own hint. Default: None.
+    """
+
+    def __init__(self, message, synthetic=None):
+        super().__init__(message)
+        self.synthetic = synthetic
 
 
 def _dataset_cfgs(dataset, key):
@@ -88,10 +98,11 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
                 if '://' in path or osp.exists(path):
                     continue
                 dtype = dataset.get('type', 'the dataset')
+                synthetic = None
                 if 'synthetic' in path:
-                    how = _SYNTHETIC_HINT.format(
-                        'make demo-seg' if dtype == 'CityscapesDataset' else
-                        'make demo')
+                    synthetic = 'seg' if dtype == 'CityscapesDataset' \
+                        else 'det'
+                    how = _SYNTHETIC_HINT.format(synthetic)
                 else:
                     how = _HOW_TO_GET.get(
                         dtype, f'get the {dtype} data as described in '
@@ -99,11 +110,11 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
                 raise MissingDataError(
                     f"{name}: {what} '{path}' does not exist; {how}, or point "
                     f'the config at your copy with --cfg-options '
-                    f'{key}.data_root=PATH')
+                    f'{key}.data_root=PATH', synthetic)
 
 
 def _pretrained_cfgs(node, key):
-    """Yield (key, init_cfg) of every ``Pretrained`` init_cfg under ``node``."""
+    """Yield (key, init_cfg) of each ``Pretrained`` init_cfg under ``node``."""
     if isinstance(node, dict):
         init_cfgs = node.get('init_cfg')
         for i, init in enumerate(init_cfgs if isinstance(init_cfgs, list)
@@ -149,31 +160,3 @@ def check_pretrained_exists(cfg):
                 'published ImageNet checkpoint (configs/rednet/README.md), '
                 f'or set --cfg-options {key}.checkpoint=PATH (or '
                 f'{key}=None to train from scratch)')
-
-
-def exit_if_data_missing(cfg, dataloaders, pretrained=False):
-    """Stop the program with one line on stderr if the data is missing.
-
-    For the command-line tools: :func:`check_data_exists` (and, with
-    ``pretrained``, :func:`check_pretrained_exists`), and on
-    :class:`MissingDataError` print ``error: <message>`` (from rank 0 only,
-    so a distributed job prints it once) and exit with status 2.
-
-    Args:
-        cfg (mmengine.Config): The config.
-        dataloaders (Sequence[str]): Dataloader keys the run uses.
-        pretrained (bool): Also check the local ``Pretrained`` checkpoints
-            the model initialises from (training). Default: False.
-
-    Example:
-        >>> exit_if_data_missing(cfg, ['test_dataloader'])
-    """
-    try:
-        check_data_exists(cfg, dataloaders)
-        if pretrained:
-            check_pretrained_exists(cfg)
-    except MissingDataError as e:
-        rank = os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))
-        if rank == '0':
-            print(f'error: {e}', file=sys.stderr)
-        raise SystemExit(2)

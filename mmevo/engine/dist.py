@@ -12,6 +12,12 @@ works around all three from the outside, without touching site-packages:
 * it points ``model_wrapper_cfg`` at :class:`CPUDistributedDataParallel`,
   which drops the ``device_ids`` for CPU modules;
 * it turns every ``SyncBN`` in the config into ``BN``, with a warning.
+
+On every machine it also bounds a collective's wait: a rank that stalls
+(stopped, deadlocked) makes the others fail after
+``env_cfg.dist_cfg.timeout`` seconds, :data:`DEFAULT_DIST_TIMEOUT` unless the
+config sets it. mmengine's own ``init_dist`` (the GPU path) reads the same
+key.
 """
 import os
 import subprocess
@@ -25,6 +31,9 @@ from mmengine.model import MMDistributedDataParallel
 from mmengine.registry import MODEL_WRAPPERS
 
 _SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'SyncBatchNorm')
+# Seconds a collective waits for the other ranks (torch's own default for
+# gloo): long enough for a slow first step or checkpoint, bounded still
+DEFAULT_DIST_TIMEOUT = 1800
 
 
 @MODEL_WRAPPERS.register_module()
@@ -114,10 +123,12 @@ def _dist_env_from_slurm():
 def setup_cpu_distributed(cfg, launcher):
     """Prepare ``cfg`` (in place) and the process group for a CPU-only run.
 
-    Does nothing when a GPU is available (mmengine's own path then works).
+    For a distributed ``launcher``, sets ``env_cfg.dist_cfg.timeout``
+    (seconds) to :data:`DEFAULT_DIST_TIMEOUT` unless the config has one.
+    Nothing else when a GPU is available (mmengine's own path then works).
     Otherwise converts SyncBN to BN (:func:`convert_sync_bn_to_bn`) and, for
     ``launcher`` 'pytorch' or 'slurm', initialises the default process group
-    over gloo and makes the runner wrap the model in
+    over gloo, with that timeout, and makes the runner wrap the model in
     :class:`CPUDistributedDataParallel`.
 
     Args:
@@ -132,6 +143,11 @@ def setup_cpu_distributed(cfg, launcher):
         >>> # in tools/train.py, before Runner.from_cfg(cfg)
         >>> setup_cpu_distributed(cfg, args.launcher)
     """
+    if launcher != 'none':
+        dist_cfg = cfg.setdefault('env_cfg', ConfigDict()).setdefault(
+            'dist_cfg', ConfigDict())
+        if dist_cfg.get('timeout') is None:
+            dist_cfg['timeout'] = DEFAULT_DIST_TIMEOUT
     if torch.cuda.is_available():
         return False
     convert_sync_bn_to_bn(cfg)
@@ -139,14 +155,10 @@ def setup_cpu_distributed(cfg, launcher):
         return False
     if launcher == 'slurm':
         _dist_env_from_slurm()
-    dist_cfg = cfg.setdefault('env_cfg', ConfigDict()).setdefault(
-        'dist_cfg', ConfigDict())
     dist_cfg['backend'] = 'gloo'
     if not torch_dist.is_initialized():
-        kwargs = {}
-        if dist_cfg.get('timeout') is not None:
-            kwargs['timeout'] = timedelta(seconds=dist_cfg['timeout'])
-        torch_dist.init_process_group(backend='gloo', **kwargs)
+        torch_dist.init_process_group(
+            backend='gloo', timeout=timedelta(seconds=dist_cfg['timeout']))
     wrapper = cfg.get('model_wrapper_cfg', None)
     if wrapper is None:
         cfg.model_wrapper_cfg = dict(

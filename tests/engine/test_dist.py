@@ -1,6 +1,8 @@
 """CPU-only distributed pieces: SyncBN -> BN in configs, DDP on a CPU module
-(the 2-process run is tests/tools/test_dist_train.py)."""
+(the 2-process run is tests/tools/test_dist_train.py), the timeout that ends a
+job when a rank stalls."""
 import os
+import socket
 import subprocess
 import sys
 
@@ -9,7 +11,8 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config
 
-from mmevo.engine import convert_sync_bn_to_bn, setup_cpu_distributed
+from mmevo.engine import (DEFAULT_DIST_TIMEOUT, convert_sync_bn_to_bn,
+                          setup_cpu_distributed)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -106,3 +109,72 @@ def test_slurm_variables_become_torch_env(monkeypatch):
     assert (os.environ['RANK'], os.environ['WORLD_SIZE'],
             os.environ['LOCAL_RANK'], os.environ['MASTER_PORT'],
             os.environ['MASTER_ADDR']) == ('5', '8', '1', '29500', 'node1')
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only path')
+def test_distributed_launchers_get_a_default_timeout():
+    # 'mpi' is left to mmengine (its init_dist reads dist_cfg.timeout)
+    cfg = Config(dict(model=dict()))
+    assert setup_cpu_distributed(cfg, 'mpi') is False
+    assert cfg.env_cfg.dist_cfg.timeout == DEFAULT_DIST_TIMEOUT
+    cfg = Config(dict(env_cfg=dict(dist_cfg=dict(timeout=60))))
+    setup_cpu_distributed(cfg, 'mpi')
+    assert cfg.env_cfg.dist_cfg.timeout == 60
+    cfg = Config(dict(model=dict()))
+    setup_cpu_distributed(cfg, 'none')
+    assert 'env_cfg' not in cfg
+
+
+# One rank of two stops (SIGSTOP) after a first all-reduce; the other must
+# give up after the default timeout (set to 3 s here) and exit non-zero. The
+# ranks wait for a go file after their (slow) imports: the 3 s also bound
+# the rendezvous.
+_STALL_SCRIPT = """
+import os, signal, sys, time
+import torch, torch.distributed as dist
+from mmengine.config import Config
+import mmevo.engine.dist
+print('ready', flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+mmevo.engine.dist.DEFAULT_DIST_TIMEOUT = 3
+mmevo.engine.dist.setup_cpu_distributed(Config(dict()), 'pytorch')
+x = torch.ones(1)
+dist.all_reduce(x)
+if dist.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+start = time.monotonic()
+try:
+    dist.all_reduce(x)
+except RuntimeError:
+    print(f'gave up after {time.monotonic() - start:.0f} s', flush=True)
+    os._exit(3)
+"""
+
+
+def test_a_stalled_rank_ends_the_job(tmp_path):
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    go = tmp_path / 'go'
+    procs = [
+        subprocess.Popen(
+            [sys.executable, '-c', _STALL_SCRIPT, str(go)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHONPATH=REPO, RANK=str(rank),
+                     LOCAL_RANK=str(rank), WORLD_SIZE='2',
+                     MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
+                     OMP_NUM_THREADS='1')) for rank in (0, 1)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == 'ready\n'
+        go.touch()
+        out, err = procs[0].communicate(timeout=90)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert procs[0].returncode == 3, err[-3000:]
+    seconds = int(out.split()[3])
+    assert 3 <= seconds <= 10, out

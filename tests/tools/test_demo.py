@@ -71,10 +71,12 @@ def test_demo_train_then_test(kind, tiny_coco, tiny_cityscapes,
 
 
 @pytest.mark.parametrize('tool', ['train', 'test'])
-def test_missing_checkpoint_is_one_line(tool, tmp_path):
+def test_missing_checkpoint_is_one_line(tool, tmp_path, capsys):
     ckpt = str(tmp_path / 'nowhere.pth')
     argv = [DEMO_DET, ckpt] if tool == 'test' else [DEMO_DET, '--resume', ckpt]
     with pytest.raises(SystemExit) as info:
         load_tool(tool).main(argv)
-    assert info.value.code.startswith('error: ')
-    assert f"'{ckpt}' does not exist" in info.value.code
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and err.count('\n') == 1
+    assert f"'{ckpt}' does not exist" in err

@@ -57,10 +57,13 @@ def _free_port():
 
 
 def test_two_process_cpu_training(tiny_coco, tmp_path):
+    # paths with spaces: the launch script must pass them through intact
+    tmp_path = tmp_path / 'dir with space'
+    tmp_path.mkdir()
     (tmp_path / 'dump_rank_state.py').write_text(DUMP_HOOK)
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(CONFIG.format(base=DEMO_DET, root=tiny_coco))
-    work_dir = tmp_path / 'work'
+    work_dir = tmp_path / 'work dir'
     env = dict(os.environ, PYTHONPATH=str(tmp_path), PORT=str(_free_port()),
                OMP_NUM_THREADS='1', PYTHON=sys.executable)
     out = subprocess.run(

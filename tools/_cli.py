@@ -1,0 +1,77 @@
+"""Command-line behaviour shared by ``tools/train.py`` and ``tools/test.py``.
+
+The library raises exceptions; the tools turn the expected ones (a missing
+config, data set or checkpoint, a checkpoint that does not fit) into one line
+on stderr, printed by rank 0 only so that a distributed job says it once, and
+an exit status, never a traceback.
+"""
+import os
+import os.path as osp
+import sys
+
+from mmengine.config import Config
+
+from mmevo.datasets import (MissingDataError, check_data_exists,
+                            check_pretrained_exists)
+
+# exit status of a usage error (as argparse): missing config or data
+USAGE = 2
+# the Makefile target that generates a synthetic set (and trains its demo)
+_MAKE_TARGETS = {'det': 'make demo', 'seg': 'make demo-seg'}
+
+
+def fail(message, status=1):
+    """Print ``error: <message>`` (rank 0 only) and exit with ``status``.
+
+    Args:
+        message (str): One line.
+        status (int): The exit status. Default: 1.
+
+    Example:
+        >>> fail("checkpoint 'x.pth' does not exist")
+    """
+    rank = os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))
+    if rank == '0':
+        print(f'error: {message}', file=sys.stderr)
+    raise SystemExit(status)
+
+
+def load_config(path):
+    """The config at ``path``; exit with status 2 when the file is missing.
+
+    Args:
+        path (str): The config file.
+
+    Returns:
+        mmengine.Config: The config.
+    """
+    if not osp.isfile(path):
+        fail(f"config file '{path}' does not exist", USAGE)
+    return Config.fromfile(path)
+
+
+def exit_if_data_missing(cfg, dataloaders, pretrained=False):
+    """Exit with status 2 and one line if the run's data is missing.
+
+    Runs :func:`mmevo.datasets.check_data_exists` (and, with ``pretrained``,
+    :func:`mmevo.datasets.check_pretrained_exists`) and reports their
+    :class:`mmevo.datasets.MissingDataError` with :func:`fail`, adding the
+    ``make`` target that generates a missing demo set.
+
+    Args:
+        cfg (mmengine.Config): The config.
+        dataloaders (Sequence[str]): Dataloader keys the run uses.
+        pretrained (bool): Also check the local ``Pretrained`` checkpoints
+            the model initialises from (training). Default: False.
+
+    Example:
+        >>> exit_if_data_missing(cfg, ['test_dataloader'])
+    """
+    try:
+        check_data_exists(cfg, dataloaders)
+        if pretrained:
+            check_pretrained_exists(cfg)
+    except MissingDataError as e:
+        make = _MAKE_TARGETS.get(e.synthetic)
+        fail(f'{e} (`{make}` generates it and trains the demo)'
+             if make else str(e), USAGE)
