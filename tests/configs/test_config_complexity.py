@@ -19,7 +19,7 @@ from torch import nn
 import mmevo
 from configs_helpers import ROOT, load
 from mmevo.layers import ACmix, Involution
-from mmevo.layers.pointwise import pointwise
+from mmevo.models import ACmixResNet
 
 _spec = importlib.util.spec_from_file_location(
     'get_flops', ROOT / 'tools' / 'analysis' / 'get_flops.py')
@@ -89,35 +89,42 @@ def test_flop_handles_count_the_ops():
     assert not analyzer.unsupported_ops()
 
 
-class _MatmulLayers(nn.Module):
-    """A 1x1 conv as ``pointwise`` (a custom autograd op outside tracing)
-    and as ``nn.Conv2d``, and an ACmix layer (its projection is a baddbmm)."""
+def _conv_macs_by_hooks(model):
+    """Hook every nn.Conv2d: the multiply-adds of each call, B * weight
+    elements * output pixels (an independent count of what ran)."""
+    macs = []
 
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(8, 6, 1)
-        self.acmix = ACmix(8, 8)
+    def hook(module, inputs, output):
+        b, _, h, w = output.shape
+        macs.append(b * module.weight.numel() * h * w)
 
-    def forward(self, x):
-        return (pointwise(x, self.conv.weight, self.conv.bias), self.conv(x),
-                self.acmix(x))
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            m.register_forward_hook(hook)
+    return macs
 
 
-def test_matmul_layers_are_counted():
-    """The counter sees the generation / projection matmuls: pointwise
-    counts as the 1x1 conv it equals, ACmix's q/k/v projection as 3 * C *
-    C_in multiply-adds per pixel."""
-    x = torch.randn(2, 8, 5, 7)
-    model = _MatmulLayers()
-    analyzer = get_flops.FlopAnalyzer(model, (x, ))
-    analyzer.set_op_handle(**get_flops.MMEVO_FLOP_HANDLES,
-                           **{'aten::baddbmm': get_flops.baddbmm_flop})
+@pytest.mark.parametrize('build,shape', [
+    (lambda: ACmix(8, 8), (2, 8, 5, 7)),
+    (lambda: Involution(16, 3, 2), (2, 16, 9, 6)),
+    (lambda: ACmixResNet(26, stem_channels=16, base_channels=16),
+     (1, 3, 64, 48)),
+])
+def test_counter_sees_the_stock_convs(build, shape):
+    """FLOP counting traces the model: the stock graph runs, every conv
+    module (ACmix's projections, fc and dep_conv; the involution's
+    generation convs; the bottlenecks' 1x1 convs) is counted as a conv,
+    and no CPU fast-path matmul is left in the count."""
+    model = build().eval()
+    macs = _conv_macs_by_hooks(model)
+    analyzer = get_flops.FlopAnalyzer(model, (torch.randn(shape), ))
+    analyzer.set_op_handle(**get_flops.MMEVO_FLOP_HANDLES)
+    analyzer.unsupported_ops_warnings(False)
     flops = analyzer.by_operator()
-    pixels = 2 * 5 * 7
-    # pointwise once, ACmix's positional map (2 -> 2 channels, one image).
-    assert flops['bmm'] == 6 * 8 * pixels + 2 * 2 * 5 * 7
-    assert flops['baddbmm'] == 3 * 8 * 8 * pixels
-    assert flops['conv'] > 0  # the 1x1 conv and ACmix's grouped conv path
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert len(macs) == len(convs)  # each traced once
+    assert flops['conv'] == sum(macs)
+    assert not {'bmm', 'baddbmm', 'matmul', 'einsum'} & set(flops)
 
 
 def test_model_flops_include_every_involution():
