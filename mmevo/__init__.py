@@ -17,8 +17,8 @@ fails to import (a broken mmdet) raises its error here as usual.
 """
 import importlib.util
 
-from .version import __version__
 from . import ops  # noqa: F401
+from .version import __version__
 
 _REQUIRES = {
     'layers': ('mmengine', 'mmcv'),

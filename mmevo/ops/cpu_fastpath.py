@@ -1,4 +1,4 @@
-"""CPU fast paths: every CPU-only rewrite of the model graph, behind one switch.
+"""CPU fast paths: the CPU-only rewrites of the model graph, behind one switch.
 
 The layers and backbones are written as the published (stock) graph: mmdet's
 ``ResNet.forward`` and ``Bottleneck.forward``, their convolutions called as
