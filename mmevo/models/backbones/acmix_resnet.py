@@ -119,7 +119,7 @@ class ACmixResNet(DynamicResNet):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode='fan_out',
                                         nonlinearity='relu')
-            elif isinstance(m, (_BatchNorm, nn.GroupNorm)):
+            elif isinstance(m, (_BatchNorm, nn.GroupNorm)) and m.affine:
                 nn.init.constant_(m.weight, 1)
                 nn.init.constant_(m.bias, 0)
             elif isinstance(m, ACmix):
