@@ -3,10 +3,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmevo.ops import check_int, local_attention_weights
+from mmevo.ops import check_int, cpu_fastpath, local_attention_weights
 from mmevo.registry import MODELS
 from .base import EvolutionLayer, check_divisible
-from .pointwise import pointwise
 
 
 def position_map(height, width, dtype, device):
@@ -15,74 +14,6 @@ def position_map(height, width, dtype, device):
     loc_h = torch.linspace(-1.0, 1.0, height, dtype=dtype, device=device)
     return torch.stack([loc_w.view(1, -1).expand(height, width),
                         loc_h.view(-1, 1).expand(height, width)]).unsqueeze(0)
-
-
-class _SplitProjection(torch.autograd.Function):
-    """One fused q/k/v projection -> the inputs of both ACmix paths.
-
-    ``proj`` (B, 3C, H, W) holds q, k and v with channels ordered
-    (head_dim, {q, k, v}, head): the order in which the conv path's grouped
-    convolution reads them, so its input is ``proj`` itself in channels_last
-    memory. The attention path gets head-major copies: the query (strided,
-    times ``q_scale``), the key minus ``pe`` (1, head_dim, H, W) and the
-    value. One node rather than slicing, so that the backward writes the four
-    gradients into one buffer instead of summing zero-filled copies of
-    ``proj``.
-    """
-
-    @staticmethod
-    def forward(ctx, proj, pe, head, stride, q_scale):
-        B, C3, H, W = proj.shape
-        C, s = C3 // 3, stride
-        rows = proj.view(B, -1, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
-        # Copied into head-major buffers, then scaled / shifted in place (not
-        # out=: under torch.compile an out= result takes the source's strides).
-        query = proj.new_empty(B, head, C // head, -(-H // s), -(-W // s))
-        query.copy_(rows[:, 0, ..., ::s, ::s]).mul_(q_scale)
-        key = proj.new_empty(B, head, C // head, H, W)
-        key.copy_(rows[:, 1]).sub_(pe)
-        value = rows[:, 2].contiguous()
-        conv_input = proj.view(B, C3, H * W).transpose(1, 2).contiguous()
-        ctx.geometry = (head, s, q_scale)
-        return (query.view(B, C, *query.shape[-2:]), key.view(B, C, H, W),
-                value.view(B, C, H, W),
-                conv_input.view(B, H, W, C3).permute(0, 3, 1, 2))
-
-    @staticmethod
-    def backward(ctx, g_query, g_key, g_value, g_conv):
-        head, s, q_scale = ctx.geometry
-        B, C3, H, W = g_conv.shape
-        grad = g_conv.permute(0, 2, 3, 1).reshape(B, H * W, C3)
-        grad = grad.transpose(1, 2).contiguous()
-        rows = grad.view(B, -1, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
-
-        def heads(g):  # (B, C, h, w) -> (B, head, head_dim, h, w)
-            return g.reshape(B, head, -1, *g.shape[-2:])
-
-        rows[:, 0, ..., ::s, ::s].add_(heads(g_query), alpha=q_scale)
-        rows[:, 1].add_(heads(g_key))
-        g_pe = heads(g_key).sum((0, 1), keepdim=True).neg_()
-        rows[:, 2].add_(heads(g_value))
-        return grad.view(B, C3, H, W), g_pe[0], None, None, None
-
-
-class _Mix(torch.autograd.Function):
-    """``rate1 * out_att + out_conv`` in one pass, in out_att's NCHW layout
-    (that of the rest of the network): an elementwise op would take the
-    channels_last layout of the conv path's output, its first operand."""
-
-    @staticmethod
-    def forward(ctx, out_att, out_conv, rate1):
-        ctx.save_for_backward(out_att, rate1)
-        out = torch.empty_like(out_att, memory_format=torch.contiguous_format)
-        return torch.addcmul(out_conv, out_att, rate1, out=out)
-
-    @staticmethod
-    def backward(ctx, grad):
-        out_att, rate1 = ctx.saved_tensors
-        grad = grad.contiguous()
-        g_rate1 = torch.dot(grad.view(-1), out_att.reshape(-1)).view(1)
-        return grad * rate1, grad, g_rate1
 
 
 @MODELS.register_module()
@@ -186,32 +117,39 @@ class ACmix(EvolutionLayer):
         if self.init_cfg is None:
             self.reset_parameters()
 
-    def _inputs(self, x):
-        """Query, key, value and the conv path input (see _SplitProjection).
+    def _positions(self, x):
+        """The normalised coordinates of ``x``'s map, ``conv_p``'s input."""
+        return position_map(*x.shape[-2:], x.dtype, x.device)
 
-        One matmul projects q, k and v (oneDNN's 1x1 conv backward is many
-        times slower at these widths). The query is scaled by
-        ``head_dim**-0.5`` and, with stride s, kept at the output pixels (the
-        window centres) only; the key has ``pe`` subtracted. The conv path
-        input is the raw projection, as published.
+    def _fast_inputs(self, x):
+        """Query, key, value and conv path input (CPU fast path)."""
+        pe = cpu_fastpath.conv1x1(self.conv_p, self._positions(x))
+        return cpu_fastpath.acmix_inputs(self, x, pe)
+
+    def _query_key(self, q, k, pe):
+        """The attention path's query (scaled by ``head_dim**-0.5``, with
+        stride s kept at the output pixels, the window centres) and key
+        minus ``pe``, from the projections q, k (B, out_planes, H, W)."""
+        B, C, H, W = k.shape
+        s = self.stride
+        query = q[:, :, ::s, ::s] * self.head_dim**-0.5
+        key = k.view(B, self.head, self.head_dim, H, W) - pe.unsqueeze(1)
+        return query, key.view(B, C, H, W)
+
+    def _conv_path(self, q, k, v):
+        """``dep_conv(fc(q, k, v heads))``, (B, out_planes, H_out, W_out).
+
+        ``fc`` mixes the 3 * head q/k/v heads with head_dim as a spatial
+        axis; the mix of each (channel, pixel) is reshaped to kernel_conv**2
+        channels of ``dep_conv``'s group for that channel (published).
         """
-        self.check_input(x, self.in_planes)
-        B, _, H, W = x.shape
-        convs = (self.conv1, self.conv2, self.conv3)
-        # Rows (head_dim, {q, k, v}, head): the grouping of dep_conv.
-        weight = torch.stack([c.weight.view(self.head, self.head_dim, -1)
-                              for c in convs]).permute(2, 0, 1, 3)
-        bias = torch.stack([c.bias.view(self.head, self.head_dim)
-                            for c in convs]).permute(2, 0, 1)
-        proj = torch.baddbmm(
-            bias.reshape(-1, 1),
-            weight.reshape(1, -1, self.in_planes).expand(B, -1, -1),
-            x.reshape(B, self.in_planes, H * W))
-        pe = pointwise(position_map(H, W, x.dtype, x.device),
-                       self.conv_p.weight, self.conv_p.bias)
-        return _SplitProjection.apply(
-            proj.view(B, -1, H, W), pe.to(proj.dtype), self.head,
-            self.stride, self.head_dim**-0.5)
+        B, C, H, W = q.shape
+        heads = [t.view(B, self.head, self.head_dim, H * W)
+                 for t in (q, k, v)]
+        f_all = self.fc(torch.cat(heads, 1))
+        f_conv = f_all.permute(0, 2, 1, 3).reshape(
+            B, self.head_dim * self.kernel_conv**2, H, W)
+        return self.dep_conv(f_conv)
 
     def window_input(self, x):
         """Reflection made explicit here (padding 0 for the ops), so the
@@ -225,33 +163,30 @@ class ACmix(EvolutionLayer):
 
     def _attention(self, query, key):
         """Softmax over the window of ``query . key(n)`` (already scaled and
-        shifted by ``pe``, see :meth:`_inputs`); reflection of (k - pe) is
-        reflection of each, as it is linear."""
+        shifted by ``pe``, see :meth:`_query_key`); reflection of (k - pe)
+        is reflection of each, as it is linear."""
         key, padding, mode = self.window_input(key)
         return local_attention_weights(query, key, self.head,
                                        self.kernel_size, self.stride, padding,
                                        self.dilation, mode)
 
-    def _conv_path(self, conv_input):
-        """``rate2 * dep_conv(fc(q, k, v heads))``, (B, C, H_out, W_out).
-
-        ``fc`` mixes the 3 * head q/k/v heads of each (channel, pixel) and
-        ``dep_conv`` is grouped by channel, so ``rate2 * fc`` folds into
-        ``dep_conv``'s weights: one grouped convolution reads the projection
-        (channels_last: oneDNN's grouped backward is ~15x faster on it).
-        """
-        fc = self.fc.weight.view(self.kernel_conv**2, -1) * self.rate2
-        weight = torch.einsum('otuv,tj->ojuv', self.dep_conv.weight, fc)
-        return F.conv2d(conv_input, weight, None, self.stride,
-                        self.kernel_conv // 2, 1, self.head_dim)
-
     def generate(self, x):
         """Return ``(v, attention)``; attention (B, head, K, K, Ho, Wo)."""
-        query, key, value, _ = self._inputs(x)
+        self.check_input(x, self.in_planes)
+        if cpu_fastpath.enabled(x):
+            query, key, value, _ = self._fast_inputs(x)
+        else:
+            q, k, value = self.conv1(x), self.conv2(x), self.conv3(x)
+            pe = self.conv_p(self._positions(x))
+            query, key = self._query_key(q, k, pe)
         return value, self._attention(query, key)
 
     def forward(self, x):
         """rate1 * attention path + rate2 * convolution path.
+
+        On CPU in eager mode the projections, the conv path and the mix run
+        fused (:func:`mmevo.ops.cpu_fastpath.acmix_inputs`); elsewhere the
+        published graph runs, each conv called as a module.
 
         Args:
             x (Tensor): (B, in_planes, H, W).
@@ -259,6 +194,12 @@ class ACmix(EvolutionLayer):
         Returns:
             Tensor: (B, out_planes, ceil(H / s), ceil(W / s)).
         """
-        query, key, value, conv_input = self._inputs(x)
-        out_att = self.aggregate(value, self._attention(query, key))
-        return _Mix.apply(out_att, self._conv_path(conv_input), self.rate1)
+        self.check_input(x, self.in_planes)
+        if cpu_fastpath.enabled(x):
+            query, key, value, conv_input = self._fast_inputs(x)
+            out_att = self.aggregate(value, self._attention(query, key))
+            return cpu_fastpath.acmix_output(self, out_att, conv_input)
+        q, k, v = self.conv1(x), self.conv2(x), self.conv3(x)
+        query, key = self._query_key(q, k, self.conv_p(self._positions(x)))
+        out_att = self.aggregate(v, self._attention(query, key))
+        return self.rate1 * out_att + self.rate2 * self._conv_path(q, k, v)

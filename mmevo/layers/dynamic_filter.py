@@ -32,8 +32,8 @@ class FilterNorm(nn.Module):
 
     def forward(self, x):
         """Normalise x (B, channels*K*K, H, W) over the K*K taps."""
-        B, _, H, W = x.shape
-        taps = x.reshape(B, self.channels, -1, H * W)
+        B, C, H, W = x.shape
+        taps = x.reshape(B, self.channels, C // self.channels, H * W)
         taps = taps - taps.mean(dim=2, keepdim=True)
         taps = taps / (taps.std(dim=2, keepdim=True) + 1e-10)
         x = taps.reshape(x.shape)

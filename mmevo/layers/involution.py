@@ -1,12 +1,10 @@
 """Involution (Li et al., CVPR 2021): a kernel generated per pixel from it."""
-import torch
 import torch.nn.functional as F
 from mmcv.cnn import ConvModule
 
-from mmevo.ops import check_int
+from mmevo.ops import check_int, cpu_fastpath
 from mmevo.registry import MODELS
 from .base import EvolutionLayer, check_divisible
-from .pointwise import pointwise
 
 
 @MODELS.register_module()
@@ -91,16 +89,12 @@ class Involution(EvolutionLayer):
             x_gen = F.avg_pool2d(x, self.stride, self.stride, ceil_mode=True)
         else:
             x_gen = x
-        # conv1 = ConvModule(conv, norm, act) and conv2 = conv with bias,
-        # their 1x1 convolutions done as matmuls (see ``pointwise``).
-        conv = self.conv1.conv
-        hidden = pointwise(x_gen, conv.weight, conv.bias)
-        if self.conv1.with_norm:
-            hidden = self.conv1.norm(hidden)
-        if self.conv1.with_activation:
-            hidden = self.conv1.activate(hidden)
-        conv = self.conv2.conv
-        weight = pointwise(hidden, conv.weight, conv.bias)
+        if cpu_fastpath.enabled(x_gen):
+            # The same modules, their 1x1 convolutions as matmuls.
+            weight = cpu_fastpath.conv1x1(
+                self.conv2, cpu_fastpath.conv1x1(self.conv1, x_gen))
+        else:
+            weight = self.conv2(self.conv1(x_gen))
         B, _, H, W = weight.shape
         K = self.kernel_size
         return x, weight.view(B, self.groups, K, K, H, W)

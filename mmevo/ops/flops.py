@@ -1,8 +1,9 @@
 """FLOP-counting rules of the mmevo ops for mmengine's ``FlopAnalyzer``.
 
 mmengine's jit-based counter (one multiply-add = one FLOP) has no handle for
-custom operators nor for ``aten::baddbmm``; without these the work in the
-evolution ops is silently left out of a model's count.
+custom operators: without these the work in the evolution ops is silently
+left out of a model's count. (A traced model runs its stock graph, see
+:mod:`mmevo.ops.cpu_fastpath`, so every other op is one mmengine counts.)
 
 Example:
     >>> from mmengine.analysis import FlopAnalyzer
@@ -60,30 +61,12 @@ def local_correlation_flop(inputs, outputs):
     return b * c * h_out * w_out * k_h * k_w
 
 
-def baddbmm_flop(inputs, outputs):
-    """FLOPs of ``aten::baddbmm``, which mmengine has no handle for: those of
-    its batched matmul, B*N*M*P multiply-adds (the added input is not
-    counted, as mmengine counts none for ``addmm``). The ACmix projections.
-
-    Args:
-        inputs (list[torch._C.Value]): inputs[1] (B, N, M) and inputs[2]
-            (B, M, P) are the matmul operands.
-        outputs (list[torch._C.Value]): the output (B, N, P).
-
-    Returns:
-        int: the multiply-add count.
-    """
-    b, n, m = _shape(inputs[1])
-    return b * n * m * _shape(inputs[2])[-1]
-
-
-#: Handles of the mmevo operators, by traced operator name.
-MMEVO_FLOP_HANDLES = {
+#: Handles of the mmevo operators, by traced operator name
+#: (``set_op_handle(**FLOP_HANDLES)``).
+FLOP_HANDLES = {
     'mmevo::evolution_aggregate': evolution_aggregate_flop,
     'mmevo::local_correlation': local_correlation_flop,
     # The correlation's multiply-adds; its softmax is not counted (as
     # fvcore / mmengine count no softmax).
     'mmevo::local_attention_weights': local_correlation_flop,
 }
-#: Every handle a model with mmevo layers needs (``set_op_handle(**...)``).
-FLOP_HANDLES = dict(MMEVO_FLOP_HANDLES, **{'aten::baddbmm': baddbmm_flop})

@@ -125,84 +125,47 @@ def test_forward_matches_published_structure(cls, tiny, stem):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def assert_same_as_conv2d(conv, size, stride=1, forward_tol=1e-12):
-    """``conv`` (float64) gives F.conv2d's output and gradients on an input
-    of ``size``."""
-    x = torch.rand(2, conv.in_channels, *size, dtype=torch.float64,
-                   requires_grad=True)
-    y = conv(x)
-    ref = F.conv2d(x, conv.weight, stride=stride)
-    torch.testing.assert_close(y, ref, rtol=forward_tol, atol=forward_tol)
-    g = torch.rand_like(y)
-    got = torch.autograd.grad(y, (x, conv.weight), g)
-    want = torch.autograd.grad(ref, (x, conv.weight), g)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-
-
-def test_subsampled_downsample_is_the_strided_conv():
-    """The stride-2 1x1 downsample (run on the subsampled input) gives the
-    numbers and gradients of the strided convolution, odd sizes included."""
+def test_published_acmix_resnet_init():
+    """From scratch, ACmix-ResNet is initialised as the published code:
+    every conv Kaiming-normal (fan_out, ReLU gain) -- dep_conv too, so not
+    the shift kernels --, conv biases at PyTorch's default, norms 1 / 0
+    (no zero-init of the residual norms), rates 0.5."""
     torch.manual_seed(0)
-    conv = RedNet(26, **TINY_RED).layer2[0].downsample[0].double()
-    assert conv.stride == (2, 2) and conv.kernel_size == (1, 1)
-    assert_same_as_conv2d(conv, (15, 9), stride=2, forward_tol=0)
+    model = ACmixResNet(50)
+    model.init_weights()
+    acmix = [m for m in model.modules() if isinstance(m, ACmix)]
+    dep = torch.cat([m.dep_conv.weight.flatten() for m in acmix[-3:]])
+    fan_out = 512 * 3 * 3  # out_planes * kernel_conv**2 in stage 4
+    assert abs(dep.std().item() / (2 / fan_out)**0.5 - 1) < 0.02
+    assert abs(dep.mean().item()) < 0.1 * dep.std().item()
+    assert (dep != 0).float().mean() > 0.99  # not one-hot shift kernels
+    proj = model.layer4[0].conv2.conv1
+    assert abs(proj.weight.std().item() / (2 / 512)**0.5 - 1) < 0.02
+    bound = 1 / 512**0.5  # PyTorch's default bias init, untouched
+    assert proj.bias.abs().max() <= bound
+    assert proj.bias.std() > bound / 3
+    stem = model.conv1.weight
+    assert abs(stem.std().item() / (2 / (64 * 49))**0.5 - 1) < 0.05
+    assert all(m.rate1.item() == m.rate2.item() == 0.5 for m in acmix)
+    for m in model.modules():
+        if isinstance(m, _BatchNorm):
+            assert (m.weight == 1).all() and (m.bias == 0).all()
+    # The standalone layer keeps its shift initialisation.
+    layer = ACmix(16, 16)
+    layer.init_weights()
+    assert torch.equal(layer.dep_conv.weight.sum((2, 3)),
+                       torch.ones(16, 9))
 
 
-@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
-                                      (ACmixResNet, TINY_ACMIX)])
-def test_matmul_conv1_is_the_1x1_conv(cls, tiny, monkeypatch):
-    """Every bottleneck's conv1 runs as a matmul with the numbers and
-    gradients of the 1x1 convolution, and swapping it in changes no weight:
-    under one seed the model is the one with mmdet's plain convs."""
-    from mmevo.models.backbones.dynamic_resnet import (
-        MiddleLayerBottleneck, _MatmulConv1x1)
-    torch.manual_seed(0)
-    model = cls(26, **tiny).double()
-    with monkeypatch.context() as m:
-        m.setattr(_MatmulConv1x1, 'taking_over', classmethod(lambda c, x: x))
-        torch.manual_seed(0)
-        plain = cls(26, **tiny).double()
-    assert not any(isinstance(m, _MatmulConv1x1) for m in plain.modules())
-    plain_state = plain.state_dict()
-    assert model.state_dict().keys() == plain_state.keys()
-    for name, value in model.state_dict().items():
-        assert torch.equal(value, plain_state[name]), name
-    convs = [m.conv1 for m in model.modules()
-             if isinstance(m, MiddleLayerBottleneck)]
-    assert convs and all(type(c).__name__ == '_MatmulConv1x1' for c in convs)
-    assert_same_as_conv2d(model.layer2[1].conv1, (7, 5))
-
-
-@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
-                                      (ACmixResNet, TINY_ACMIX)])
-def test_channels_last_stem_gives_nchw_outputs_and_input_grads(cls, tiny):
-    """The stem runs channels_last internally; the stages, the outputs and
-    the gradient reaching the input stay in the caller's NCHW layout."""
-    torch.manual_seed(0)
-    # eval: train-mode BN on a batch of 2 amplifies rounding differences
-    model = cls(26, **tiny).double().eval()
-    x = torch.rand(2, 3, 41, 37, dtype=torch.float64, requires_grad=True)
-    outs = model(x)
-    assert all(o.is_contiguous() for o in outs)
-    sum(o.sum() for o in outs).backward()
-    assert x.grad.shape == x.shape
-    # The same gradient as with the plain NCHW forward of mmdet's ResNet.
-    x2 = x.detach().clone().requires_grad_(True)
-    sum(o.sum() for o in ResNet.forward(model, x2)).backward()
-    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-10, atol=1e-12)
-
-
-def test_rednet_stem_hands_back_an_nchw_gradient():
-    """The stem's conv runs channels_last; the ReLU / BN before it get their
-    gradient NCHW, their own layout (mixed layouts are ~3x slower)."""
-    from mmevo.models.backbones.rednet import _ToChannelsLast
-    x = torch.randn(2, 3, 5, 4, requires_grad=True)
-    y = _ToChannelsLast.apply(x)
-    assert y.is_contiguous(memory_format=torch.channels_last)
-    grad = torch.randn(2, 3, 5, 4).contiguous(memory_format=torch.channels_last)
-    y.backward(grad)
-    assert x.grad.is_contiguous() and torch.equal(x.grad, grad)
+def test_acmix_resnet_init_cfg_and_zero_init_residual():
+    model = ACmixResNet(26, zero_init_residual=True, **TINY_ACMIX)
+    model.init_weights()
+    assert all((b.norm3.weight == 0).all() for i in range(1, 5)
+               for b in getattr(model, f'layer{i}'))
+    model = ACmixResNet(26, init_cfg=dict(type='Constant', layer='Conv2d',
+                                          val=0.25), **TINY_ACMIX)
+    model.init_weights()
+    assert (model.layer1[0].conv1.weight == 0.25).all()
 
 
 @pytest.mark.parametrize('contract', [False, True])

@@ -1,4 +1,7 @@
 """ACmix-ResNet: torchvision ResNet v1.5 with ACmix middle layers."""
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
 from mmevo.layers import ACmix
 from mmevo.registry import MODELS
 from .dynamic_resnet import DynamicResNet
@@ -18,6 +21,13 @@ class ACmixResNet(DynamicResNet):
     classifier head is dropped on load (see ``_load_from_state_dict``), so no
     key is reported missing or unexpected.
 
+    Without ``init_cfg`` it is initialised as the published ACmix-ResNet:
+    every ``nn.Conv2d`` weight Kaiming-normal (fan_out, ReLU gain) --
+    ACmix's ``dep_conv`` included, so its shift kernels are overwritten --,
+    conv biases left at PyTorch's default, norms weight 1 and bias 0,
+    ``rate1 = rate2 = 0.5``, and no zero-init of the residual norms
+    (torchvision's ``zero_init_residual=False``).
+
     Args:
         depth (int): 26, 38 or 50.
         in_channels (int): Input image channels. Default: 3.
@@ -35,7 +45,8 @@ class ACmixResNet(DynamicResNet):
         norm_cfg (dict): Default: ``dict(type='BN', requires_grad=True)``.
         norm_eval (bool): Default: False.
         with_cp (bool): Default: False.
-        zero_init_residual (bool): Default: True.
+        zero_init_residual (bool): Zero-init the last norm of every block
+            (default init only). Default: False, as published.
         kernel_att (int): Attention window. Default: 7.
         head (int): Attention heads. Default: 4.
         kernel_conv (int): Kernel of the convolution path. Default: 3.
@@ -69,7 +80,7 @@ class ACmixResNet(DynamicResNet):
                  norm_cfg=dict(type='BN', requires_grad=True),
                  norm_eval=False,
                  with_cp=False,
-                 zero_init_residual=True,
+                 zero_init_residual=False,
                  kernel_att=7,
                  head=4,
                  kernel_conv=3,
@@ -96,6 +107,29 @@ class ACmixResNet(DynamicResNet):
             with_cp=with_cp,
             zero_init_residual=zero_init_residual,
             init_cfg=init_cfg)
+        self._published_init = init_cfg is None
+
+    def init_weights(self):
+        """The published initialisation (see the class docstring), or
+        mmengine's from ``init_cfg`` when one is given."""
+        if not self._published_init:
+            super().init_weights()
+            return
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode='fan_out',
+                                        nonlinearity='relu')
+            elif isinstance(m, (_BatchNorm, nn.GroupNorm)) and m.affine:
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+            elif isinstance(m, ACmix):
+                nn.init.constant_(m.rate1, 0.5)
+                nn.init.constant_(m.rate2, 0.5)
+        if self.zero_init_residual:
+            for name in self.res_layers:
+                for block in getattr(self, name):
+                    nn.init.constant_(block.norm3.weight, 0)
+        self._is_init = True
 
     def build_middle_layer(self, planes, stride, dilation):
         """The ACmix layer of a bottleneck (width -> width)."""

@@ -11,15 +11,13 @@ import contextlib
 import inspect
 
 import torch
-import torch.nn.functional as F
-from mmcv.cnn import build_conv_layer, build_norm_layer
 from mmdet.models.backbones.resnet import Bottleneck, ResNet
+from mmdet.models.layers import ResLayer
 from mmengine.model import Sequential
-from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-from mmevo.layers.pointwise import pointwise
+from mmevo.ops import cpu_fastpath
 
 # Blocks per stage of the bottleneck ResNets (and of RedNet / ACmix-ResNet).
 STAGE_BLOCKS = {
@@ -36,7 +34,8 @@ class MiddleLayerBottleneck(Bottleneck):
 
     The 3x3 convolution mmdet builds is swapped in place, so the key order,
     the forward (norm2, ReLU, plugins, checkpointing) and the freezing stay
-    mmdet's.
+    mmdet's; only the CPU fast path (:mod:`mmevo.ops.cpu_fastpath`) runs
+    the same block differently.
 
     Args:
         inplanes (int): Input channels.
@@ -52,11 +51,11 @@ class MiddleLayerBottleneck(Bottleneck):
                              f'got {kwargs["dcn"]}')
         super().__init__(inplanes, planes, **kwargs)
         self.conv2 = middle_layer(planes, self.conv2_stride, self.dilation)
-        if type(self.conv1) is nn.Conv2d and self.conv1.stride == (1, 1):
-            self.conv1 = _MatmulConv1x1.taking_over(self.conv1)
 
     def forward(self, x):
-        """mmdet's forward; with ``with_cp``, its BN statistics kept once.
+        """mmdet's forward; with ``with_cp``, its BN statistics kept once;
+        on CPU, without plugins or checkpointing, the same block with its 1x1
+        convs sped up (:func:`mmevo.ops.cpu_fastpath.bottleneck_forward`).
 
         mmdet's checkpoint recomputes the block in the backward with its BNs
         still in train mode, which updates their running statistics (and
@@ -65,12 +64,14 @@ class MiddleLayerBottleneck(Bottleneck):
         (Turning ``track_running_stats`` off instead would change what
         batch_norm saves, which the checkpoint refuses.)
         """
-        if not (self.with_cp and x.requires_grad):
-            return super().forward(x)
-        return checkpoint(
-            self._forward_without_cp, x, use_reentrant=False,
-            context_fn=lambda: (contextlib.nullcontext(),
-                                _running_stats_kept(self)))
+        if self.with_cp and x.requires_grad:
+            return checkpoint(
+                self._forward_without_cp, x, use_reentrant=False,
+                context_fn=lambda: (contextlib.nullcontext(),
+                                    _running_stats_kept(self)))
+        if cpu_fastpath.enabled(x) and not self.with_plugins:
+            return cpu_fastpath.bottleneck_forward(self, x)
+        return super().forward(x)
 
     def _forward_without_cp(self, x):
         self.with_cp = False  # mmdet's forward, minus its own checkpoint
@@ -92,53 +93,6 @@ def _running_stats_kept(module):
         with torch.no_grad():
             for buf, value in saved:
                 buf.copy_(value)
-
-
-class _MatmulConv1x1(nn.Conv2d):
-    """A 1x1 stride-1 convolution run as a batched matmul.
-
-    For the bottleneck's reducing ``conv1`` (e.g. 256 -> 64 at 56x56), whose
-    oneDNN CPU backward is up to 2x slower than ``bmm``'s.
-    """
-
-    @classmethod
-    def taking_over(cls, conv):
-        """The same layer holding ``conv``'s parameters (built on the meta
-        device: no random init, so the RNG stream stays mmdet's)."""
-        new = cls(conv.in_channels, conv.out_channels, 1,
-                  bias=conv.bias is not None, device='meta')
-        new.weight, new.bias = conv.weight, conv.bias
-        return new
-
-    def forward(self, x):
-        return pointwise(x, self.weight, self.bias)
-
-
-class _SubsampledConv1x1(nn.Conv2d):
-    """A 1x1 stride-s convolution run on the subsampled input.
-
-    The same numbers and parameters as ``nn.Conv2d(..., 1, stride=s)``, but
-    oneDNN's CPU backward of a strided 1x1 convolution first copies its
-    whole input, which makes it ~2x slower than this.
-    """
-
-    def forward(self, x):
-        sh, sw = self.stride
-        return F.conv2d(x[:, :, ::sh, ::sw], self.weight, self.bias)
-
-
-class _ToContiguous(torch.autograd.Function):
-    """``x.contiguous()`` for a channels_last ``x`` whose gradient goes back
-    channels_last: max-pool's CPU backward follows the layout of its
-    gradient and would otherwise copy its whole (4x larger) input to NCHW."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone(memory_format=torch.contiguous_format)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous(memory_format=torch.channels_last)
 
 
 def check_resnet_args(arch_settings, depth, kwargs):
@@ -264,13 +218,8 @@ class DynamicResNet(ResNet):
             **kwargs)
 
     def forward(self, x):
-        """mmdet's ResNet forward, the stem and max-pool in channels_last.
-
-        At stride 2 with few channels oneDNN's NCHW convolution, BN and
-        max-pool (forward and backward) are 1.5-3x slower than in
-        channels_last on CPU (``docs/benchmarks.md``); the stages run NCHW,
-        the layout of the mmevo ops, so the outputs are NCHW as before.
-        Subclasses with a deep stem make its tail channels_last themselves.
+        """mmdet's ResNet forward; on CPU with the stem in channels_last
+        (:func:`mmevo.ops.cpu_fastpath.resnet_forward`).
 
         Args:
             x (Tensor): (B, in_channels, H, W).
@@ -278,19 +227,9 @@ class DynamicResNet(ResNet):
         Returns:
             tuple[Tensor]: the outputs of the stages in ``out_indices``.
         """
-        if self.deep_stem:
-            x = self.stem(x)
-        else:
-            x = x.contiguous(memory_format=torch.channels_last)
-            x = self.relu(self.norm1(self.conv1(x)))
-        x = self.maxpool(x.contiguous(memory_format=torch.channels_last))
-        x = _ToContiguous.apply(x)
-        outs = []
-        for i, layer_name in enumerate(self.res_layers):
-            x = getattr(self, layer_name)(x)
-            if i in self.out_indices:
-                outs.append(x)
-        return tuple(outs)
+        if cpu_fastpath.enabled(x):
+            return cpu_fastpath.resnet_forward(self, x)
+        return super().forward(x)
 
     def train(self, mode=True):
         """mmdet's ``train`` (freezing, norm_eval), returning ``self``."""
@@ -301,49 +240,26 @@ class DynamicResNet(ResNet):
         """Return the layer replacing a bottleneck's 3x3 conv (subclasses)."""
         raise NotImplementedError
 
-    def make_res_layer(self, block, inplanes, planes, num_blocks, stride=1,
-                       dilation=1, avg_down=False, conv_cfg=None,
-                       norm_cfg=dict(type='BN'), init_cfg=None, **kwargs):
-        """Build one stage: ``num_blocks`` blocks, the first one strided.
+    def make_res_layer(self, **kwargs):
+        """mmdet's ``ResLayer`` of middle-layer bottlenecks.
+
+        mmdet's ``ResLayer`` gives every block the stage's dilation; for
+        ``contract_dilation`` (an mmseg ``ResLayer`` option) the first block
+        is built as a stage of its own with half of it. Construction order,
+        and so the keys and the random stream, are ResLayer's either way.
 
         Returns:
             Sequential: the stage (``layer{i}``).
         """
-        expansion = block.expansion
-        downsample = None
-        if stride != 1 or inplanes != planes * expansion:
-            downsample = []
-            conv_stride = stride
-            if avg_down and stride != 1:
-                conv_stride = 1
-                downsample.append(
-                    nn.AvgPool2d(stride, stride, ceil_mode=True,
-                                 count_include_pad=False))
-            if conv_cfg is None and conv_stride > 1:
-                conv = _SubsampledConv1x1(inplanes, planes * expansion, 1,
-                                          stride=conv_stride, bias=False)
-            else:
-                conv = build_conv_layer(conv_cfg, inplanes, planes * expansion,
-                                        1, stride=conv_stride, bias=False)
-            downsample += [
-                conv, build_norm_layer(norm_cfg, planes * expansion)[1]
-            ]
-            downsample = nn.Sequential(*downsample)
-        first_dilation = dilation
-        if self.contract_dilation and dilation > 1:
-            first_dilation = dilation // 2
-        layers = []
-        for i in range(num_blocks):
-            layers.append(
-                block(
-                    inplanes=inplanes if i == 0 else planes * expansion,
-                    planes=planes,
-                    middle_layer=self.build_middle_layer,
-                    stride=stride if i == 0 else 1,
-                    dilation=first_dilation if i == 0 else dilation,
-                    downsample=downsample if i == 0 else None,
-                    conv_cfg=conv_cfg,
-                    norm_cfg=norm_cfg,
-                    init_cfg=self._block_init_cfg,
-                    **kwargs))
-        return Sequential(*layers)
+        kwargs.update(middle_layer=self.build_middle_layer,
+                      init_cfg=self._block_init_cfg)
+        dilation, num_blocks = kwargs['dilation'], kwargs['num_blocks']
+        if not (self.contract_dilation and dilation > 1):
+            return ResLayer(**kwargs)
+        blocks = list(ResLayer(**{**kwargs, 'num_blocks': 1,
+                                  'dilation': dilation // 2}))
+        if num_blocks > 1:
+            width = kwargs['planes'] * kwargs['block'].expansion
+            blocks += ResLayer(**{**kwargs, 'num_blocks': num_blocks - 1,
+                                  'inplanes': width, 'stride': 1})
+        return Sequential(*blocks)

@@ -1,39 +1,10 @@
 """RedNet: the ResNet whose every 3x3 convolution is an involution."""
-import torch
 from mmcv.cnn import ConvModule, build_norm_layer
 from torch import nn
 
 from mmevo.layers import Involution
 from mmevo.registry import MODELS
 from .dynamic_resnet import DynamicResNet
-
-
-class _ToChannelsLast(torch.autograd.Function):
-    """``x`` in channels_last, its gradient back in x's NCHW layout, so the
-    ReLU and BN backward before it do not run on mixed layouts (~3x slower
-    at the stem's sizes)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.contiguous(memory_format=torch.channels_last)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous()
-
-
-class _Stem(nn.Sequential):
-    """The RedNet stem, its last layer (3x3 conv, BN, ReLU) channels_last.
-
-    That conv is the most expensive layer of the stem and runs ~1.5x faster
-    in channels_last on CPU; the involution before it stays NCHW. A
-    Sequential, so the checkpoint keys stay ``stem.{0..4}``.
-    """
-
-    def forward(self, x):
-        for layer in self[:-1]:
-            x = layer(x)
-        return self[-1](_ToChannelsLast.apply(x))
 
 
 @MODELS.register_module()
@@ -138,7 +109,7 @@ class RedNet(DynamicResNet):
 
     def _make_stem_layer(self, in_channels, stem_channels):
         half = stem_channels // 2
-        self.stem = _Stem(
+        self.stem = nn.Sequential(
             ConvModule(in_channels, half, 3, stride=2, padding=1,
                        norm_cfg=self.norm_cfg, inplace=True),
             Involution(half, self.stem_kernel_size, 1,

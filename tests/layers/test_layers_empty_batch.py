@@ -1,0 +1,31 @@
+"""Every layer takes an empty batch, forward and backward, on both paths."""
+import pytest
+import torch
+
+from mmevo.layers import (ACmix, DynamicFilter, ELSA, EvolutionConv,
+                          Involution, LocalSelfAttention)
+from mmevo.ops import cpu_fastpath
+
+LAYERS = {
+    'evolution_conv': (lambda: EvolutionConv(8, 3, stride=2), 8, 8),
+    'involution': (lambda: Involution(16, 7, 2), 16, 16),
+    'dynamic_filter': (lambda: DynamicFilter(8, stride=2), 8, 8),
+    'local_self_attention': (lambda: LocalSelfAttention(
+        8, num_heads=2, kernel_size=3, stride=2), 8, 8),
+    'elsa': (lambda: ELSA(24, 2, kernel_size=3, stride=2), 24, 24),
+    'acmix': (lambda: ACmix(8, 12, 5, 3, stride=2), 8, 12),
+}
+
+
+@pytest.mark.parametrize('fast', [True, False])
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('name', sorted(LAYERS))
+def test_empty_batch(name, mode, fast):
+    build, c_in, c_out = LAYERS[name]
+    layer = build().train(mode == 'train')
+    x = torch.randn(0, c_in, 7, 6, requires_grad=True)
+    with cpu_fastpath.use(fast):
+        out = layer(x)
+    assert out.shape == (0, c_out, 4, 3)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
