@@ -141,8 +141,9 @@ class Report:
     def section_summary(self, section, seconds):
         recs = [c for c in self.checks if c['section'] == section]
         bad = [c for c in recs if not c['passed']]
-        print(f'{"ok  " if not bad else "FAIL"} {section}: {len(recs)} checks, '
-              f'{len(bad)} failed ({seconds:.0f} s)', flush=True)
+        status = 'FAIL' if bad else 'ok  '
+        print(f'{status} {section}: {len(recs)} checks, {len(bad)} failed '
+              f'({seconds:.0f} s)', flush=True)
 
     @property
     def passed(self):
@@ -394,7 +395,7 @@ def run_double(report, device):
 
 def run_determinism(report, device, dtype_names):
     """Two runs of every op, forward and gradients: identical bits."""
-    geoms = make_geometries(4 if device.type == 'cpu' else 12, 1, 4,
+    geoms = make_geometries(1 if device.type == 'cpu' else 12, 1, 4,
                             device.type == 'cpu')
     triton_mod = _triton_module(device)
     for g in geoms:
@@ -404,7 +405,7 @@ def run_determinism(report, device, dtype_names):
                 a, b = (op_results(g, DTYPES[dname], device)
                         for _ in range(2))
             diff = {
-                op: float(not all(torch.equal(x, y) for x, y in zip(a[op], b[op])))
+                op: float(not all(map(torch.equal, a[op], b[op])))
                 for op in a
             }
             report.check('determinism', f'{dname} {_describe(g)}', diff, 0.)
@@ -467,7 +468,7 @@ def _layer_run(layer, x, backend, autocast=None):
     return dict(zip(names, [out] + list(grads)))
 
 
-def run_layers(report, device):
+def run_layers(report, device, names):
     try:
         cases = layer_cases()
     except ImportError as exc:  # the wheels of gpu_wheels.sh are missing
@@ -475,6 +476,8 @@ def run_layers(report, device):
         return
     triton_mod = _triton_module(device)
     for i, (name, factory, shape) in enumerate(cases):
+        if names and name not in names:
+            continue
         # Not autotuned: each layer its own tile config.
         with triton_mod.fixed_config(i % len(triton_mod.CONFIGS)):
             try:
@@ -666,42 +669,54 @@ def build_backbones():
                 'plain_backbones.py')
 
 
+def _train_step(model, opt, x):
+    """One SGD step of ``model`` on ``x`` in bf16 autocast."""
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            loss = sum(o.float().mean() for o in model(x))
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def _time_train_step(model, batch, repeat):
+    """(ms, peak GiB) of a train step at ``batch``; None if out of memory."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=.9)
+    x = torch.randn(batch, 3, 224, 224, device='cuda')
+    step = _train_step(model, opt, x)
+    try:
+        step()  # autotuning, cudnn.benchmark
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        ms = time_ms(step, repeat)
+    except torch.cuda.OutOfMemoryError:
+        return None
+    return ms, torch.cuda.max_memory_allocated() / 2**30
+
+
 def speed_train_step(report, batch, repeat):
     rednet, resnet, builder = build_backbones()
     rows = []
     for name, model in (('RedNet-50', rednet), ('ResNet-50', resnet)):
         model = model.cuda().train()
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=.9)
         b = batch
-        while True:
-            x = torch.randn(b, 3, 224, 224, device='cuda')
-
-            def step():
-                opt.zero_grad(set_to_none=True)
-                with torch.autocast('cuda', dtype=torch.bfloat16):
-                    loss = sum(o.float().mean() for o in model(x))
-                loss.backward()
-                opt.step()
-
-            try:
-                step()  # autotuning, cudnn.benchmark
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                ms = time_ms(step, repeat)
-                break
-            except torch.cuda.OutOfMemoryError:
-                if b <= batch // 2:
-                    raise
-                b //= 2
-                torch.cuda.empty_cache()
-        peak = torch.cuda.max_memory_allocated() / 2**30
+        res = _time_train_step(model, b, repeat)
+        if res is None:  # half the batch then
+            torch.cuda.empty_cache()
+            b = batch // 2
+            res = _time_train_step(model, b, repeat)
+        if res is None:
+            raise RuntimeError(f'{name}: out of memory at batch {b}')
+        ms, peak = res
         rows.append(dict(model=name, batch=b, ms=ms, images_per_s=b / ms * 1e3,
                          peak_gib=peak, builder=builder))
         print(f'     train step {name} bf16 {b}x3x224x224: {ms:.1f} ms, '
               f'{b / ms * 1e3:.0f} img/s, peak {peak:.1f} GiB ({builder})',
               flush=True)
         model.cpu()
-        del opt, x
         torch.cuda.empty_cache()
     report.speed['train_step'] = rows
 
@@ -768,7 +783,7 @@ def write_outputs(report, out_dir, meta):
     for s in meta['sections']:
         recs = [c for c in report.checks if c['section'] == s]
         if not recs:
-            lines.append(f'| {s} | not run ({meta["device_kind"]}) | | | |')
+            lines.append(f'| {s} | not run (needs CUDA) | | | |')
             continue
         bad = sum(not c['passed'] for c in recs)
         ratio = max(recs, key=lambda c: (c['worst'] or 0) /
@@ -829,6 +844,8 @@ def parse_args(argv=None):
                         help='processes of the ops sweep and of the warm-up '
                         'compilation (compiling the kernel variants is '
                         'their cost; default 8 on CUDA, 1 on CPU)')
+    parser.add_argument('--layers', nargs='+', default=None,
+                        help='layers to check (default: all)')
     parser.add_argument('--batch', type=int, default=64)
     parser.add_argument('--repeat', type=int, default=5)
     return parser.parse_args(argv)
@@ -868,11 +885,12 @@ def main(argv=None):
             elif section == 'double':
                 run_double(report, device)
             elif section == 'determinism':
-                run_determinism(report, device, ['float32', 'bfloat16'])
+                run_determinism(report, device, ['float32', 'bfloat16']
+                                if cuda else ['float32'])
             elif section == 'large':
                 run_large(report, device)
             elif section == 'layers':
-                run_layers(report, device)
+                run_layers(report, device, args.layers)
             elif section == 'compile':
                 run_compile(report, device)
             elif section == 'speed':
