@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 2
 # costs up to 10x per training step (measured on the demo).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo demo-seg test clean
+.PHONY: install demo demo-seg test gpu-check gpu-wheels clean
 
 install:
 	@bash tools/setup_env.sh
@@ -21,6 +21,15 @@ demo-seg: install
 
 test: install
 	$(PY) -m pytest tests -q
+
+# On a CUDA machine (TRITON_INTERPRET=1 on CPU tensors without one); see README.
+gpu-check:
+	bash tools/analysis/gpu_check.sh
+
+# Where there is network: the pure-Python wheels gpu-check needs on a bare
+# CUDA machine (no mmcv / mmengine), into .whl/.
+gpu-wheels:
+	bash tools/analysis/gpu_wheels.sh
 
 clean:
 	rm -rf build work_dirs mmevo/*.so
