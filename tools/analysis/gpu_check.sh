@@ -24,8 +24,10 @@ if ! "$PY" -c 'import mmcv.cnn, mmengine' 2>/dev/null; then
     fi
     site=$(mktemp -d)
     trap 'rm -rf "$site"' EXIT
+    # Pure-Python wheels are zip files: unpacked as they are without pip.
     "$PY" -m pip install -q --no-index --no-deps --no-compile \
-        --target "$site" .whl/*.whl
+        --target "$site" .whl/*.whl ||
+        for whl in .whl/*.whl; do "$PY" -m zipfile -e "$whl" "$site"; done
     export PYTHONPATH=$PYTHONPATH:$site
 fi
 
