@@ -80,6 +80,7 @@ COMPILE_TOL = 1e-4
 PERTURB = float(os.environ.get('MMEVO_GPU_CHECK_PERTURB', '0'))
 # RedNet-50 stages: (C, H) with K = 7, G = C / 16.
 STAGES = [(64, 56), (128, 28), (256, 14), (512, 7)]
+IMAGE_SIZE = 224  # of the train steps
 HBM_NOMINAL = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12}
 
 
@@ -688,7 +689,7 @@ def _train_step(model, opt, x):
 def _time_train_step(model, batch, repeat):
     """(ms, peak GiB) of a train step at ``batch``; None if out of memory."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=.9)
-    x = torch.randn(batch, 3, 224, 224, device='cuda')
+    x = torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE, device='cuda')
     step = _train_step(model, opt, x)
     try:
         step()  # autotuning, cudnn.benchmark
@@ -704,7 +705,8 @@ def speed_train_step(report, batch, repeat):
     rednet, resnet, builder = build_backbones()
     rows = []
     for name, model in (('RedNet-50', rednet), ('ResNet-50', resnet)):
-        model = model.cuda().train()
+        model.cuda()
+        model.train()  # mmdet's ResNet.train returns None
         b = batch
         res = _time_train_step(model, b, repeat)
         if res is None:  # half the batch then
@@ -716,8 +718,9 @@ def speed_train_step(report, batch, repeat):
         ms, peak = res
         rows.append(dict(model=name, batch=b, ms=ms, images_per_s=b / ms * 1e3,
                          peak_gib=peak, builder=builder))
-        print(f'     train step {name} bf16 {b}x3x224x224: {ms:.1f} ms, '
-              f'{b / ms * 1e3:.0f} img/s, peak {peak:.1f} GiB ({builder})',
+        print(f'     train step {name} bf16 {b}x3x{IMAGE_SIZE}²: '
+              f'{ms:.1f} ms, {b / ms * 1e3:.0f} img/s, peak {peak:.1f} GiB '
+              f'({builder})',
               flush=True)
         model.cpu()
         torch.cuda.empty_cache()
@@ -819,7 +822,8 @@ def write_outputs(report, out_dir, meta):
             for r in sp['involution']
         ]
     if 'train_step' in sp:
-        lines += ['', 'Train step (fwd+bwd+SGD), bf16 autocast, 224²:', '',
+        lines += ['', f'Train step (fwd+bwd+SGD), bf16 autocast, '
+                  f'{IMAGE_SIZE}²:', '',
                   '| model | batch | ms | images/s | peak GiB | built by |',
                   '|---|---|---|---|---|---|']
         lines += [
