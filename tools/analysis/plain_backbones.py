@@ -10,7 +10,7 @@ are torch's defaults, which do not change the speed of a step.
 
 Example:
     >>> import torch
-    >>> model = plain_resnet(depth=50, involution=True)  # RedNet-50
+    >>> model = PlainResNet(depth=50, involution=True)  # RedNet-50
     >>> [tuple(o.shape) for o in model(torch.rand(1, 3, 64, 64))]
     [(1, 256, 16, 16), (1, 512, 8, 8), (1, 1024, 4, 4), (1, 2048, 2, 2)]
 """
@@ -65,8 +65,7 @@ class PlainResNet(nn.Module):
             stem (3x3 conv s2, Involution 7x7, BN, ReLU, 3x3 conv); else the
             ResNet stem (7x7 conv s2). Both end with a 3x3 max-pool s2.
 
-    Returns of ``forward``:
-        tuple[Tensor]: the outputs of the four stages.
+    ``forward(x)`` returns the outputs of the four stages (a tuple).
     """
 
     def __init__(self, depth=50, involution=False):
@@ -101,7 +100,3 @@ class PlainResNet(nn.Module):
             outs.append(x)
         return tuple(outs)
 
-
-def plain_resnet(depth=50, involution=False):
-    """Build :class:`PlainResNet` (see there for the arguments)."""
-    return PlainResNet(depth, involution)
