@@ -7,7 +7,7 @@ export OMP_NUM_THREADS ?= 2
 # costs up to 10x per training step (measured on the demo).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo demo-seg test lint format clean
+.PHONY: install demo demo-seg test lint format gpu-check gpu-wheels clean
 
 LINT_PATHS := mmevo tools tests configs setup.py
 
@@ -33,6 +33,15 @@ lint: install
 format: install
 	$(PY) -m isort $(LINT_PATHS)
 	$(PY) -m yapf -r -i $(LINT_PATHS)
+
+# On a CUDA machine (TRITON_INTERPRET=1 on CPU tensors without one); see README.
+gpu-check:
+	bash tools/analysis/gpu_check.sh
+
+# Where there is network: the pure-Python wheels gpu-check needs on a bare
+# CUDA machine (no mmcv / mmengine), into .whl/.
+gpu-wheels:
+	bash tools/analysis/gpu_wheels.sh
 
 clean:
 	rm -rf build work_dirs mmevo/*.so

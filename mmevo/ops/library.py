@@ -136,20 +136,28 @@ def _explicit_padding(x, padding, padding_mode):
 
 
 def _fold_reflect(gxp, padding, H, W):
-    """Transpose of the reflect padding: add padded positions to their source."""
-    if _small_padding(padding, H, W):
+    """Transpose of the reflect padding: add padded positions to their source.
+
+    Summed in fp32 at least when the padding reflects repeatedly: a pixel of
+    a small map then receives up to ``(1 + 2 * padding)**2`` terms.
+    """
+    # aten's reflection pad backward and index_add_ are sequential, so
+    # deterministic, on CPU only; elsewhere they add with atomics.
+    if gxp.device.type == 'cpu' and _small_padding(padding, H, W):
         # Only the shape of the second argument is read, so it stays empty.
         return torch.ops.aten.reflection_pad2d_backward(
             gxp, gxp.new_empty(*gxp.shape[:2], H, W), [padding] * 4)
+    dtype = gxp.dtype
+    gxp = gxp.to(torch.promote_types(dtype, torch.float32))
     rows = reflect_index(H, padding, gxp.device)
     cols = reflect_index(W, padding, gxp.device)
-    if gxp.device.type == 'cpu':  # index_add_ is sequential, so deterministic, on CPU
+    if gxp.device.type == 'cpu':
         out = gxp.new_zeros(*gxp.shape[:2], H, gxp.shape[3]).index_add_(2, rows, gxp)
-        return gxp.new_zeros(*gxp.shape[:2], H, W).index_add_(3, cols, out)
-    # Elsewhere index_add_ uses atomics: a one-hot matmul is deterministic.
+        return gxp.new_zeros(*gxp.shape[:2], H, W).index_add_(3, cols, out).to(dtype)
+    # A one-hot matmul is deterministic.
     rh = torch.nn.functional.one_hot(rows, H).to(gxp.dtype)  # (Hp, H)
     rw = torch.nn.functional.one_hot(cols, W).to(gxp.dtype)  # (Wp, W)
-    return torch.matmul(torch.matmul(rh.t(), gxp), rw)
+    return torch.matmul(torch.matmul(rh.t(), gxp), rw).to(dtype)
 
 
 def _empty(t):

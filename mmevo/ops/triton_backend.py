@@ -18,6 +18,7 @@ stays fp64) and the sum is stored in the input dtype. Tile sizes are autotuned
 per layer (channels, groups, K, stride, dilation), not per map size; one fixed
 tile under the interpreter, which is slow.
 """
+import contextlib
 import os
 
 import torch
@@ -39,12 +40,13 @@ def _configs():
     ]
 
 
+CONFIGS = _configs()
 # Tuned once per layer type, not per map size: detection inputs vary in size,
 # and re-tuning at every new size would cost more than it gains.
 _KEY = ['C', 'G', 'K', 'stride', 'dilation']
 
 
-@triton.autotune(configs=_configs(), key=_KEY)
+@triton.autotune(configs=CONFIGS, key=_KEY)
 @triton.jit
 def _aggregate_kernel(x_ptr, w_ptr, y_ptr, C, H, W, G, Ho, Wo, K, stride,
                       padding, dilation, IS_FP64: tl.constexpr,
@@ -83,7 +85,7 @@ def _aggregate_kernel(x_ptr, w_ptr, y_ptr, C, H, W, G, Ho, Wo, K, stride,
              mask=c_mask[:, None] & p_mask[None, :])
 
 
-@triton.autotune(configs=_configs(), key=_KEY)
+@triton.autotune(configs=CONFIGS, key=_KEY)
 @triton.jit
 def _transpose_kernel(g_ptr, w_ptr, x_ptr, C, H, W, G, Ho, Wo, K, stride,
                       padding, dilation, IS_FP64: tl.constexpr,
@@ -126,7 +128,7 @@ def _transpose_kernel(g_ptr, w_ptr, x_ptr, C, H, W, G, Ho, Wo, K, stride,
              mask=c_mask[:, None] & p_mask[None, :])
 
 
-@triton.autotune(configs=_configs(), key=_KEY)
+@triton.autotune(configs=CONFIGS, key=_KEY)
 @triton.jit
 def _correlate_kernel(q_ptr, x_ptr, out_ptr, C, H, W, G, Ho, Wo, K, stride,
                       padding, dilation, IS_FP64: tl.constexpr,
@@ -161,6 +163,36 @@ def _correlate_kernel(q_ptr, x_ptr, out_ptr, C, H, W, G, Ho, Wo, K, stride,
         acc += tl.sum(qv.to(acc_t) * xv.to(acc_t), axis=0)
     tl.store(out_ptr + pid_t.to(tl.int64) * P + pos,
              acc.to(out_ptr.dtype.element_ty), mask=p_mask)
+
+
+_KERNELS = (_aggregate_kernel, _transpose_kernel, _correlate_kernel)
+
+
+@contextlib.contextmanager
+def fixed_config(index):
+    """Run every kernel with tile config ``CONFIGS[index]``, not autotuned.
+
+    For checks that must cover every tile config (each one masks its edge
+    tiles differently) without the cost of autotuning every geometry.
+
+    Args:
+        index (int): position in :data:`CONFIGS`.
+
+    Example:
+        >>> x, w = torch.randn(1, 4, 5, 5), torch.randn(1, 1, 3, 3, 5, 5)
+        >>> with fixed_config(0):  # CUDA tensors, or TRITON_INTERPRET=1
+        ...     y = aggregate(x, w, 1, 1, 1)
+    """
+    if not 0 <= index < len(CONFIGS):
+        raise ValueError(f'index must be in [0, {len(CONFIGS)}), got {index}')
+    saved = [k.configs for k in _KERNELS]
+    for k in _KERNELS:
+        k.configs = [CONFIGS[index]]
+    try:
+        yield
+    finally:
+        for k, configs in zip(_KERNELS, saved):
+            k.configs = configs
 
 
 def _launch(kernel, a, b, out, groups, kernel_size, in_hw, out_hw, stride,
@@ -208,11 +240,14 @@ def correlate(q, x, groups, kernel_size, stride, padding, dilation,
     softmax (if asked) runs after the kernel, in fp32 at least."""
     q, x = q.contiguous(), x.contiguous()
     B, C, Ho, Wo = q.shape
-    out = q.new_empty(B, groups, kernel_size, kernel_size, Ho, Wo)
+    # Logits for the softmax stay in fp32: rounded to bf16 (fp16), a logit
+    # of 8 is off by up to 0.03 (0.004), and so is its weight, relatively.
+    acc = torch.promote_types(q.dtype, torch.float32)
+    out = q.new_empty(B, groups, kernel_size, kernel_size, Ho, Wo,
+                      dtype=acc if softmax else q.dtype)
     out = _launch(_correlate_kernel, q, x, out, groups, kernel_size,
                   tuple(x.shape[-2:]), (Ho, Wo), stride, padding, dilation,
                   lambda meta: B * groups * kernel_size * kernel_size)
     if not softmax:
         return out
-    acc = torch.promote_types(out.dtype, torch.float32)
-    return window_softmax(out.to(acc)).to(q.dtype)
+    return window_softmax(out).to(q.dtype)
