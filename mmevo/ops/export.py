@@ -1,0 +1,91 @@
+"""The evolution ops in standard ONNX operators, for ``torch.onnx.export``.
+
+While a model is exported to ONNX (``torch.onnx.is_in_onnx_export()``, True
+under both the dynamo and the TorchScript exporter), the public entries of
+:mod:`mmevo.ops.evolution` run these functions instead of the
+``torch.ops.mmevo`` operators, so the ONNX graph holds only standard
+operators (Pad, Gather, Slice, Mul, Add, ReduceSum, Softmax) and needs no
+custom domain. One strided slice of the padded map per window offset, sizes
+kept symbolic (never ``int()``), so one export serves every input size.
+
+Reflect padding is a Gather of numpy-style reflected indices computed in the
+graph, exact for any padding on any map size (1 included), as the eager ops.
+"""
+import torch
+import torch.nn.functional as F
+
+
+def reflect_index(x, dim, padding):
+    """Source index along ``dim`` of each of the ``size + 2 * padding``
+    reflect-padded positions, as graph ops on the (symbolic) size.
+
+    numpy 'reflect' (edge not repeated), folded as often as needed.
+    """
+    pos = torch.arange(-padding, x.shape[dim] + padding, device=x.device)
+    # size - 1 as a tensor, under both exporters (a SymInt under dynamo, a
+    # traced tensor under TorchScript); period 1 maps a 1-pixel map to 0.
+    last = pos[-1:] - padding
+    period = (2 * last).clamp(min=1)
+    pos = pos.remainder(period)
+    return torch.where(pos > last, period - pos, pos)
+
+
+def pad(x, padding, padding_mode):
+    """Pad the last two dims of ``x`` with zeros or numpy-style reflection."""
+    if padding == 0:
+        return x
+    if padding_mode == 'zeros':
+        return F.pad(x, (padding, ) * 4)
+    return x.index_select(2, reflect_index(x, 2, padding)).index_select(
+        3, reflect_index(x, 3, padding))
+
+
+def _windows(xp, groups, kernel_size, out_hw, stride, dilation):
+    """Yield ``(u, v, window)``, window (B, G, C // G, H_out, W_out) of the
+    padded map ``xp`` at window offset (u, v)."""
+    xg = xp.unflatten(1, (groups, -1))
+    rows, cols = (s * (n - 1) + 1 for s, n in zip((stride, ) * 2, out_hw))
+    for u in range(kernel_size):
+        for v in range(kernel_size):
+            top, left = u * dilation, v * dilation
+            yield u, v, xg[..., top:top + rows:stride, left:left + cols:stride]
+
+
+def aggregate(input, kernel, stride, padding, dilation, padding_mode):
+    """:func:`mmevo.ops.evolution_aggregate` (arguments resolved).
+
+    Example:
+        >>> x, w = torch.randn(1, 4, 5, 5), torch.randn(1, 2, 3, 3, 5, 5)
+        >>> aggregate(x, w, 1, 1, 1, 'reflect').shape
+        torch.Size([1, 4, 5, 5])
+    """
+    groups, kernel_size = int(kernel.shape[1]), int(kernel.shape[2])
+    out = None
+    for u, v, win in _windows(pad(input, padding, padding_mode), groups,
+                              kernel_size, kernel.shape[-2:], stride,
+                              dilation):
+        term = win * kernel[:, :, u, v].unsqueeze(2)
+        out = term if out is None else out + term
+    return out.flatten(1, 2)
+
+
+def correlation(query, key, groups, kernel_size, stride, padding, dilation,
+                padding_mode, softmax=False):
+    """:func:`mmevo.ops.local_correlation` (arguments resolved); with
+    ``softmax``, :func:`mmevo.ops.local_attention_weights`.
+
+    Example:
+        >>> q, k = torch.randn(1, 4, 3, 3), torch.randn(1, 4, 5, 5)
+        >>> correlation(q, k, 2, 3, 2, 1, 1, 'zeros').shape
+        torch.Size([1, 2, 3, 3, 3, 3])
+    """
+    q = query.unflatten(1, (groups, -1))
+    logits = torch.stack([
+        (q * win).sum(2)
+        for _, _, win in _windows(pad(key, padding, padding_mode), groups,
+                                  kernel_size, query.shape[-2:], stride,
+                                  dilation)
+    ], 2)
+    if softmax:
+        logits = logits.softmax(2)
+    return logits.unflatten(2, (kernel_size, kernel_size))
