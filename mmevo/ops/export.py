@@ -40,15 +40,27 @@ def pad(x, padding, padding_mode):
         3, reflect_index(x, 3, padding))
 
 
-def _windows(xp, groups, kernel_size, out_hw, stride, dilation):
-    """Yield ``(u, v, window)``, window (B, G, C // G, H_out, W_out) of the
-    padded map ``xp`` at window offset (u, v)."""
-    xg = xp.unflatten(1, (groups, -1))
-    rows, cols = (s * (n - 1) + 1 for s, n in zip((stride, ) * 2, out_hw))
-    for u in range(kernel_size):
-        for v in range(kernel_size):
-            top, left = u * dilation, v * dilation
-            yield u, v, xg[..., top:top + rows:stride, left:left + cols:stride]
+def unfold(xp, groups, kernel_size, out_hw, stride, dilation):
+    """The windows of the padded map ``xp`` (B, C, H_p, W_p) as one tensor
+    (B, G, C // G, K, K, H_out, W_out).
+
+    K row slices concatenated, then K column slices of that: 2K slices and
+    two concats whatever K, rather than K^2 small ops per window op (which
+    make the exported graph slow to optimise and to run).
+    """
+    rows, cols = (stride * (n - 1) + 1 for n in out_hw)
+    span = dilation * (kernel_size - 1)
+    if not torch.jit.is_tracing():
+        # Tell torch.export the windows fit (true of valid arguments):
+        # otherwise the slices' lengths become min(...) expressions that
+        # it cannot equate with the kernel's H_out and W_out.
+        torch._check(span + rows <= xp.shape[2])
+        torch._check(span + cols <= xp.shape[3])
+    offsets = [u * dilation for u in range(kernel_size)]
+    x = xp.unflatten(1, (groups, -1)).unsqueeze(3)
+    x = torch.cat([x[..., o:o + rows:stride, :] for o in offsets], 3)
+    x = x.unsqueeze(4)
+    return torch.cat([x[..., o:o + cols:stride] for o in offsets], 4)
 
 
 def aggregate(input, kernel, stride, padding, dilation, padding_mode):
@@ -60,13 +72,9 @@ def aggregate(input, kernel, stride, padding, dilation, padding_mode):
         torch.Size([1, 4, 5, 5])
     """
     groups, kernel_size = int(kernel.shape[1]), int(kernel.shape[2])
-    out = None
-    for u, v, win in _windows(pad(input, padding, padding_mode), groups,
-                              kernel_size, kernel.shape[-2:], stride,
-                              dilation):
-        term = win * kernel[:, :, u, v].unsqueeze(2)
-        out = term if out is None else out + term
-    return out.flatten(1, 2)
+    windows = unfold(pad(input, padding, padding_mode), groups, kernel_size,
+                     kernel.shape[-2:], stride, dilation)
+    return (windows * kernel.unsqueeze(2)).sum((3, 4)).flatten(1, 2)
 
 
 def correlation(query, key, groups, kernel_size, stride, padding, dilation,
@@ -79,13 +87,11 @@ def correlation(query, key, groups, kernel_size, stride, padding, dilation,
         >>> correlation(q, k, 2, 3, 2, 1, 1, 'zeros').shape
         torch.Size([1, 2, 3, 3, 3, 3])
     """
-    q = query.unflatten(1, (groups, -1))
-    logits = torch.stack([
-        (q * win).sum(2)
-        for _, _, win in _windows(pad(key, padding, padding_mode), groups,
-                                  kernel_size, query.shape[-2:], stride,
-                                  dilation)
-    ], 2)
+    windows = unfold(pad(key, padding, padding_mode), groups, kernel_size,
+                     query.shape[-2:], stride, dilation)
+    q = query.unflatten(1, (groups, -1))[:, :, :, None, None]
+    logits = (windows * q).sum(2)
     if softmax:
-        logits = logits.softmax(2)
-    return logits.unflatten(2, (kernel_size, kernel_size))
+        logits = logits.flatten(2, 3).softmax(2).unflatten(
+            2, (kernel_size, kernel_size))
+    return logits
