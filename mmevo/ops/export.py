@@ -40,7 +40,7 @@ def pad(x, padding, padding_mode):
         3, reflect_index(x, 3, padding))
 
 
-def unfold(xp, groups, kernel_size, out_hw, stride, dilation):
+def unfold(xp, groups, kernel_size, stride, dilation):
     """The windows of the padded map ``xp`` (B, C, H_p, W_p) as one tensor
     (B, G, C // G, K, K, H_out, W_out).
 
@@ -48,19 +48,17 @@ def unfold(xp, groups, kernel_size, out_hw, stride, dilation):
     two concats whatever K, rather than K^2 small ops per window op (which
     make the exported graph slow to optimise and to run).
     """
-    rows, cols = (stride * (n - 1) + 1 for n in out_hw)
     span = dilation * (kernel_size - 1)
-    if not torch.jit.is_tracing():
-        # Tell torch.export the windows fit (true of valid arguments):
-        # otherwise the slices' lengths become min(...) expressions that
-        # it cannot equate with the kernel's H_out and W_out.
-        torch._check(span + rows <= xp.shape[2])
-        torch._check(span + cols <= xp.shape[3])
+    # Stride-1 windows (a slice of length size - span fits, provably for
+    # torch.export, whatever the size), subsampled by an open-ended strided
+    # slice: exact lengths, not min(...) expressions it cannot equate with
+    # the kernel's H_out and W_out.
+    rows, cols = (n - span for n in xp.shape[-2:])
     offsets = [u * dilation for u in range(kernel_size)]
     x = xp.unflatten(1, (groups, -1)).unsqueeze(3)
-    x = torch.cat([x[..., o:o + rows:stride, :] for o in offsets], 3)
-    x = x.unsqueeze(4)
-    return torch.cat([x[..., o:o + cols:stride] for o in offsets], 4)
+    x = torch.cat([x[..., o:o + rows, :] for o in offsets], 3)
+    x = x[..., ::stride, :].unsqueeze(4)
+    return torch.cat([x[..., o:o + cols] for o in offsets], 4)[..., ::stride]
 
 
 def aggregate(input, kernel, stride, padding, dilation, padding_mode):
@@ -73,7 +71,7 @@ def aggregate(input, kernel, stride, padding, dilation, padding_mode):
     """
     groups, kernel_size = int(kernel.shape[1]), int(kernel.shape[2])
     windows = unfold(pad(input, padding, padding_mode), groups, kernel_size,
-                     kernel.shape[-2:], stride, dilation)
+                     stride, dilation)
     return (windows * kernel.unsqueeze(2)).sum((3, 4)).flatten(1, 2)
 
 
@@ -88,7 +86,7 @@ def correlation(query, key, groups, kernel_size, stride, padding, dilation,
         torch.Size([1, 2, 3, 3, 3, 3])
     """
     windows = unfold(pad(key, padding, padding_mode), groups, kernel_size,
-                     query.shape[-2:], stride, dilation)
+                     stride, dilation)
     q = query.unflatten(1, (groups, -1))[:, :, :, None, None]
     logits = (windows * q).sum(2)
     if softmax:
