@@ -15,7 +15,8 @@ MMCV_VERSION=2.1.0
 # pkg_resources, which setuptools 81 removed.
 PINS=(torch==2.13.0 mmengine==0.10.7 mmdet==3.3.0 mmsegmentation==1.2.2
       triton==3.9.0 "numpy<2" "opencv-python<4.11" ftfy regex pytest pycocotools
-      "setuptools>=77,<81" wheel ninja)
+      "setuptools>=77,<81" wheel ninja onnx==1.23.2 onnxruntime==1.31.1
+      onnxscript==0.7.2)
 want=$( (echo "mmcv==$MMCV_VERSION"; printf '%s\n' "${PINS[@]}"; cat setup.py; find mmevo/ops/csrc -type f -print0 2>/dev/null |
          sort -z | xargs -0 -r cat) | sha1sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
