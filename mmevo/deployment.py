@@ -78,23 +78,13 @@ def export_onnx(model, x, path, dynamic=True, dynamo=True,
         m.register_forward_hook(lambda m, _, __: running.remove(m))
         for m in names
     ]
-    kwargs = {}
-    if dynamic and dynamo:
-        dim = torch.export.Dim.DYNAMIC
-        kwargs['dynamic_shapes'] = ({2: dim, 3: dim}, )
-    elif dynamic:
-        with torch.no_grad():
-            outs = model(x)
-        outs = outs if isinstance(outs, (tuple, list)) else (outs, )
-        outputs = [f'output{i}' for i in range(len(outs))]
-        kwargs.update(
-            input_names=['input'], output_names=outputs,
-            dynamic_axes={
-                name: {2: f'{name}_height', 3: f'{name}_width'}
-                for name, t in zip(['input'] + outputs, [x, *outs])
-                if t.dim() == 4
-            })
     try:
+        kwargs = {}
+        if dynamic and dynamo:
+            dim = torch.export.Dim.DYNAMIC
+            kwargs['dynamic_shapes'] = ({2: dim, 3: dim}, )
+        elif dynamic:
+            kwargs = _dynamic_axes(model, x)
         with torch.no_grad():
             torch.onnx.export(model, (x, ), path, dynamo=dynamo,
                               opset_version=opset_version, **kwargs)
@@ -110,6 +100,22 @@ def export_onnx(model, x, path, dynamic=True, dynamo=True,
     finally:
         for h in handles:
             h.remove()
+
+
+def _dynamic_axes(model, x):
+    """TorchScript exporter arguments: H and W of the input and of every 4-d
+    output dynamic."""
+    with torch.no_grad():
+        outs = model(x)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs, )
+    outputs = [f'output{i}' for i in range(len(outs))]
+    return dict(
+        input_names=['input'], output_names=outputs,
+        dynamic_axes={
+            name: {2: f'{name}_height', 3: f'{name}_width'}
+            for name, t in zip(['input'] + outputs, [x, *outs])
+            if t.dim() == 4
+        })
 
 
 class OnnxModel:

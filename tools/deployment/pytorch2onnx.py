@@ -7,7 +7,7 @@ logits of a segmentor); ``tools/deployment/onnx_test.py`` post-processes them
 with the config's own heads. The export is checked in onnxruntime.
 
 Example:
-    python tools/deployment/pytorch2onnx.py CONFIG work_dirs/demo/epoch_20.pth \
+    python tools/deployment/pytorch2onnx.py CONFIG CHECKPOINT \
         --out work_dirs/demo/model.onnx --shape 128 128 --dynamic
 """
 import argparse
