@@ -46,7 +46,8 @@ def build(name, size):
     if name not in builders:
         raise ValueError(f'model must be one of {sorted(builders) + ["demo"]}'
                          f', got {name!r}')
-    backbone = builders[name]().eval()
+    backbone = builders[name]()
+    backbone.eval()  # mmdet's ResNet.train returns None: no chaining
     return (TensorOutputs(backbone, lambda m, x: m(x)),
             torch.randn(1, 3, size, size))
 
