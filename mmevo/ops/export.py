@@ -4,9 +4,9 @@ While a model is exported to ONNX (``torch.onnx.is_in_onnx_export()``, True
 under both the dynamo and the TorchScript exporter), the public entries of
 :mod:`mmevo.ops.evolution` run these functions instead of the
 ``torch.ops.mmevo`` operators, so the ONNX graph holds only standard
-operators (Pad, Gather, Slice, Mul, Add, ReduceSum, Softmax) and needs no
-custom domain. One strided slice of the padded map per window offset, sizes
-kept symbolic (never ``int()``), so one export serves every input size.
+operators (Pad, Gather, Slice, Concat, Mul, ReduceSum, Softmax) and needs no
+custom domain. Sizes stay symbolic (never ``int()``), so one export serves
+every input size.
 
 Reflect padding is a Gather of numpy-style reflected indices computed in the
 graph, exact for any padding on any map size (1 included), as the eager ops.
