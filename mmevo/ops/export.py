@@ -6,7 +6,9 @@ under both the dynamo and the TorchScript exporter), the public entries of
 ``torch.ops.mmevo`` operators, so the ONNX graph holds only standard
 operators (Pad, Gather, Slice, Concat, Mul, ReduceSum, Softmax) and needs no
 custom domain. Sizes stay symbolic (never ``int()``), so one export serves
-every input size.
+every input size. Not on ``torch.compiler.is_exporting()``: a plain
+``torch.export`` (e.g. for AOTInductor) keeps the fast ``torch.ops.mmevo``
+operators, which it can trace (they have fake kernels).
 
 Reflect padding is a Gather of numpy-style reflected indices computed in the
 graph, exact for any padding on any map size (1 included), as the eager ops.
