@@ -8,11 +8,21 @@ import pickle
 import pytest
 import torch
 
-from mmevo.datasets import make_synthetic_coco
+from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEMO_DET = osp.join(REPO, 'configs', 'demo',
                     'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
+DEMO_SEG = osp.join(
+    REPO, 'configs', 'demo',
+    'fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py')
+SEG_CONFIG = """
+_base_ = '{base}'
+data_root = '{root}/'
+test_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root))
+"""
 CONFIG = """
 _base_ = '{base}'
 data_root = '{root}/'
@@ -91,3 +101,36 @@ def test_missing_file_is_one_line(tool, setup):
     with pytest.raises(SystemExit) as info:
         load_tool(f'deployment/{tool}.py').main(argv)
     assert info.value.code.startswith('error: ')
+
+
+def test_segmentor_export_then_evaluate_matches_pytorch(setup):
+    tmp, _, _, export = setup
+    root = str(tmp / 'cityscapes')
+    make_synthetic_cityscapes(root, num_train=1, num_val=2,
+                              img_size=(64, 128))
+    cfg = tmp / 'seg_cfg.py'
+    cfg.write_text(SEG_CONFIG.format(base=DEMO_SEG, root=root))
+    torch.manual_seed(0)
+    _, model = export.build_model(str(cfg))
+    ckpt, onnx = str(tmp / 'seg.pth'), str(tmp / 'seg.onnx')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    export.main([str(cfg), ckpt, '--out', onnx, '--shape', '64', '128',
+                 '--exporter', 'torchscript'])
+    metrics = load_tool('deployment/onnx_test.py').main(
+        [str(cfg), onnx, '--work-dir', str(tmp / 'seg_onnx'), '--out',
+         str(tmp / 'seg_onnx.pkl'), '--cfg-options',
+         'experiment_name=seg_onnx', 'visualizer.name=seg_onnx'])
+    reference = load_tool('test.py').main(
+        [str(cfg), ckpt, '--work-dir', str(tmp / 'seg_test'), '--out',
+         str(tmp / 'seg_torch.pkl'), '--cfg-options',
+         'experiment_name=seg_torch', 'visualizer.name=seg_torch'])
+    assert metrics.keys() == reference.keys()
+    for key, value in reference.items():
+        assert metrics[key] == pytest.approx(value, abs=0.2), key
+    preds = [pickle.load(open(tmp / f'seg_{n}.pkl', 'rb'))
+             for n in ('onnx', 'torch')]
+    assert len(preds[0]) == len(preds[1]) == 2
+    for ours, ref in zip(*preds):
+        torch.testing.assert_close(ours['seg_logits']['data'],
+                                   ref['seg_logits']['data'], rtol=1e-4,
+                                   atol=1e-4)
