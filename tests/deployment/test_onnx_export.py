@@ -168,8 +168,8 @@ def test_two_stage_export(config, tmp_path):
     }, False),
 ])
 def test_segmentor_export(config, options, dynamic, tmp_path):
-    """Export size only: with TorchScript mmseg's heads resize to sizes
-    frozen at export (5.7% off at 96 x 64). UPerNet static and with dynamo:
+    """Export size only: mmseg's heads resize to sizes cast to Python ints,
+    frozen into the graph by both exporters. UPerNet static and with dynamo:
     its pyramid pooling's adaptive_avg_pool2d needs static input sizes,
     which the TorchScript graph does not hold."""
     model = build(config, **options)
