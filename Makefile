@@ -21,9 +21,9 @@ demo-seg: install
 
 # Export the demo checkpoint (``make demo`` first) to ONNX and evaluate it
 # with onnxruntime; compare with the PyTorch score of ``make demo``.
-DEMO_CKPT ?= $(lastword $(sort $(wildcard work_dirs/demo/epoch_*.pth)))
+DEMO_CKPT ?= $(shell cat work_dirs/demo/last_checkpoint 2>/dev/null)
 deploy-demo: install
-	@test -n "$(DEMO_CKPT)" || { echo "error: no work_dirs/demo/epoch_*.pth: run make demo first"; exit 1; }
+	@test -n "$(DEMO_CKPT)" || { echo "error: no work_dirs/demo/last_checkpoint: run make demo first"; exit 1; }
 	$(PY) tools/deployment/pytorch2onnx.py configs/demo/retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py $(DEMO_CKPT) --out work_dirs/demo/model.onnx --shape 128 128 --dynamic
 	$(PY) tools/deployment/onnx_test.py configs/demo/retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py work_dirs/demo/model.onnx --work-dir work_dirs/demo-onnx
 
