@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from mmevo.deployment import OnnxModel, export_onnx
-from mmevo.ops import (evolution_aggregate, local_attention_weights,
+from mmevo.ops import (evolution_aggregate, export, local_attention_weights,
                        local_correlation, output_size)
-from mmevo.ops import export as onnx_ops
 from mmevo.ops.reference import (aggregate_reference,
                                  attention_weights_reference,
                                  correlation_reference)
@@ -29,12 +28,12 @@ def test_equal_to_reference(geometry, mode):
     w = torch.randn(2, 3, K, K, Ho, Wo, dtype=torch.float64)
     q = torch.randn(2, 6, Ho, Wo, dtype=torch.float64)
     torch.testing.assert_close(
-        onnx_ops.aggregate(x, w, s, p, d, mode),
+        export.aggregate(x, w, s, p, d, mode),
         aggregate_reference(x, w, s, p, d, mode))
     for softmax, ref in ((False, correlation_reference),
                          (True, attention_weights_reference)):
         torch.testing.assert_close(
-            onnx_ops.correlation(q, x, 3, K, s, p, d, mode, softmax),
+            export.correlation(q, x, 3, K, s, p, d, mode, softmax),
             ref(q, x, 3, K, s, p, d, mode))
 
 
