@@ -178,7 +178,8 @@ def test_segmentor_export(config, options, dynamic, tmp_path):
                  dynamo=not dynamic)
 
 
-def test_export_error_names_the_layer(tmp_path):
+@pytest.mark.parametrize('dynamo', [False, True])
+def test_export_error_names_the_layer(dynamo, tmp_path):
 
     class Broken(Involution):
 
@@ -191,4 +192,4 @@ def test_export_error_names_the_layer(tmp_path):
     with pytest.raises(RuntimeError,
                        match=r"layer 'inv' \(Broken: kernel_size=3, stride=1"):
         export_onnx(model.eval(), torch.randn(1, 16, 8, 8),
-                    str(tmp_path / 'broken.onnx'), dynamo=False)
+                    str(tmp_path / 'broken.onnx'), dynamo=dynamo)
