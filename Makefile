@@ -7,7 +7,8 @@ export OMP_NUM_THREADS ?= 2
 # costs up to 10x per training step (measured on the demo).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo demo-seg test lint format gpu-check gpu-wheels clean
+.PHONY: install demo demo-seg deploy-demo test lint format gpu-check gpu-wheels \
+	clean
 
 LINT_PATHS := mmevo tools tests configs setup.py
 
@@ -21,6 +22,14 @@ demo: install
 demo-seg: install
 	$(PY) tools/misc/make_synthetic_data.py seg --if-missing
 	$(PY) tools/train.py configs/demo/fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py --work-dir work_dirs/demo-seg
+
+# Export the demo checkpoint (``make demo`` first) to ONNX and evaluate it
+# with onnxruntime; compare with the PyTorch score of ``make demo``.
+DEMO_CKPT ?= $(shell cat work_dirs/demo/last_checkpoint 2>/dev/null)
+deploy-demo: install
+	@test -n "$(DEMO_CKPT)" || { echo "error: no work_dirs/demo/last_checkpoint: run make demo first"; exit 1; }
+	$(PY) tools/deployment/pytorch2onnx.py configs/demo/retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py $(DEMO_CKPT) --out work_dirs/demo/model.onnx --shape 128 128 --dynamic
+	$(PY) tools/deployment/onnx_test.py configs/demo/retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py work_dirs/demo/model.onnx --work-dir work_dirs/demo-onnx
 
 test: install
 	$(PY) -m pytest tests -q

@@ -44,6 +44,10 @@ setup(
     extras_require={
         'seg': ['mmsegmentation>=1.2.2', 'ftfy', 'regex'],
         'gpu': ['triton>=3.0'],
+        # ONNX export (torch.onnx's dynamo exporter needs onnxscript) and
+        # onnxruntime for tools/deployment
+        'deploy': ['onnx==1.23.2', 'onnxruntime==1.31.1',
+                   'onnxscript==0.7.2'],
         'tests': ['pytest', 'triton>=3.0'],
     },
     ext_modules=[cpu_extension()],

@@ -16,6 +16,8 @@ MMCV_VERSION=2.1.0
 PINS=(torch==2.13.0 mmengine==0.10.7 mmdet==3.3.0 mmsegmentation==1.2.2
       triton==3.9.0 "numpy<2" "opencv-python<4.11" ftfy regex pytest pycocotools
       "setuptools>=77,<81" wheel ninja
+      # deployment (`pip install mmevo[deploy]`, tests/deployment)
+      onnx==1.23.2 onnxruntime==1.31.1 onnxscript==0.7.2
       # lint (`make lint`; .pre-commit-config.yaml uses the same versions)
       flake8==7.5.0 isort==5.13.2 yapf==0.43.0)
 want=$( (echo "mmcv==$MMCV_VERSION"; printf '%s\n' "${PINS[@]}"; cat setup.py; find mmevo/ops/csrc -type f -print0 2>/dev/null |

@@ -4,11 +4,12 @@ Every argument is checked here, once, so that no kernel ever sees a shape it
 cannot handle; then the ``torch.ops.mmevo`` operator runs (registered in
 ``library.py``; backends ``cpp_backend.py`` (the C++ kernels of ``csrc/``),
 ``triton_backend.py`` and ``torch_backend.py``). ``reference.py`` is the
-formula in plain PyTorch.
+formula in plain PyTorch. While ``torch.onnx.export`` runs, the ops are
+standard ONNX operators instead (``export.py``, sizes kept symbolic).
 """
 import torch
 
-from . import library  # noqa: F401  (registers torch.ops.mmevo.*)
+from . import export, library  # noqa: F401  (library: torch.ops.mmevo.*)
 
 PADDING_MODES = ('zeros', 'reflect')
 
@@ -144,6 +145,9 @@ def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
     _check_tensor('kernel', kernel, 6, '(B, G, K, K, H_out, W_out)')
     input, kernel = _autocast(input, kernel)
     _check_pair('input', input, 'kernel', kernel)
+    if torch.onnx.is_in_onnx_export():
+        return _export_aggregate(input, kernel, stride, padding, dilation,
+                                 padding_mode)
     # int(): under torch.jit.trace (FLOP counting) sizes come back as tensors.
     B, C, H, W = map(int, input.shape)
     K = int(kernel.shape[2])
@@ -193,6 +197,9 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
         >>> local_correlation(q, k, groups=4, kernel_size=3, stride=2).shape
         torch.Size([2, 4, 3, 3, 5, 6])
     """
+    if torch.onnx.is_in_onnx_export():
+        return _export_correlation(query, key, groups, kernel_size, stride,
+                                   padding, dilation, padding_mode, False)
     return torch.ops.mmevo.local_correlation(*_correlation_args(
         query, key, groups, kernel_size, stride, padding, dilation,
         padding_mode))
@@ -220,6 +227,9 @@ def local_attention_weights(query, key, groups, kernel_size, stride=1,
         >>> torch.allclose(w.sum((2, 3)), torch.ones(2, 4, 9, 11))
         True
     """
+    if torch.onnx.is_in_onnx_export():
+        return _export_correlation(query, key, groups, kernel_size, stride,
+                                   padding, dilation, padding_mode, True)
     return torch.ops.mmevo.local_attention_weights(*_correlation_args(
         query, key, groups, kernel_size, stride, padding, dilation,
         padding_mode))
@@ -248,3 +258,32 @@ def _correlation_args(query, key, groups, kernel_size, stride, padding,
                          f'{tuple(query.shape)}')
     return (query, key, groups, kernel_size, stride, padding, dilation,
             padding_mode)
+
+
+# ONNX export: only the checks that do not read H and W, which stay symbolic
+# (an int() or a comparison would freeze them into the graph).
+def _export_aggregate(input, kernel, stride, padding, dilation, padding_mode):
+    K, G, C = kernel.shape[2], kernel.shape[1], input.shape[1]
+    if isinstance(K, torch.Tensor):  # TorchScript tracing: constants here
+        K, G, C = int(K), int(G), int(C)
+    if kernel.shape[3] != K or C % G:
+        raise ValueError(f'kernel must be (B, G, K, K, H_out, W_out) with '
+                         f'C={C} divisible by G, got {tuple(kernel.shape)}')
+    padding = resolve_window(K, stride, padding, dilation, padding_mode)
+    return export.aggregate(input, kernel, stride, padding, dilation,
+                            padding_mode)
+
+
+def _export_correlation(query, key, groups, kernel_size, stride, padding,
+                        dilation, padding_mode, softmax):
+    _check_tensor('query', query, 4, '(B, C, H_out, W_out)')
+    _check_tensor('key', key, 4, '(B, C, H, W)')
+    _check_pair('query', query, 'key', key)
+    _check_int('groups', groups, 1)
+    padding = resolve_window(kernel_size, stride, padding, dilation,
+                             padding_mode)
+    if int(key.shape[1]) % groups:
+        raise ValueError(f'key channels ({int(key.shape[1])}) must be '
+                         f'divisible by groups={groups}')
+    return export.correlation(query, key, groups, kernel_size, stride,
+                              padding, dilation, padding_mode, softmax)

@@ -1,0 +1,136 @@
+"""tools/deployment end to end on a tiny synthetic set: export the demo
+detector, evaluate the ONNX model with onnxruntime and the config's metric,
+and get the score of tools/test.py with the PyTorch checkpoint."""
+import importlib.util
+import os.path as osp
+import pickle
+
+import pytest
+import torch
+
+from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+DEMO_DET = osp.join(REPO, 'configs', 'demo',
+                    'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
+DEMO_SEG = osp.join(
+    REPO, 'configs', 'demo',
+    'fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py')
+SEG_CONFIG = """
+_base_ = '{base}'
+data_root = '{root}/'
+test_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root))
+"""
+CONFIG = """
+_base_ = '{base}'
+data_root = '{root}/'
+test_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root))
+test_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+# an untrained detector scores below the usual 0.05: keep every box so the
+# COCO evaluation has detections to score
+model = dict(test_cfg=dict(score_thr=0.0))
+"""
+
+
+def load_tool(path):
+    name = osp.splitext(osp.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(
+        f'mmevo_tool_{name}', osp.join(REPO, 'tools', path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def setup(tmp_path_factory):
+    """A tiny set, its config and a randomly initialised checkpoint."""
+    tmp = tmp_path_factory.mktemp('deploy')
+    root = str(tmp / 'coco')
+    make_synthetic_coco(root, num_train=1, num_val=3, img_size=64)
+    cfg = tmp / 'cfg.py'
+    cfg.write_text(CONFIG.format(base=DEMO_DET, root=root))
+    export = load_tool('deployment/pytorch2onnx.py')
+    torch.manual_seed(0)
+    _, model = export.build_model(str(cfg))
+    ckpt = tmp / 'model.pth'
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    return tmp, str(cfg), str(ckpt), export
+
+
+def test_export_then_evaluate_matches_pytorch(setup):
+    tmp, cfg, ckpt, export = setup
+    onnx = str(tmp / 'model.onnx')
+    # the demo resizes every image to 128 x 128
+    assert export.main([cfg, ckpt, '--out', onnx, '--shape', '128', '128',
+                        '--exporter', 'torchscript']) == onnx
+    metrics = load_tool('deployment/onnx_test.py').main(
+        [cfg, onnx, '--work-dir', str(tmp / 'onnx_test'), '--out',
+         str(tmp / 'onnx.pkl'), '--cfg-options', 'experiment_name=onnx',
+         'visualizer.name=onnx'])
+    reference = load_tool('test.py').main(
+        [cfg, ckpt, '--work-dir', str(tmp / 'test'), '--out',
+         str(tmp / 'torch.pkl'), '--cfg-options', 'experiment_name=torch',
+         'visualizer.name=torch'])
+    assert metrics.keys() == reference.keys()
+    for key, value in reference.items():
+        assert metrics[key] == pytest.approx(value, abs=2e-3), key
+    # the same detections, not only the same (near-zero, untrained) score
+    preds = [pickle.load(open(tmp / f'{n}.pkl', 'rb'))
+             for n in ('onnx', 'torch')]
+    assert len(preds[0]) == len(preds[1]) == 3
+    for ours, ref in zip(*preds):
+        ours, ref = ours['pred_instances'], ref['pred_instances']
+        assert len(ref['scores']) > 0
+        torch.testing.assert_close(ours['scores'], ref['scores'],
+                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours['bboxes'], ref['bboxes'],
+                                   rtol=1e-4, atol=1e-3)
+        assert torch.equal(ours['labels'], ref['labels'])
+
+
+@pytest.mark.parametrize('tool', ['pytorch2onnx', 'onnx_test'])
+def test_missing_file_is_one_line(tool, setup):
+    tmp, cfg, ckpt, _ = setup
+    nowhere = str(tmp / 'nowhere')
+    argv = ([cfg, nowhere, '--out', str(tmp / 'x.onnx')]
+            if tool == 'pytorch2onnx' else [cfg, nowhere])
+    with pytest.raises(SystemExit) as info:
+        load_tool(f'deployment/{tool}.py').main(argv)
+    assert info.value.code.startswith('error: ')
+
+
+def test_segmentor_export_then_evaluate_matches_pytorch(setup):
+    tmp, _, _, export = setup
+    root = str(tmp / 'cityscapes')
+    make_synthetic_cityscapes(root, num_train=1, num_val=2,
+                              img_size=(64, 128))
+    cfg = tmp / 'seg_cfg.py'
+    cfg.write_text(SEG_CONFIG.format(base=DEMO_SEG, root=root))
+    torch.manual_seed(0)
+    _, model = export.build_model(str(cfg))
+    ckpt, onnx = str(tmp / 'seg.pth'), str(tmp / 'seg.onnx')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    export.main([str(cfg), ckpt, '--out', onnx, '--shape', '64', '128',
+                 '--exporter', 'torchscript'])
+    metrics = load_tool('deployment/onnx_test.py').main(
+        [str(cfg), onnx, '--work-dir', str(tmp / 'seg_onnx'), '--out',
+         str(tmp / 'seg_onnx.pkl'), '--cfg-options',
+         'experiment_name=seg_onnx', 'visualizer.name=seg_onnx'])
+    reference = load_tool('test.py').main(
+        [str(cfg), ckpt, '--work-dir', str(tmp / 'seg_test'), '--out',
+         str(tmp / 'seg_torch.pkl'), '--cfg-options',
+         'experiment_name=seg_torch', 'visualizer.name=seg_torch'])
+    assert metrics.keys() == reference.keys()
+    for key, value in reference.items():
+        assert metrics[key] == pytest.approx(value, abs=0.2), key
+    preds = [pickle.load(open(tmp / f'seg_{n}.pkl', 'rb'))
+             for n in ('onnx', 'torch')]
+    assert len(preds[0]) == len(preds[1]) == 2
+    for ours, ref in zip(*preds):
+        torch.testing.assert_close(ours['seg_logits']['data'],
+                                   ref['seg_logits']['data'], rtol=1e-4,
+                                   atol=1e-4)

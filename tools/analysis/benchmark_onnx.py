@@ -1,0 +1,102 @@
+"""Inference latency: onnxruntime (CPU) against PyTorch eager.
+
+One process; each model is exported once with plain ``torch.onnx.export``
+(H and W dynamic, :func:`mmevo.deployment.export_onnx`), then timed: a round
+runs PyTorch and onnxruntime of every model in turn, so a load change on a
+shared machine hits all alike; median over ``--iters`` rounds after
+``--warmup``. Both use ``torch.get_num_threads()`` threads (set
+OMP_NUM_THREADS). Ratios: onnxruntime / PyTorch of the same model, and each
+model to ResNet-50 on the same runtime.
+
+Models: ``resnet50`` (mmdet's ResNet) and ``rednet50`` backbones at B1
+``--size``^2, and ``demo``, the demo RetinaNet's tensor outputs at 128^2.
+
+Example:
+    OMP_NUM_THREADS=2 python tools/analysis/benchmark_onnx.py
+"""
+import argparse
+import os.path as osp
+import statistics
+import tempfile
+import time
+
+import torch
+
+from mmevo.deployment import OnnxModel, TensorOutputs, export_onnx
+
+DEMO = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
+                'configs', 'demo',
+                'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
+
+
+def build(name, size):
+    """``(model, input)``: ``name``'s eval-mode model with flat outputs."""
+    from mmdet.models.backbones import ResNet
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    from mmevo.models import RedNet
+    from mmevo.registry import MODELS
+    if name == 'demo':
+        cfg = Config.fromfile(DEMO)
+        init_default_scope('mmdet')
+        model = TensorOutputs(MODELS.build(cfg.model).eval())
+        return model, torch.randn(1, 3, 128, 128)
+    builders = {'resnet50': lambda: ResNet(50), 'rednet50': lambda: RedNet(50)}
+    if name not in builders:
+        raise ValueError(f'model must be one of {sorted(builders) + ["demo"]}'
+                         f', got {name!r}')
+    backbone = builders[name]()
+    backbone.eval()  # mmdet's ResNet.train returns None: no chaining
+    return (TensorOutputs(backbone, lambda m, x: m(x)),
+            torch.randn(1, 3, size, size))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--models', nargs='+',
+                        default=['resnet50', 'rednet50', 'demo'])
+    parser.add_argument('--size', type=int, default=224)
+    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--iters', type=int, default=10)
+    parser.add_argument('--exporter', choices=['dynamo', 'torchscript'],
+                        default='torchscript')
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            model, x = build(name, args.size)
+            path = osp.join(tmp, f'{name}.onnx')
+            export_onnx(model, x, path, dynamo=args.exporter == 'dynamo')
+
+            def eager(model=model, x=x):
+                with torch.no_grad():
+                    model(x)
+
+            session = OnnxModel(path)
+            runs[name] = {'torch': eager,
+                          'onnxruntime': lambda s=session, x=x: s(x)}
+        times = {(n, r): [] for n in runs for r in runs[n]}
+        for it in range(args.warmup + args.iters):
+            for (name, runtime), samples in times.items():
+                start = time.perf_counter()
+                runs[name][runtime]()
+                if it >= args.warmup:
+                    samples.append(time.perf_counter() - start)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    print(f'threads {torch.get_num_threads()}, median of {args.iters}, ms')
+    print('| model | PyTorch eager | onnxruntime | onnxruntime / eager |')
+    print('|---|---|---|---|')
+    for name in runs:
+        t, o = med[(name, 'torch')], med[(name, 'onnxruntime')]
+        print(f'| {name} | {t:.1f} | {o:.1f} | {o / t:.2f} |')
+    if 'resnet50' in runs and 'rednet50' in runs:
+        for runtime in ('torch', 'onnxruntime'):
+            ratio = med[('rednet50', runtime)] / med[('resnet50', runtime)]
+            print(f'rednet50 / resnet50 ({runtime}): {ratio:.2f}')
+    return med
+
+
+if __name__ == '__main__':
+    main()

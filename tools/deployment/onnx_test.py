@@ -1,0 +1,98 @@
+"""Evaluate an ONNX detector or segmentor with onnxruntime on the config's
+test set, scored by the config's own metric (``test_evaluator``).
+
+The ONNX model (from ``tools/deployment/pytorch2onnx.py``) gives the raw
+head outputs; the model built from the config turns them into predictions
+with its own head's ``predict_by_feat`` (boxes, NMS, rescaling / logits
+resized), exactly as ``tools/test.py`` does with the PyTorch model.
+
+Example:
+    python tools/deployment/onnx_test.py CONFIG work_dirs/demo/model.onnx
+"""
+import argparse
+import os.path as osp
+import sys
+import warnings
+
+# as in tools/train.py: mmengine's pkg_resources import warns on every start
+warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
+
+import torch  # noqa: E402
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
+from mmevo.datasets import exit_if_data_missing  # noqa: E402
+from mmevo.deployment import OnnxModel  # noqa: E402
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from pytorch2onnx import model_kind  # noqa: E402
+
+
+def onnx_predict(model, session):
+    """``model.predict`` on ``session``'s outputs, image by image (the
+    graph has batch 1), post-processed by ``model``'s own head."""
+    kind = model_kind(model)
+
+    def predict(inputs, data_samples, rescale=True):
+        outs = [session(inputs[i:i + 1]) for i in range(len(inputs))]
+        outs = [torch.cat(level) for level in zip(*outs)]
+        metas = [s.metainfo for s in data_samples]
+        if kind == 'seg':
+            logits = model.decode_head.predict_by_feat(outs[0], metas)
+            return model.postprocess_result(logits, data_samples)
+        # (scores per level, boxes per level[, ...]) of the head's forward
+        levels = len(model.bbox_head.prior_generator.strides)
+        groups = [outs[i:i + levels] for i in range(0, len(outs), levels)]
+        results = model.bbox_head.predict_by_feat(
+            *groups, batch_img_metas=metas, rescale=rescale)
+        return model.add_pred_to_datasample(data_samples, results)
+
+    return predict
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Evaluate an ONNX model with onnxruntime')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('model', help='the .onnx file')
+    parser.add_argument(
+        '--work-dir', help='the dir to save the evaluation metrics and logs')
+    parser.add_argument(
+        '--out', help='also dump the raw predictions to this pickle file')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config settings, key=value')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not osp.isfile(args.model):
+        sys.exit(f"error: ONNX model '{args.model}' does not exist")
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
+        './work_dirs',
+        osp.splitext(osp.basename(args.config))[0] + '_onnx')
+    cfg.load_from = None
+    if args.out is not None:
+        evaluators = cfg.test_evaluator
+        if not isinstance(evaluators, (list, tuple)):
+            evaluators = [evaluators]
+        # as tools/test.py --out: mmengine's DumpResults
+        cfg.test_evaluator = list(evaluators) + [
+            dict(type='DumpResults', out_file_path=args.out)
+        ]
+    exit_if_data_missing(cfg, ['test_dataloader'])
+    runner = (Runner.from_cfg(cfg)
+              if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    model = runner.model
+    model.predict = onnx_predict(model, OnnxModel(args.model))
+    return runner.test()
+
+
+if __name__ == '__main__':
+    main()

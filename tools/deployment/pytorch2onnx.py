@@ -1,0 +1,93 @@
+"""Export a detector's or a segmentor's tensor outputs to ONNX.
+
+Plain ``torch.onnx.export`` (the evolution ops lower to standard ONNX
+operators by themselves): the graph holds the preprocessed image -> raw head
+outputs (per-level class scores and boxes of a single-stage detector, the
+logits of a segmentor); ``tools/deployment/onnx_test.py`` post-processes them
+with the config's own heads. The export is checked in onnxruntime.
+
+Example:
+    python tools/deployment/pytorch2onnx.py CONFIG CHECKPOINT \
+        --out work_dirs/demo/model.onnx --shape 128 128 --dynamic
+"""
+import argparse
+import os.path as osp
+import sys
+import warnings
+
+# as in tools/train.py: mmengine's pkg_resources import warns on every start
+warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
+
+import torch  # noqa: E402
+from mmengine.config import Config  # noqa: E402
+from mmengine.registry import init_default_scope  # noqa: E402
+from mmengine.runner import load_checkpoint  # noqa: E402
+
+from mmevo.deployment import (OnnxModel, TensorOutputs,  # noqa: E402
+                              export_onnx)
+from mmevo.registry import MODELS  # noqa: E402
+
+
+def build_model(config, checkpoint=None):
+    """``(cfg, model)``: the config's model in eval mode, weights loaded."""
+    cfg = Config.fromfile(config) if isinstance(config, str) else config
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    model = MODELS.build(cfg.model)
+    if checkpoint is not None:
+        load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
+    return cfg, model.eval()
+
+
+def model_kind(model):
+    """'det' (single-stage detector) or 'seg' (encoder-decoder); exits with
+    a one-line error for the others (their heads need NMS/RoI ops on the
+    raw outputs in the graph)."""
+    if hasattr(model, 'bbox_head') and not hasattr(model, 'rpn_head'):
+        return 'det'
+    if hasattr(model, 'decode_head'):
+        return 'seg'
+    sys.exit(f'error: only single-stage detectors and encoder-decoder '
+             f'segmentors can be exported, got {type(model).__name__}')
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Export a model to ONNX')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--out', required=True, help='the .onnx file')
+    parser.add_argument(
+        '--shape', type=int, nargs=2, default=[128, 128],
+        metavar=('H', 'W'), help='example input size (default: 128 128)')
+    parser.add_argument(
+        '--dynamic', action='store_true',
+        help='dynamic height and width (one export for every size)')
+    parser.add_argument(
+        '--exporter', choices=['dynamo', 'torchscript'], default='dynamo',
+        help="torch.onnx.export's exporter (default: dynamo, torch's)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not osp.isfile(args.checkpoint):
+        sys.exit(f"error: checkpoint '{args.checkpoint}' does not exist")
+    _, model = build_model(args.config, args.checkpoint)
+    model_kind(model)
+    model = TensorOutputs(model)
+    x = torch.randn(1, 3, *args.shape)
+    export_onnx(model, x, args.out, dynamic=args.dynamic,
+                dynamo=args.exporter == 'dynamo')
+    with torch.no_grad():
+        expected = model(x)
+    outputs = OnnxModel(args.out)(x)
+    err = max(float((o - r).abs().max() / r.abs().max().clamp(min=1e-6))
+              for o, r in zip(outputs, expected))
+    print(f'[export] {args.out}: {len(outputs)} outputs, onnxruntime vs '
+          f'PyTorch max relative difference {err:.1e}')
+    if err > 1e-4:
+        sys.exit(f'error: onnxruntime differs from PyTorch by {err:.1e}')
+    return args.out
+
+
+if __name__ == '__main__':
+    main()
