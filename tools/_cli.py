@@ -1,4 +1,4 @@
-"""Command-line behaviour shared by ``tools/train.py`` and ``tools/test.py``.
+"""Command-line behaviour shared by the tools (train, test, deployment).
 
 The library raises exceptions; the tools turn the expected ones (a missing
 config, data set or checkpoint, a checkpoint that does not fit) into one line
@@ -10,14 +10,18 @@ import os.path as osp
 import sys
 
 from mmengine.config import Config
+from mmengine.runner import CheckpointLoader
 
 from mmevo.datasets import (MissingDataError, check_data_exists,
                             check_pretrained_exists)
+from mmevo.engine import state_dict_mismatch
 
 # exit status of a usage error (as argparse): missing config or data
 USAGE = 2
 # the Makefile target that generates a synthetic set (and trains its demo)
 _MAKE_TARGETS = {'det': 'make demo', 'seg': 'make demo-seg'}
+# keys listed per kind in the mismatch message (then: "... and N more")
+_MAX_KEYS = 10
 
 
 def fail(message, status=1):
@@ -75,3 +79,29 @@ def exit_if_data_missing(cfg, dataloaders, pretrained=False):
         make = _MAKE_TARGETS.get(e.synthetic)
         fail(f'{e} (`{make}` generates it and trains the demo)'
              if make else str(e), USAGE)
+
+
+def _list(keys):
+    """'N (key, key, ...)', at most ``_MAX_KEYS`` of them named."""
+    more = f', ... and {len(keys) - _MAX_KEYS} more' \
+        if len(keys) > _MAX_KEYS else ''
+    return f"{len(keys)} ({', '.join(keys[:_MAX_KEYS])}{more})"
+
+
+def check_checkpoint_fits(model, checkpoint, hint):
+    """Exit with one line if ``checkpoint`` does not fit ``model``: its
+    missing, unexpected and mis-shaped keys, then ``hint``.
+
+    Args:
+        model (nn.Module): The model (wrapped or not).
+        checkpoint (str): The checkpoint's path or URL.
+        hint (str): What the user can do about it.
+    """
+    state = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
+    missing, unexpected, misshaped = state_dict_mismatch(model, state)
+    problems = [f'{what} keys {_list(keys)}' for what, keys in (
+        ('missing', missing), ('unexpected', unexpected),
+        ('mis-shaped', misshaped)) if keys]
+    if problems:
+        fail(f"checkpoint '{checkpoint}' does not fit the model: "
+             f"{'; '.join(problems)}; {hint}")

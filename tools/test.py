@@ -19,17 +19,15 @@ import warnings
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 # tools/_cli.py (the tool's folder is on the path of a script)
-from _cli import exit_if_data_missing, fail, load_config  # noqa: E402
+from _cli import (check_checkpoint_fits, exit_if_data_missing,  # noqa: E402
+                  fail, load_config)
 from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
-from mmengine.runner import CheckpointLoader, Runner  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
 
 import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
-from mmevo.engine import (checkpoint_error, setup_cpu_distributed,  # noqa
-                          state_dict_mismatch)
+from mmevo.engine import checkpoint_error, setup_cpu_distributed  # noqa: E402
 
-# keys listed per kind in the mismatch message (then: "... and N more")
-_MAX_KEYS = 10
 
 
 def parse_args(argv=None):
@@ -57,30 +55,6 @@ def parse_args(argv=None):
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
-
-def _list(keys):
-    """'N (key, key, ...)', at most ``_MAX_KEYS`` of them named."""
-    more = f', ... and {len(keys) - _MAX_KEYS} more' \
-        if len(keys) > _MAX_KEYS else ''
-    return f"{len(keys)} ({', '.join(keys[:_MAX_KEYS])}{more})"
-
-
-def check_checkpoint_fits(model, checkpoint):
-    """Exit with one line if ``checkpoint`` does not fit ``model``.
-
-    Args:
-        model (nn.Module): The runner's model (wrapped or not).
-        checkpoint (str): The checkpoint's path or URL.
-    """
-    state = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
-    missing, unexpected, misshaped = state_dict_mismatch(model, state)
-    problems = [f'{what} keys {_list(keys)}' for what, keys in (
-        ('missing', missing), ('unexpected', unexpected),
-        ('mis-shaped', misshaped)) if keys]
-    if problems:
-        fail(f"checkpoint '{checkpoint}' does not fit the model: "
-             f"{'; '.join(problems)}; evaluate it anyway with "
-             '--allow-partial')
 
 
 def main(argv=None):
@@ -114,7 +88,8 @@ def main(argv=None):
     runner = (Runner.from_cfg(cfg)
               if 'runner_type' not in cfg else RUNNERS.build(cfg))
     if not args.allow_partial:
-        check_checkpoint_fits(runner.model, args.checkpoint)
+        check_checkpoint_fits(runner.model, args.checkpoint,
+                              'evaluate it anyway with --allow-partial')
     return runner.test()
 
 

@@ -9,9 +9,19 @@ from .base import EvolutionLayer, check_divisible
 
 
 def position_map(height, width, dtype, device):
-    """Normalised coordinates (1, 2, H, W): channel 0 = column, 1 = row."""
-    loc_w = torch.linspace(-1.0, 1.0, width, dtype=dtype, device=device)
-    loc_h = torch.linspace(-1.0, 1.0, height, dtype=dtype, device=device)
+    """Normalised coordinates (1, 2, H, W): channel 0 = column, 1 = row.
+
+    ``torch.linspace(-1, 1, n)`` of the published code, written with
+    ``arange`` so that an ONNX export keeps n symbolic (exporters fold a
+    linspace to a constant).
+    """
+
+    def linspace(n):
+        pos = torch.arange(n, dtype=dtype, device=device)
+        # n = 1 gives [-1], as linspace does
+        return pos / pos[-1:].clamp(min=1) * 2 - 1
+
+    loc_w, loc_h = linspace(width), linspace(height)
     return torch.stack([loc_w.view(1, -1).expand(height, width),
                         loc_h.view(-1, 1).expand(height, width)]).unsqueeze(0)
 
@@ -155,9 +165,10 @@ class ACmix(EvolutionLayer):
         """Reflection made explicit here (padding 0 for the ops), so the
         backward of the window ops reuses this padded map instead of padding
         again. Maps not larger than the padding (repeated reflection) are
-        left to the ops."""
+        left to the ops, and so is every map under ONNX export, where the
+        size is symbolic and the ops' export graph pads any size."""
         p = self.padding
-        if 0 < p < min(x.shape[-2:]):
+        if 0 < p < min(x.shape[-2:]) and not torch.onnx.is_in_onnx_export():
             return F.pad(x, (p, ) * 4, mode='reflect'), 0, 'zeros'
         return x, p, self.padding_mode
 

@@ -279,7 +279,7 @@ def _export_correlation(query, key, groups, kernel_size, stride, padding,
     _check_tensor('query', query, 4, '(B, C, H_out, W_out)')
     _check_tensor('key', key, 4, '(B, C, H, W)')
     _check_pair('query', query, 'key', key)
-    _check_int('groups', groups, 1)
+    check_int('groups', groups, 1)
     padding = resolve_window(kernel_size, stride, padding, dilation,
                              padding_mode)
     if int(key.shape[1]) % groups:

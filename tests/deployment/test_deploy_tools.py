@@ -1,21 +1,20 @@
 """tools/deployment end to end on a tiny synthetic set: export the demo
 detector, evaluate the ONNX model with onnxruntime and the config's metric,
 and get the score of tools/test.py with the PyTorch checkpoint."""
-import importlib.util
 import os.path as osp
 import pickle
+import sys
 
 import pytest
 import torch
 
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEMO_DET = osp.join(REPO, 'configs', 'demo',
-                    'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
-DEMO_SEG = osp.join(
-    REPO, 'configs', 'demo',
-    'fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py')
+# the tool tests' helpers (tests/tools/tool_utils.py)
+sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
+                            'tools'))
+from tool_utils import DEMO_DET, DEMO_SEG, load_tool  # noqa: E402
+
 SEG_CONFIG = """
 _base_ = '{base}'
 data_root = '{root}/'
@@ -36,15 +35,6 @@ model = dict(test_cfg=dict(score_thr=0.0))
 """
 
 
-def load_tool(path):
-    name = osp.splitext(osp.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(
-        f'mmevo_tool_{name}', osp.join(REPO, 'tools', path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
     """A tiny set, its config and a randomly initialised checkpoint."""
@@ -53,7 +43,7 @@ def setup(tmp_path_factory):
     make_synthetic_coco(root, num_train=1, num_val=3, img_size=64)
     cfg = tmp / 'cfg.py'
     cfg.write_text(CONFIG.format(base=DEMO_DET, root=root))
-    export = load_tool('deployment/pytorch2onnx.py')
+    export = load_tool('deployment/pytorch2onnx')
     torch.manual_seed(0)
     _, model = export.build_model(str(cfg))
     ckpt = tmp / 'model.pth'
@@ -67,11 +57,11 @@ def test_export_then_evaluate_matches_pytorch(setup):
     # the demo resizes every image to 128 x 128
     assert export.main([cfg, ckpt, '--out', onnx, '--shape', '128', '128',
                         '--exporter', 'torchscript']) == onnx
-    metrics = load_tool('deployment/onnx_test.py').main(
+    metrics = load_tool('deployment/onnx_test').main(
         [cfg, onnx, '--work-dir', str(tmp / 'onnx_test'), '--out',
          str(tmp / 'onnx.pkl'), '--cfg-options', 'experiment_name=onnx',
          'visualizer.name=onnx'])
-    reference = load_tool('test.py').main(
+    reference = load_tool('test').main(
         [cfg, ckpt, '--work-dir', str(tmp / 'test'), '--out',
          str(tmp / 'torch.pkl'), '--cfg-options', 'experiment_name=torch',
          'visualizer.name=torch'])
@@ -93,14 +83,31 @@ def test_export_then_evaluate_matches_pytorch(setup):
 
 
 @pytest.mark.parametrize('tool', ['pytorch2onnx', 'onnx_test'])
-def test_missing_file_is_one_line(tool, setup):
+def test_missing_file_is_one_line(tool, setup, capsys):
     tmp, cfg, ckpt, _ = setup
     nowhere = str(tmp / 'nowhere')
     argv = ([cfg, nowhere, '--out', str(tmp / 'x.onnx')]
             if tool == 'pytorch2onnx' else [cfg, nowhere])
     with pytest.raises(SystemExit) as info:
-        load_tool(f'deployment/{tool}.py').main(argv)
-    assert info.value.code.startswith('error: ')
+        load_tool(f'deployment/{tool}').main(argv)
+    assert info.value.code != 0
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and err.count('\n') == 1
+    assert 'nowhere' in err
+
+
+def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
+    tmp, cfg, ckpt, _ = setup
+    state = torch.load(ckpt)['state_dict']
+    partial = str(tmp / 'partial.pth')
+    torch.save({'state_dict': dict(list(state.items())[1:])}, partial)
+    with pytest.raises(SystemExit) as info:
+        load_tool('deployment/pytorch2onnx').main(
+            [cfg, partial, '--out', str(tmp / 'partial.onnx')])
+    assert info.value.code != 0
+    err = capsys.readouterr().err
+    assert 'does not fit the model: missing keys 1 (' in err
+    assert not (tmp / 'partial.onnx').exists()
 
 
 def test_segmentor_export_then_evaluate_matches_pytorch(setup):
@@ -116,11 +123,11 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
     torch.save({'state_dict': model.state_dict()}, ckpt)
     export.main([str(cfg), ckpt, '--out', onnx, '--shape', '64', '128',
                  '--exporter', 'torchscript'])
-    metrics = load_tool('deployment/onnx_test.py').main(
+    metrics = load_tool('deployment/onnx_test').main(
         [str(cfg), onnx, '--work-dir', str(tmp / 'seg_onnx'), '--out',
          str(tmp / 'seg_onnx.pkl'), '--cfg-options',
          'experiment_name=seg_onnx', 'visualizer.name=seg_onnx'])
-    reference = load_tool('test.py').main(
+    reference = load_tool('test').main(
         [str(cfg), ckpt, '--work-dir', str(tmp / 'seg_test'), '--out',
          str(tmp / 'seg_torch.pkl'), '--cfg-options',
          'experiment_name=seg_torch', 'visualizer.name=seg_torch'])

@@ -15,12 +15,6 @@ from mmevo.models.backbones.rednet import RedNet
 from mmevo.models.necks.involution_fpn import InvolutionFPN
 from mmevo.registry import MODELS
 
-ACMIX_DYNAMIC = pytest.mark.xfail(
-    reason='ACmix position_map: torch.linspace of a symbolic size is folded '
-    'to a constant by the dynamo exporter (mmevo/layers/acmix.py)',
-    strict=False)
-ACMIX_TORCHSCRIPT = pytest.mark.xfail(
-    reason='needs cpu_fastpath (stock path under export)', strict=False)
 
 
 def assert_parity(model, path, inputs):
@@ -66,10 +60,7 @@ def _layer_cases():
     # TorchScript one at both strides
     for name in LAYERS:
         for stride, dynamo in ((1, False), (2, False), (2, True)):
-            marks = []
-            if name == 'ACmix':
-                marks = [ACMIX_DYNAMIC if dynamo else ACMIX_TORCHSCRIPT]
-            yield pytest.param(name, stride, dynamo, marks=marks,
+            yield pytest.param(name, stride, dynamo,
                                id=f'{name}-s{stride}-'
                                f'{"dynamo" if dynamo else "torchscript"}')
 
@@ -89,9 +80,8 @@ def test_layer_export(name, stride, dynamo, tmp_path):
     pytest.param(RedNet, 26, False, [(96, 80)], id='RedNet26-torchscript'),
     pytest.param(RedNet, 50, False, [], id='RedNet50-torchscript'),
     pytest.param(ACmixResNet, 26, False, [(96, 80)],
-                 id='ACmixResNet26-torchscript', marks=ACMIX_TORCHSCRIPT),
-    pytest.param(ACmixResNet, 50, False, [], id='ACmixResNet50-torchscript',
-                 marks=ACMIX_TORCHSCRIPT),
+                 id='ACmixResNet26-torchscript'),
+    pytest.param(ACmixResNet, 50, False, [], id='ACmixResNet50-torchscript'),
 ])
 def test_backbone_export(backbone, depth, dynamo, sizes, tmp_path):
     torch.manual_seed(0)

@@ -19,9 +19,11 @@ if osp.join(REPO, 'tools') not in sys.path:
 
 
 def load_tool(name):
-    """``tools/<name>.py`` as a module (its ``main(argv)`` runs a job)."""
+    """``tools/<name>.py`` as a module (its ``main(argv)`` runs a job);
+    ``name`` may name a subfolder, e.g. 'deployment/onnx_test'."""
     spec = importlib.util.spec_from_file_location(
-        f'mmevo_tool_{name}', osp.join(REPO, 'tools', f'{name}.py'))
+        f'mmevo_tool_{osp.basename(name)}',
+        osp.join(REPO, 'tools', f'{name}.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -23,10 +23,12 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
-from mmevo.datasets import exit_if_data_missing  # noqa: E402
 from mmevo.deployment import OnnxModel  # noqa: E402
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+# tools/_cli.py and the exporter beside this script
+sys.path[:0] = [osp.dirname(osp.dirname(osp.abspath(__file__))),
+                osp.dirname(osp.abspath(__file__))]
+from _cli import exit_if_data_missing, fail, load_config  # noqa: E402
 from pytorch2onnx import model_kind  # noqa: E402
 
 
@@ -70,8 +72,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if not osp.isfile(args.model):
-        sys.exit(f"error: ONNX model '{args.model}' does not exist")
-    cfg = Config.fromfile(args.config)
+        fail(f"ONNX model '{args.model}' does not exist")
+    cfg = load_config(args.config)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
     cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(

@@ -19,7 +19,6 @@ import warnings
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 import torch  # noqa: E402
-from mmengine.config import Config  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import load_checkpoint  # noqa: E402
 
@@ -27,13 +26,20 @@ from mmevo.deployment import (OnnxModel, TensorOutputs,  # noqa: E402
                               export_onnx)
 from mmevo.registry import MODELS  # noqa: E402
 
+# tools/_cli.py, one folder up
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+from _cli import check_checkpoint_fits, fail, load_config  # noqa: E402
+
 
 def build_model(config, checkpoint=None):
     """``(cfg, model)``: the config's model in eval mode, weights loaded."""
-    cfg = Config.fromfile(config) if isinstance(config, str) else config
+    cfg = load_config(config) if isinstance(config, str) else config
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     model = MODELS.build(cfg.model)
     if checkpoint is not None:
+        # a partial checkpoint would export a half-initialised model
+        check_checkpoint_fits(model, checkpoint,
+                              'export the checkpoint the config trained')
         load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
     return cfg, model.eval()
 
@@ -46,7 +52,7 @@ def model_kind(model):
         return 'det'
     if hasattr(model, 'decode_head'):
         return 'seg'
-    sys.exit(f'error: only single-stage detectors and encoder-decoder '
+    fail(f'only single-stage detectors and encoder-decoder '
              f'segmentors can be exported, got {type(model).__name__}')
 
 
@@ -70,7 +76,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
-        sys.exit(f"error: checkpoint '{args.checkpoint}' does not exist")
+        fail(f"checkpoint '{args.checkpoint}' does not exist")
     _, model = build_model(args.config, args.checkpoint)
     model_kind(model)
     model = TensorOutputs(model)
@@ -85,7 +91,7 @@ def main(argv=None):
     print(f'[export] {args.out}: {len(outputs)} outputs, onnxruntime vs '
           f'PyTorch max relative difference {err:.1e}')
     if err > 1e-4:
-        sys.exit(f'error: onnxruntime differs from PyTorch by {err:.1e}')
+        fail(f'onnxruntime differs from PyTorch by {err:.1e}')
     return args.out
 
 
