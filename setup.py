@@ -1,8 +1,8 @@
 """mmevo: dynamic-kernel ("evolution") vision operators for OpenMMLab."""
 import os
 import re
-
 from setuptools import find_packages, setup
+
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,15 +39,16 @@ setup(
     include_package_data=True,
     # mmdet is a hard requirement: the backbones subclass mmdet's ResNet, the
     # neck and heads mmdet's FPN / RPNHead / FCNMaskHead.
-    install_requires=['torch>=2.1', 'mmengine>=0.10.0', 'mmcv>=2.0.0',
-                      'mmdet>=3.3.0', 'pycocotools'],
+    install_requires=[
+        'torch>=2.1', 'mmengine>=0.10.0', 'mmcv>=2.0.0', 'mmdet>=3.3.0',
+        'pycocotools'
+    ],
     extras_require={
         'seg': ['mmsegmentation>=1.2.2', 'ftfy', 'regex'],
         'gpu': ['triton>=3.0'],
         # ONNX export (torch.onnx's dynamo exporter needs onnxscript) and
         # onnxruntime for tools/deployment
-        'deploy': ['onnx==1.23.2', 'onnxruntime==1.31.1',
-                   'onnxscript==0.7.2'],
+        'deploy': ['onnx==1.23.2', 'onnxruntime==1.31.1', 'onnxscript==0.7.2'],
         'tests': ['pytest', 'triton>=3.0'],
     },
     ext_modules=[cpu_extension()],

@@ -47,11 +47,17 @@ class TensorOutputs(nn.Module):
 
 
 def _layer_names(model):
-    return {m: name for name, m in model.named_modules()
-            if isinstance(m, EvolutionLayer)}
+    return {
+        m: name
+        for name, m in model.named_modules() if isinstance(m, EvolutionLayer)
+    }
 
 
-def export_onnx(model, x, path, dynamic=True, dynamo=True,
+def export_onnx(model,
+                x,
+                path,
+                dynamic=True,
+                dynamo=True,
                 opset_version=OPSET_VERSION):
     """``torch.onnx.export(model, (x, ), path)`` with H and W dynamic.
 
@@ -86,8 +92,12 @@ def export_onnx(model, x, path, dynamic=True, dynamo=True,
         elif dynamic:
             kwargs = _dynamic_axes(model, x)
         with torch.no_grad():
-            torch.onnx.export(model, (x, ), path, dynamo=dynamo,
-                              opset_version=opset_version, **kwargs)
+            torch.onnx.export(
+                model, (x, ),
+                path,
+                dynamo=dynamo,
+                opset_version=opset_version,
+                **kwargs)
     except Exception as e:
         if not running:
             raise
@@ -110,11 +120,14 @@ def _dynamic_axes(model, x):
     outs = outs if isinstance(outs, (tuple, list)) else (outs, )
     outputs = [f'output{i}' for i in range(len(outs))]
     return dict(
-        input_names=['input'], output_names=outputs,
+        input_names=['input'],
+        output_names=outputs,
         dynamic_axes={
-            name: {2: f'{name}_height', 3: f'{name}_width'}
-            for name, t in zip(['input'] + outputs, [x, *outs])
-            if t.dim() == 4
+            name: {
+                2: f'{name}_height',
+                3: f'{name}_width'
+            }
+            for name, t in zip(['input'] + outputs, [x, *outs]) if t.dim() == 4
         })
 
 
@@ -141,6 +154,6 @@ class OnnxModel:
 
     def __call__(self, x):
         """Tuple of output tensors for the input ``x`` (a tensor)."""
-        outs = self.session.run(
-            None, {self.input_name: x.detach().cpu().numpy()})
+        outs = self.session.run(None,
+                                {self.input_name: x.detach().cpu().numpy()})
         return tuple(torch.from_numpy(o) for o in outs)

@@ -37,7 +37,10 @@ def run_blocked(blocked, code):
     line parsed as JSON."""
     out = subprocess.run(
         [sys.executable, '-c', BLOCKER + code, ','.join(blocked)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -92,21 +95,24 @@ print(json.dumps([n for n in names if MODELS.get(n) is None]
 
 @pytest.mark.parametrize('blocked', [('mmdet', ), ('mmcv', )])
 def test_without_a_dependency_only_its_subpackages_are_skipped(blocked):
-    present = run_blocked(blocked, '''
+    present = run_blocked(
+        blocked, '''
 import json
 import mmevo
 print(json.dumps([m for m in ('ops', 'layers', 'models', 'engine')
                   if hasattr(mmevo, m)]))
 ''')
-    expected = {'mmdet': ['ops', 'layers', 'engine'],
-                'mmcv': ['ops', 'engine']}[blocked[0]]
+    expected = {
+        'mmdet': ['ops', 'layers', 'engine'],
+        'mmcv': ['ops', 'engine']
+    }[blocked[0]]
     assert present == expected
 
 
 def test_a_broken_installed_package_still_raises():
     """mmdet is found but fails to import: the error is not swallowed."""
-    out = subprocess.run(
-        [sys.executable, '-c', '''
+    out = subprocess.run([
+        sys.executable, '-c', '''
 import sys
 from importlib.machinery import ModuleSpec
 
@@ -128,7 +134,12 @@ class Finder:
 
 sys.meta_path.insert(0, Finder())
 import mmevo
-'''], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env=dict(os.environ, PYTHONPATH=ROOT))
+'''
+    ],
+                         cwd=ROOT,
+                         capture_output=True,
+                         text=True,
+                         timeout=120,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode != 0
     assert 'mmdet is broken' in out.stderr

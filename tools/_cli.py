@@ -77,8 +77,9 @@ def exit_if_data_missing(cfg, dataloaders, pretrained=False):
             check_pretrained_exists(cfg)
     except MissingDataError as e:
         make = _MAKE_TARGETS.get(e.synthetic)
-        fail(f'{e} (`{make}` generates it and trains the demo)'
-             if make else str(e), USAGE)
+        fail(
+            f'{e} (`{make}` generates it and trains the demo)'
+            if make else str(e), USAGE)
 
 
 def _list(keys):
@@ -99,9 +100,11 @@ def check_checkpoint_fits(model, checkpoint, hint):
     """
     state = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')
     missing, unexpected, misshaped = state_dict_mismatch(model, state)
-    problems = [f'{what} keys {_list(keys)}' for what, keys in (
-        ('missing', missing), ('unexpected', unexpected),
-        ('mis-shaped', misshaped)) if keys]
+    problems = [
+        f'{what} keys {_list(keys)}'
+        for what, keys in (('missing', missing), ('unexpected', unexpected),
+                           ('mis-shaped', misshaped)) if keys
+    ]
     if problems:
         fail(f"checkpoint '{checkpoint}' does not fit the model: "
              f"{'; '.join(problems)}; {hint}")

@@ -19,15 +19,13 @@ import warnings
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 # tools/_cli.py (the tool's folder is on the path of a script)
-from _cli import (check_checkpoint_fits, exit_if_data_missing,  # noqa: E402
-                  fail, load_config)
-from mmengine.config import DictAction  # noqa: E402
-from mmengine.registry import RUNNERS  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
+from _cli import check_checkpoint_fits, exit_if_data_missing, fail, load_config
+from mmengine.config import DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
 
-import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
-from mmevo.engine import checkpoint_error, setup_cpu_distributed  # noqa: E402
-
+import mmevo  # noqa: F401  (registers mmevo's modules in mmengine)
+from mmevo.engine import checkpoint_error, setup_cpu_distributed
 
 
 def parse_args(argv=None):
@@ -39,22 +37,26 @@ def parse_args(argv=None):
     parser.add_argument(
         '--out', help='also dump the raw predictions to this pickle file')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
         help='override config settings, key=value')
     parser.add_argument(
-        '--allow-partial', action='store_true',
+        '--allow-partial',
+        action='store_true',
         help='evaluate a checkpoint even if keys are missing, unexpected or '
         'of another shape (those weights keep their initialisation)')
     parser.add_argument(
-        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none', help='job launcher')
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
     if args.out is not None and not args.out.endswith(('.pkl', '.pickle')):
         parser.error(f'--out must be a .pkl file, got {args.out}')
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
-
 
 
 def main(argv=None):
@@ -85,8 +87,9 @@ def main(argv=None):
         ]
     exit_if_data_missing(cfg, ['test_dataloader'])
     setup_cpu_distributed(cfg, args.launcher)
-    runner = (Runner.from_cfg(cfg)
-              if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    runner = (
+        Runner.from_cfg(cfg)
+        if 'runner_type' not in cfg else RUNNERS.build(cfg))
     if not args.allow_partial:
         check_checkpoint_fits(runner.model, args.checkpoint,
                               'evaluate it anyway with --allow-partial')

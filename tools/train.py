@@ -19,18 +19,19 @@ import os.path as osp
 import warnings
 
 import torch
+
 # mmengine imports pkg_resources, which setuptools < 70 (needed by mmcv's
 # build) flags as deprecated on every start: noise, not a problem of the run
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 # tools/_cli.py (the tool's folder is on the path of a script)
-from _cli import exit_if_data_missing, fail, load_config  # noqa: E402
-from mmengine.config import DictAction  # noqa: E402
-from mmengine.registry import RUNNERS  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
+from _cli import exit_if_data_missing, fail, load_config
+from mmengine.config import DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
 
-import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
-from mmevo.engine import (RandomStateHook, checkpoint_error,  # noqa: E402
+import mmevo  # noqa: F401  (registers mmevo's modules in mmengine)
+from mmevo.engine import (RandomStateHook, checkpoint_error,
                           find_resumable_checkpoint, setup_cpu_distributed)
 
 
@@ -41,19 +42,27 @@ def parse_args(argv=None):
     parser.add_argument(
         '--amp', action='store_true', help='automatic mixed precision (GPU)')
     parser.add_argument(
-        '--auto-scale-lr', action='store_true',
+        '--auto-scale-lr',
+        action='store_true',
         help='scale the lr by the actual batch size (cfg.auto_scale_lr)')
     parser.add_argument(
-        '--resume', nargs='?', type=str, const='auto',
+        '--resume',
+        nargs='?',
+        type=str,
+        const='auto',
         help='resume from this checkpoint, or, without a path, from the '
         'latest checkpoint in the work dir')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
         help='override config settings, key=value (e.g. '
         'train_cfg.max_epochs=3 "model.backbone.depth=26")')
     parser.add_argument(
-        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none', help='job launcher')
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
     # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
@@ -128,8 +137,9 @@ def main(argv=None):
     # resuming restores the weights: the ImageNet init is not needed then
     exit_if_data_missing(cfg, loaders, pretrained=not cfg.get('resume'))
     setup_cpu_distributed(cfg, args.launcher)
-    runner = (Runner.from_cfg(cfg)
-              if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    runner = (
+        Runner.from_cfg(cfg)
+        if 'runner_type' not in cfg else RUNNERS.build(cfg))
     if not any(isinstance(h, RandomStateHook) for h in runner.hooks):
         runner.register_hook(RandomStateHook())
     runner.train()

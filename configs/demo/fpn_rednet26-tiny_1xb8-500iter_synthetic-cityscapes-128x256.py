@@ -62,10 +62,14 @@ optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.01))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=50),
-    dict(type='PolyLR', eta_min=1e-5, power=0.9, begin=50, end=max_iters,
-         by_epoch=False),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
+    dict(
+        type='PolyLR',
+        eta_min=1e-5,
+        power=0.9,
+        begin=50,
+        end=max_iters,
+        by_epoch=False),
 ]
 default_hooks = dict(
     timer=dict(type='IterTimerHook'),

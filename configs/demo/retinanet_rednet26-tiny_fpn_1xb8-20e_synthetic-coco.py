@@ -102,10 +102,14 @@ optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.05),
     clip_grad=dict(max_norm=10, norm_type=2))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=100),
-    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs,
-         T_max=max_epochs, eta_min=1e-5),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
+    dict(
+        type='CosineAnnealingLR',
+        by_epoch=True,
+        begin=0,
+        end=max_epochs,
+        T_max=max_epochs,
+        eta_min=1e-5),
 ]
 
 default_hooks = dict(

@@ -14,7 +14,8 @@ import os.path as osp
 _HOW_TO_GET = {
     'CocoDataset':
     'download COCO 2017 as described in docs/datasets.md (COCO)',
-    'CityscapesDataset': 'download and convert Cityscapes as described in '
+    'CityscapesDataset':
+    'download and convert Cityscapes as described in '
     'docs/datasets.md (Cityscapes)',
 }
 # The demo sets are generated, not downloaded.
@@ -117,8 +118,8 @@ def _pretrained_cfgs(node, key):
     """Yield (key, init_cfg) of each ``Pretrained`` init_cfg under ``node``."""
     if isinstance(node, dict):
         init_cfgs = node.get('init_cfg')
-        for i, init in enumerate(init_cfgs if isinstance(init_cfgs, list)
-                                 else [init_cfgs]):
+        for i, init in enumerate(
+                init_cfgs if isinstance(init_cfgs, list) else [init_cfgs]):
             if isinstance(init, dict) and init.get('type') == 'Pretrained':
                 suffix = f'[{i}]' if isinstance(init_cfgs, list) else ''
                 yield f'{key}.init_cfg{suffix}', init

@@ -31,14 +31,15 @@ DET_CLASSES = ('circle', 'square', 'triangle')
 
 # Cityscapes train ids (mmseg ``CityscapesDataset.METAINFO['classes']`` order)
 # of the classes the street scenes contain.
-ROAD, SIDEWALK, BUILDING, POLE, SIGN, VEGETATION, SKY, PERSON, CAR = (
-    0, 1, 2, 5, 7, 8, 10, 11, 13)
-SEG_TRAIN_IDS = (ROAD, SIDEWALK, BUILDING, POLE, SIGN, VEGETATION, SKY,
-                 PERSON, CAR)
+ROAD, SIDEWALK, BUILDING, POLE, SIGN, VEGETATION, SKY, PERSON, CAR = (0, 1, 2,
+                                                                      5, 7, 8,
+                                                                      10, 11,
+                                                                      13)
+SEG_TRAIN_IDS = (ROAD, SIDEWALK, BUILDING, POLE, SIGN, VEGETATION, SKY, PERSON,
+                 CAR)
 SEG_CITIES = {'train': ('aachen', 'bochum'), 'val': ('frankfurt', )}
 
 _SPLIT_IDS = {'train': 0, 'val': 1}
-
 
 STAMP = '.synthetic.json'
 
@@ -95,8 +96,8 @@ def _texture(rng, h, w, mean, amp=30.0, cell=16, stripes=0.0):
         yy, xx = np.mgrid[0:h, 0:w]
         theta = rng.uniform(0, np.pi)
         period = rng.uniform(5, 18)
-        wave = np.sin(2 * np.pi *
-                      (xx * np.cos(theta) + yy * np.sin(theta)) / period)
+        wave = np.sin(2 * np.pi * (xx * np.cos(theta) + yy * np.sin(theta)) /
+                      period)
         img += stripes * wave[..., None] * rng.uniform(0.3, 1.0, size=3)
     return img + rng.normal(0.0, 6.0, size=(h, w, 3))
 
@@ -111,14 +112,14 @@ def _shape_polygon(rng, cls, cx, cy, size):
         angles = np.linspace(0, 2 * np.pi, 32, endpoint=False)
         radius = size / 2
     elif cls == 'square':
-        angles = np.deg2rad(rng.uniform(-15, 15)) + np.pi / 4 + np.arange(
-            4) * np.pi / 2
+        angles = np.deg2rad(rng.uniform(
+            -15, 15)) + np.pi / 4 + np.arange(4) * np.pi / 2
         radius = size / 2 * np.sqrt(2) * rng.uniform(0.8, 1.0)
     else:  # triangle
         angles = rng.uniform(0, 2 * np.pi) + np.arange(3) * 2 * np.pi / 3
         radius = size / 2 * rng.uniform(0.9, 1.1)
-    return np.stack([cx + radius * np.cos(angles),
-                     cy + radius * np.sin(angles)], axis=1)
+    return np.stack(
+        [cx + radius * np.cos(angles), cy + radius * np.sin(angles)], axis=1)
 
 
 def _draw_detection_image(rng, size, max_objects):
@@ -138,8 +139,8 @@ def _draw_detection_image(rng, size, max_objects):
             ys, xs = np.nonzero(mask)
             box = [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]
             # objects do not touch (2 px apart), so every box is exact
-            if all(box[0] > b[2] + 1 or b[0] > box[2] + 1 or box[1] > b[3] + 1
-                   or b[1] > box[3] + 1 for b, _, _, _ in objects):
+            if all(box[0] > b[2] + 1 or b[0] > box[2] + 1 or box[1] > b[3] +
+                   1 or b[1] > box[3] + 1 for b, _, _, _ in objects):
                 break
         else:
             continue
@@ -154,8 +155,13 @@ def _draw_detection_image(rng, size, max_objects):
     return _to_uint8(img), objects
 
 
-def make_synthetic_coco(out_dir, num_train=400, num_val=100, img_size=128,
-                        max_objects=4, seed=0, skip_if_ready=False):
+def make_synthetic_coco(out_dir,
+                        num_train=400,
+                        num_val=100,
+                        img_size=128,
+                        max_objects=4,
+                        seed=0,
+                        skip_if_ready=False):
     """Write the synthetic COCO-format detection set.
 
     Layout::
@@ -186,8 +192,13 @@ def make_synthetic_coco(out_dir, num_train=400, num_val=100, img_size=128,
         >>> sorted(files)
         ['train', 'val']
     """
-    params = dict(kind='coco', num_train=num_train, num_val=num_val,
-                  img_size=img_size, max_objects=max_objects, seed=seed)
+    params = dict(
+        kind='coco',
+        num_train=num_train,
+        num_val=num_val,
+        img_size=img_size,
+        max_objects=max_objects,
+        seed=seed)
     ann_files = {
         split: osp.join(out_dir, 'annotations', f'instances_{split}.json')
         for split in ('train', 'val')
@@ -209,8 +220,11 @@ def make_synthetic_coco(out_dir, num_train=400, num_val=100, img_size=128,
             file_name = f'{idx:06d}.png'
             cv2.imwrite(osp.join(out_dir, split, file_name), img)
             images.append(
-                dict(id=idx, file_name=file_name, height=img_size,
-                     width=img_size))
+                dict(
+                    id=idx,
+                    file_name=file_name,
+                    height=img_size,
+                    width=img_size))
             for box, cls_id, poly, area in objects:
                 x1, y1, x2, y2 = (int(v) for v in box)
                 annotations.append(
@@ -224,8 +238,10 @@ def make_synthetic_coco(out_dir, num_train=400, num_val=100, img_size=128,
                         segmentation=[np.round(poly, 2).ravel().tolist()]))
         with open(ann_files[split], 'w') as f:
             json.dump(
-                dict(images=images, annotations=annotations,
-                     categories=categories), f)
+                dict(
+                    images=images,
+                    annotations=annotations,
+                    categories=categories), f)
     _write_stamp(out_dir, **params)
     return ann_files
 
@@ -253,8 +269,8 @@ def _draw_street_scene(rng, h, w):
     def paint(mask, train_id):
         mean, amp, stripes = _SEG_LOOKS[train_id]
         jitter = rng.uniform(-25, 25, size=3)
-        tex = _texture(rng, h, w, np.add(mean, jitter), amp=amp,
-                       stripes=stripes)
+        tex = _texture(
+            rng, h, w, np.add(mean, jitter), amp=amp, stripes=stripes)
         img[mask] = tex[mask]
         label[mask] = train_id
 
@@ -273,10 +289,10 @@ def _draw_street_scene(rng, h, w):
         x += bw + int(rng.uniform(0, 0.08) * w)
     for _ in range(rng.randint(1, 4)):  # trees
         mask = np.zeros((h, w), np.uint8)
-        cv2.ellipse(mask, (int(rng.uniform(0, w)), int(rng.uniform(
-            horizon, ground))), (int(rng.uniform(0.05, 0.12) * w),
-                                 int(rng.uniform(0.1, 0.25) * h)), 0, 0, 360,
-                    1, -1)
+        cv2.ellipse(
+            mask, (int(rng.uniform(0, w)), int(rng.uniform(horizon, ground))),
+            (int(rng.uniform(0.05, 0.12) * w), int(
+                rng.uniform(0.1, 0.25) * h)), 0, 0, 360, 1, -1)
         paint(mask.astype(bool), VEGETATION)
     # the road narrows towards the horizon, sidewalks run along it
     half = (yy - ground) / max(h - ground, 1) * 0.45 * w + 0.2 * w
@@ -295,8 +311,8 @@ def _draw_street_scene(rng, h, w):
         cy = int(rng.uniform(ground + 4, h))
         scale = 0.4 + 0.6 * (cy - ground) / max(h - ground, 1)
         cw, ch = int(0.2 * w * scale), int(0.18 * h * scale)
-        cx = int(centre + rng.uniform(-1, 1) * (half[min(cy, h - 1), 0] -
-                                                cw / 2))
+        cx = int(centre + rng.uniform(-1, 1) *
+                 (half[min(cy, h - 1), 0] - cw / 2))
         body = (np.abs(xx - cx) < cw / 2) & (yy < cy) & (yy >= cy - ch)
         roof = (np.abs(xx - cx) < cw / 3) & (yy < cy - ch) & (
             yy >= cy - 1.5 * ch)
@@ -305,8 +321,11 @@ def _draw_street_scene(rng, h, w):
         py = int(rng.uniform(ground + 2, h))
         scale = 0.5 + 0.5 * (py - ground) / max(h - ground, 1)
         ph, pw = int(0.22 * h * scale), max(int(0.02 * w * scale), 2)
-        px = int(rng.choice([rng.uniform(0, centre - half[py - 1, 0]),
-                             rng.uniform(centre + half[py - 1, 0], w)]))
+        px = int(
+            rng.choice([
+                rng.uniform(0, centre - half[py - 1, 0]),
+                rng.uniform(centre + half[py - 1, 0], w)
+            ]))
         mask = np.zeros((h, w), np.uint8)
         cv2.ellipse(mask, (px, py - ph // 2), (pw, ph // 2), 0, 0, 360, 1, -1)
         cv2.circle(mask, (px, py - ph - pw), pw, 1, -1)
@@ -314,8 +333,11 @@ def _draw_street_scene(rng, h, w):
     return _to_uint8(img), label
 
 
-def make_synthetic_cityscapes(out_dir, num_train=200, num_val=50,
-                              img_size=(128, 256), seed=0,
+def make_synthetic_cityscapes(out_dir,
+                              num_train=200,
+                              num_val=50,
+                              img_size=(128, 256),
+                              seed=0,
                               skip_if_ready=False):
     """Write the synthetic Cityscapes-layout segmentation set.
 
@@ -346,8 +368,12 @@ def make_synthetic_cityscapes(out_dir, num_train=200, num_val=50,
         >>> make_synthetic_cityscapes('data/synthetic_cityscapes', 4, 2)
         {'train': 4, 'val': 2}
     """
-    params = dict(kind='cityscapes', num_train=num_train, num_val=num_val,
-                  img_size=list(img_size), seed=seed)
+    params = dict(
+        kind='cityscapes',
+        num_train=num_train,
+        num_val=num_val,
+        img_size=list(img_size),
+        seed=seed)
     if skip_if_ready and synthetic_set_ready(out_dir, **params):
         return dict(train=num_train, val=num_val)
     _start_set(out_dir, ('leftImg8bit', 'gtFine'))
@@ -358,9 +384,9 @@ def make_synthetic_cityscapes(out_dir, num_train=200, num_val=50,
             city = cities[idx % len(cities)]
             stem = f'{city}_{idx // len(cities):06d}_000019'
             img, label = _draw_street_scene(_rng(seed, split, idx), h, w)
-            for sub, suffix, data in (
-                    ('leftImg8bit', '_leftImg8bit.png', img),
-                    ('gtFine', '_gtFine_labelTrainIds.png', label)):
+            for sub, suffix, data in (('leftImg8bit', '_leftImg8bit.png', img),
+                                      ('gtFine', '_gtFine_labelTrainIds.png',
+                                       label)):
                 d = osp.join(out_dir, sub, split, city)
                 os.makedirs(d, exist_ok=True)
                 cv2.imwrite(osp.join(d, stem + suffix), data)

@@ -242,8 +242,10 @@ def find_resumable_checkpoint(work_dir):
         reason = checkpoint_error(path)
         if reason is None:
             return path
-        warnings.warn(f"cannot resume from '{path}': {reason}; trying an "
-                      'older checkpoint', stacklevel=2)
+        warnings.warn(
+            f"cannot resume from '{path}': {reason}; trying an "
+            'older checkpoint',
+            stacklevel=2)
     return None
 
 

@@ -102,7 +102,8 @@ def convert_sync_bn_to_bn(cfg):
     if found:
         warnings.warn(
             'No GPU: SyncBN does not run on the CPU, using BN instead '
-            f"(replaced {', '.join(found)}).", stacklevel=2)
+            f"(replaced {', '.join(found)}).",
+            stacklevel=2)
     return found
 
 
@@ -165,7 +166,9 @@ def setup_cpu_distributed(cfg, launcher):
             type='CPUDistributedDataParallel',
             broadcast_buffers=False,
             find_unused_parameters=cfg.get('find_unused_parameters', False))
-    elif wrapper.get('type', 'MMDistributedDataParallel') in (
-            'MMDistributedDataParallel', 'DistributedDataParallel'):
+    elif wrapper.get(
+            'type',
+            'MMDistributedDataParallel') in ('MMDistributedDataParallel',
+                                             'DistributedDataParallel'):
         wrapper['type'] = 'CPUDistributedDataParallel'
     return True

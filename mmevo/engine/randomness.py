@@ -139,11 +139,10 @@ class RandomStateHook(Hook):
         loader = runner.train_dataloader
         persistent = loader.num_workers > 0 and loader.persistent_workers
         epoch_based = isinstance(runner.train_loop, EpochBasedTrainLoop)
-        if loader.num_workers > 0 and not isinstance(
-                loader.collate_fn, _CollateWithWorkerState):
+        if loader.num_workers > 0 and not isinstance(loader.collate_fn,
+                                                     _CollateWithWorkerState):
             loader.collate_fn = _CollateWithWorkerState(loader.collate_fn)
-            loader.worker_init_fn = _WorkerInitWithState(
-                loader.worker_init_fn)
+            loader.worker_init_fn = _WorkerInitWithState(loader.worker_init_fn)
         saved, self._saved = self._saved, None
         if saved is None or runner.iter == 0:  # loaded weights, no resume
             return
@@ -152,7 +151,8 @@ class RandomStateHook(Hook):
                 f"resumed with {get_world_size()} processes, saved with "
                 f"{saved['world_size']}: the random streams are not "
                 'restored, the resumed run is not bit-exact',
-                logger='current', level='WARNING')
+                logger='current',
+                level='WARNING')
             return
         mine = saved['ranks'][get_rank()]
         sampler = getattr(loader, 'sampler', None)
@@ -172,7 +172,8 @@ class RandomStateHook(Hook):
                     f'resumed with {loader.num_workers} dataloader workers, '
                     f"saved with {len(mine['workers'])}: their random "
                     'streams start afresh, the resumed run is not bit-exact',
-                    logger='current', level='WARNING')
+                    logger='current',
+                    level='WARNING')
             else:
                 init.states = dict(mine['workers'])
         self._main = mine['main']
@@ -204,8 +205,8 @@ class RandomStateHook(Hook):
 
     def after_train_epoch(self, runner):
         # every rank, before the CheckpointHook (which saves on rank 0 only)
-        self._epoch_states = (runner.epoch, all_gather_object(
-            self._rank_state(runner)))
+        self._epoch_states = (runner.epoch,
+                              all_gather_object(self._rank_state(runner)))
 
     def before_save_checkpoint(self, runner, checkpoint):
         if self._epoch_states is not None and \

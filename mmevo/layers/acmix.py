@@ -22,8 +22,10 @@ def position_map(height, width, dtype, device):
         return pos / pos[-1:].clamp(min=1) * 2 - 1
 
     loc_w, loc_h = linspace(width), linspace(height)
-    return torch.stack([loc_w.view(1, -1).expand(height, width),
-                        loc_h.view(-1, 1).expand(height, width)]).unsqueeze(0)
+    return torch.stack([
+        loc_w.view(1, -1).expand(height, width),
+        loc_h.view(-1, 1).expand(height, width)
+    ]).unsqueeze(0)
 
 
 @MODELS.register_module()
@@ -117,8 +119,7 @@ class ACmix(EvolutionLayer):
         for t in range(kc * kc):
             shift[t, t // kc, t % kc] = 1.
         with torch.no_grad():
-            self.dep_conv.weight.copy_(
-                shift.repeat(self.out_planes, 1, 1, 1))
+            self.dep_conv.weight.copy_(shift.repeat(self.out_planes, 1, 1, 1))
 
     def init_weights(self):
         """mmengine init; the rates and shift kernels win over a parent's
@@ -154,11 +155,12 @@ class ACmix(EvolutionLayer):
         channels of ``dep_conv``'s group for that channel (published).
         """
         B, C, H, W = q.shape
-        heads = [t.view(B, self.head, self.head_dim, H * W)
-                 for t in (q, k, v)]
+        heads = [t.view(B, self.head, self.head_dim, H * W) for t in (q, k, v)]
         f_all = self.fc(torch.cat(heads, 1))
-        f_conv = f_all.permute(0, 2, 1, 3).reshape(
-            B, self.head_dim * self.kernel_conv**2, H, W)
+        f_conv = f_all.permute(0, 2, 1,
+                               3).reshape(B,
+                                          self.head_dim * self.kernel_conv**2,
+                                          H, W)
         return self.dep_conv(f_conv)
 
     def window_input(self, x):
@@ -177,9 +179,9 @@ class ACmix(EvolutionLayer):
         shifted by ``pe``, see :meth:`_query_key`); reflection of (k - pe)
         is reflection of each, as it is linear."""
         key, padding, mode = self.window_input(key)
-        return local_attention_weights(query, key, self.head,
-                                       self.kernel_size, self.stride, padding,
-                                       self.dilation, mode)
+        return local_attention_weights(query, key, self.head, self.kernel_size,
+                                       self.stride, padding, self.dilation,
+                                       mode)
 
     def generate(self, x):
         """Return ``(v, attention)``; attention (B, head, K, K, Ho, Wo)."""

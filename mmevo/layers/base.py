@@ -55,8 +55,13 @@ class EvolutionLayer(BaseModule):
         >>> handle.remove()
     """
 
-    def __init__(self, kernel_size, stride=1, padding=None, dilation=1,
-                 padding_mode='zeros', init_cfg=None):
+    def __init__(self,
+                 kernel_size,
+                 stride=1,
+                 padding=None,
+                 dilation=1,
+                 padding_mode='zeros',
+                 init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         # Validate the geometry now so a bad config fails at build time,
         # not on the first batch.

@@ -19,8 +19,7 @@ class FilterNorm(nn.Module):
         running_std (bool): learn the per-tap std. Default: False.
     """
 
-    def __init__(self, channels, kernel_size, nonlinearity,
-                 running_std=False):
+    def __init__(self, channels, kernel_size, nonlinearity, running_std=False):
         super().__init__()
         self.channels = channels
         std = calculate_gain(nonlinearity) / kernel_size
@@ -112,17 +111,20 @@ class DynamicFilter(EvolutionLayer):
         spatial = [nn.Conv2d(channels, K2, 1, stride=stride)]
         if gen_kernel_size > 1:
             spatial = [
-                nn.Conv2d(channels, channels, gen_kernel_size, stride=stride,
-                          padding=gen_kernel_size // 2, groups=channels),
+                nn.Conv2d(
+                    channels,
+                    channels,
+                    gen_kernel_size,
+                    stride=stride,
+                    padding=gen_kernel_size // 2,
+                    groups=channels),
                 nn.Conv2d(channels, K2, 1)
             ]
         self.spatial_branch = nn.Sequential(
             *spatial, FilterNorm(1, kernel_size, nonlinearity))
         self.channel_branch = nn.Sequential(
-            nn.AdaptiveAvgPool2d((1, 1)),
-            nn.Conv2d(channels, mid, 1),
-            nn.ReLU(True),
-            nn.Conv2d(mid, channels * K2, 1),
+            nn.AdaptiveAvgPool2d((1, 1)), nn.Conv2d(channels, mid, 1),
+            nn.ReLU(True), nn.Conv2d(mid, channels * K2, 1),
             FilterNorm(channels, kernel_size, nonlinearity, running_std=True))
 
     def generate(self, x):

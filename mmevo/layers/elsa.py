@@ -97,20 +97,23 @@ class ELSA(EvolutionLayer):
         check_divisible('dim_qk', self.dim_qk, 'groups', groups)
         check_divisible('kernel_size**2 * num_heads',
                         kernel_size**2 * num_heads, 'groups', groups)
-        self.scale = ((self.dim_v // num_heads)**-0.5
-                      if qk_scale is None else qk_scale)
+        self.scale = ((self.dim_v //
+                       num_heads)**-0.5 if qk_scale is None else qk_scale)
         self.lam = lam
         self.gamma = gamma
 
-        self.pre_proj = nn.Conv2d(dim, self.dim_qk * 2 + self.dim_v, 1,
-                                  bias=qkv_bias)
+        self.pre_proj = nn.Conv2d(
+            dim, self.dim_qk * 2 + self.dim_v, 1, bias=qkv_bias)
         self.attn = nn.Sequential(
-            nn.Conv2d(self.dim_qk, self.dim_qk, kernel_size,
-                      padding=self.padding, dilation=dilation,
-                      groups=self.dim_qk // group_width),
-            nn.GELU(),
-            nn.Conv2d(self.dim_qk, kernel_size**2 * num_heads, 1,
-                      groups=groups))
+            nn.Conv2d(
+                self.dim_qk,
+                self.dim_qk,
+                kernel_size,
+                padding=self.padding,
+                dilation=dilation,
+                groups=self.dim_qk // group_width), nn.GELU(),
+            nn.Conv2d(
+                self.dim_qk, kernel_size**2 * num_heads, 1, groups=groups))
         shape = (self.dim_v, kernel_size, kernel_size)
         mul = torch.randn(1, *shape)
         add = nn.init.trunc_normal_(torch.zeros(1, *shape), std=.02)
@@ -143,13 +146,13 @@ class ELSA(EvolutionLayer):
         """Return ``(v, kernel)``: kernel (B, dim_v, K, K, H_out, W_out), or
         (B, num_heads, ...) without a ghost head."""
         self.check_input(x, self.dim)
-        q, k, v = torch.split(self.pre_proj(x),
-                              (self.dim_qk, self.dim_qk, self.dim_v), dim=1)
+        q, k, v = torch.split(
+            self.pre_proj(x), (self.dim_qk, self.dim_qk, self.dim_v), dim=1)
         quadratic = q * k * self.scale
         if self.stride > 1:
             # ceil_mode: attention map and output both have ceil(H/s) rows.
-            quadratic = F.avg_pool2d(quadratic, self.stride, self.stride,
-                                     ceil_mode=True)
+            quadratic = F.avg_pool2d(
+                quadratic, self.stride, self.stride, ceil_mode=True)
         logits = self.attn(quadratic)
         B, _, H, W = logits.shape
         G, K = self.num_heads, self.kernel_size

@@ -57,8 +57,8 @@ class EvolutionConv(EvolutionLayer):
         check_divisible('channels', channels, 'groups', groups)
         self.channels = channels
         self.groups = groups
-        self.weight = nn.Parameter(torch.empty(groups, kernel_size,
-                                               kernel_size))
+        self.weight = nn.Parameter(
+            torch.empty(groups, kernel_size, kernel_size))
         self.bias = nn.Parameter(torch.empty(channels)) if bias else None
         self.reset_parameters()
 
@@ -75,8 +75,9 @@ class EvolutionConv(EvolutionLayer):
         self.check_input(x, self.channels)
         B, _, H, W = x.shape
         K = self.kernel_size
-        kernel = self.weight.view(1, self.groups, K, K, 1, 1).expand(
-            B, -1, -1, -1, self.output_size(H), self.output_size(W))
+        kernel = self.weight.view(1, self.groups, K, K, 1,
+                                  1).expand(B, -1, -1, -1, self.output_size(H),
+                                            self.output_size(W))
         return x, kernel
 
     def forward(self, x):

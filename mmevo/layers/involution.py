@@ -58,8 +58,7 @@ class Involution(EvolutionLayer):
         check_int('channels', channels)
         check_int('reduction_ratio', reduction_ratio)
         check_int('group_channels', group_channels)
-        check_divisible('channels', channels, 'group_channels',
-                        group_channels)
+        check_divisible('channels', channels, 'group_channels', group_channels)
         if channels // reduction_ratio < 1:
             raise ValueError(f'channels // reduction_ratio must be >= 1, got '
                              f'{channels} // {reduction_ratio}')

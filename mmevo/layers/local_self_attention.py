@@ -90,8 +90,10 @@ class LocalSelfAttention(EvolutionLayer):
         """r (C_out, K, K): row embedding for the first half, column for the
         second half of the channels."""
         K = self.kernel_size
-        return torch.cat([self.rel_h.unsqueeze(2).expand(-1, K, K),
-                          self.rel_w.unsqueeze(1).expand(-1, K, K)])
+        return torch.cat([
+            self.rel_h.unsqueeze(2).expand(-1, K, K),
+            self.rel_w.unsqueeze(1).expand(-1, K, K)
+        ])
 
     def generate(self, x):
         """Return ``(v, attention)``; attention (B, heads, K, K, Ho, Wo)."""

@@ -33,7 +33,13 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
                                     in_hw[1], stride, padding, dilation)
 
 
-def correlate(q, x, groups, kernel_size, stride, padding, dilation,
+def correlate(q,
+              x,
+              groups,
+              kernel_size,
+              stride,
+              padding,
+              dilation,
               softmax=False):
     """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
     softmax is fused: it runs on each tile's sums before they are

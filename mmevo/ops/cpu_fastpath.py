@@ -81,8 +81,7 @@ def _capturing():
     """Whether a tracer, scripter, exporter or compiler is running."""
     exporting = getattr(torch.compiler, 'is_exporting', None)
     return (torch.jit.is_tracing() or torch.jit.is_scripting()
-            or torch.onnx.is_in_onnx_export()
-            or torch.compiler.is_compiling()
+            or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
             or (exporting is not None and exporting()))
 
 
@@ -110,8 +109,8 @@ _SINGLE_MATMUL_PIXELS = 100
 def _pointwise_forward(x, weight, bias):
     B, C, H, W = x.shape
     C_out = weight.shape[0]
-    y = torch.bmm(weight.view(1, C_out, C).expand(B, -1, -1),
-                  x.reshape(B, C, H * W))
+    y = torch.bmm(
+        weight.view(1, C_out, C).expand(B, -1, -1), x.reshape(B, C, H * W))
     if bias is not None:
         # In place: bmm's backward does not need y, and a second buffer the
         # size of a whole generated kernel costs more than the add.
@@ -351,8 +350,9 @@ class _SplitProjection(torch.autograd.Function):
         conv_input = proj.view(B, C3, H * W).transpose(1, 2).contiguous()
         ctx.geometry = (head, s, q_scale)
         return (query.view(B, C, *query.shape[-2:]), key.view(B, C, H, W),
-                value.view(B, C, H, W),
-                conv_input.view(B, H, W, C3).permute(0, 3, 1, 2))
+                value.view(B, C, H,
+                           W), conv_input.view(B, H, W,
+                                               C3).permute(0, 3, 1, 2))
 
     @staticmethod
     def backward(ctx, g_query, g_key, g_value, g_conv):
@@ -413,10 +413,12 @@ def acmix_inputs(layer, x, pe):
     B, C_in, H, W = x.shape
     convs = (layer.conv1, layer.conv2, layer.conv3)
     # Rows (head_dim, {q, k, v}, head): the grouping of dep_conv.
-    weight = torch.stack([c.weight.view(layer.head, layer.head_dim, C_in)
-                          for c in convs]).permute(2, 0, 1, 3)
-    bias = torch.stack([c.bias.view(layer.head, layer.head_dim)
-                        for c in convs]).permute(2, 0, 1)
+    weight = torch.stack([
+        c.weight.view(layer.head, layer.head_dim, C_in) for c in convs
+    ]).permute(2, 0, 1, 3)
+    bias = torch.stack([
+        c.bias.view(layer.head, layer.head_dim) for c in convs
+    ]).permute(2, 0, 1)
     proj = torch.baddbmm(
         bias.reshape(-1, 1),
         weight.reshape(1, -1, C_in).expand(B, -1, -1),

@@ -62,8 +62,9 @@ def resolve_window(kernel_size, stride, padding, dilation, padding_mode):
                          f'got {padding_mode!r}')
     if padding is None:
         if kernel_size % 2 == 0:
-            raise ValueError(f'padding=None ("same") needs an odd kernel_size, '
-                             f'got {kernel_size}; pass padding explicitly')
+            raise ValueError(
+                f'padding=None ("same") needs an odd kernel_size, '
+                f'got {kernel_size}; pass padding explicitly')
         return dilation * (kernel_size - 1) // 2
     check_int('padding', padding, 0)
     return padding
@@ -71,7 +72,8 @@ def resolve_window(kernel_size, stride, padding, dilation, padding_mode):
 
 def output_size(size, kernel_size, stride, padding, dilation):
     """Convolution output size rule: floor((H + 2p - d(K-1) - 1) / s) + 1."""
-    return (size + 2 * padding - dilation * (kernel_size - 1) - 1) // stride + 1
+    return (size + 2 * padding - dilation *
+            (kernel_size - 1) - 1) // stride + 1
 
 
 def _check_tensor(name, t, ndim, shape_doc):
@@ -80,7 +82,8 @@ def _check_tensor(name, t, ndim, shape_doc):
     if t.dim() != ndim:
         raise ValueError(f'{name} must be {shape_doc}, got {tuple(t.shape)}')
     if not t.is_floating_point():
-        raise TypeError(f'{name} must be a floating point tensor, got {t.dtype}')
+        raise TypeError(
+            f'{name} must be a floating point tensor, got {t.dtype}')
 
 
 def _autocast(a, b):
@@ -114,7 +117,11 @@ def _check_map(name, size, kernel_size, stride, padding, dilation):
     return out
 
 
-def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
+def evolution_aggregate(input,
+                        kernel,
+                        stride=1,
+                        padding=None,
+                        dilation=1,
                         padding_mode='zeros'):
     """Apply a per-pixel, per-group K x K kernel to the windows of ``input``.
 
@@ -152,8 +159,9 @@ def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
     B, C, H, W = map(int, input.shape)
     K = int(kernel.shape[2])
     if int(kernel.shape[3]) != K:
-        raise ValueError(f'kernel must be (B, G, K, K, H_out, W_out) with the '
-                         f'same K in both window dims, got {tuple(kernel.shape)}')
+        raise ValueError(
+            f'kernel must be (B, G, K, K, H_out, W_out) with the '
+            f'same K in both window dims, got {tuple(kernel.shape)}')
     padding = resolve_window(K, stride, padding, dilation, padding_mode)
     G = int(kernel.shape[1])
     if G < 1 or C % G:
@@ -170,8 +178,14 @@ def evolution_aggregate(input, kernel, stride=1, padding=None, dilation=1,
                                                dilation, padding_mode)
 
 
-def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
-                      dilation=1, padding_mode='zeros'):
+def local_correlation(query,
+                      key,
+                      groups,
+                      kernel_size,
+                      stride=1,
+                      padding=None,
+                      dilation=1,
+                      padding_mode='zeros'):
     """Per-group dot products of each query with the key window around it.
 
     ``out[b, g, u, v, i, j] = sum_{c in g} query[b, c, i, j] *
@@ -200,13 +214,19 @@ def local_correlation(query, key, groups, kernel_size, stride=1, padding=None,
     if torch.onnx.is_in_onnx_export():
         return _export_correlation(query, key, groups, kernel_size, stride,
                                    padding, dilation, padding_mode, False)
-    return torch.ops.mmevo.local_correlation(*_correlation_args(
-        query, key, groups, kernel_size, stride, padding, dilation,
-        padding_mode))
+    return torch.ops.mmevo.local_correlation(
+        *_correlation_args(query, key, groups, kernel_size, stride, padding,
+                           dilation, padding_mode))
 
 
-def local_attention_weights(query, key, groups, kernel_size, stride=1,
-                            padding=None, dilation=1, padding_mode='zeros'):
+def local_attention_weights(query,
+                            key,
+                            groups,
+                            kernel_size,
+                            stride=1,
+                            padding=None,
+                            dilation=1,
+                            padding_mode='zeros'):
     """Softmax over each window of :func:`local_correlation`, fused.
 
     ``softmax(local_correlation(query, key, ...))`` over the K x K window of
@@ -230,9 +250,9 @@ def local_attention_weights(query, key, groups, kernel_size, stride=1,
     if torch.onnx.is_in_onnx_export():
         return _export_correlation(query, key, groups, kernel_size, stride,
                                    padding, dilation, padding_mode, True)
-    return torch.ops.mmevo.local_attention_weights(*_correlation_args(
-        query, key, groups, kernel_size, stride, padding, dilation,
-        padding_mode))
+    return torch.ops.mmevo.local_attention_weights(
+        *_correlation_args(query, key, groups, kernel_size, stride, padding,
+                           dilation, padding_mode))
 
 
 def _correlation_args(query, key, groups, kernel_size, stride, padding,
@@ -285,5 +305,5 @@ def _export_correlation(query, key, groups, kernel_size, stride, padding,
     if int(key.shape[1]) % groups:
         raise ValueError(f'key channels ({int(key.shape[1])}) must be '
                          f'divisible by groups={groups}')
-    return export.correlation(query, key, groups, kernel_size, stride,
-                              padding, dilation, padding_mode, softmax)
+    return export.correlation(query, key, groups, kernel_size, stride, padding,
+                              dilation, padding_mode, softmax)

@@ -72,13 +72,21 @@ def aggregate(input, kernel, stride, padding, dilation, padding_mode):
         torch.Size([1, 4, 5, 5])
     """
     groups, kernel_size = int(kernel.shape[1]), int(kernel.shape[2])
-    windows = unfold(pad(input, padding, padding_mode), groups, kernel_size,
-                     stride, dilation)
+    windows = unfold(
+        pad(input, padding, padding_mode), groups, kernel_size, stride,
+        dilation)
     return (windows * kernel.unsqueeze(2)).sum((3, 4)).flatten(1, 2)
 
 
-def correlation(query, key, groups, kernel_size, stride, padding, dilation,
-                padding_mode, softmax=False):
+def correlation(query,
+                key,
+                groups,
+                kernel_size,
+                stride,
+                padding,
+                dilation,
+                padding_mode,
+                softmax=False):
     """:func:`mmevo.ops.local_correlation` (arguments resolved); with
     ``softmax``, :func:`mmevo.ops.local_attention_weights`.
 
@@ -87,8 +95,8 @@ def correlation(query, key, groups, kernel_size, stride, padding, dilation,
         >>> correlation(q, k, 2, 3, 2, 1, 1, 'zeros').shape
         torch.Size([1, 2, 3, 3, 3, 3])
     """
-    windows = unfold(pad(key, padding, padding_mode), groups, kernel_size,
-                     stride, dilation)
+    windows = unfold(
+        pad(key, padding, padding_mode), groups, kernel_size, stride, dilation)
     q = query.unflatten(1, (groups, -1))[:, :, :, None, None]
     logits = (windows * q).sum(2)
     if softmax:

@@ -1,4 +1,5 @@
-"""``torch.library`` registration of the evolution ops: dispatch, fake, autograd.
+"""``torch.library`` registration of the evolution ops: dispatch, fake,
+autograd.
 
 Four operators, all taking resolved arguments (validation happens once, in
 :mod:`mmevo.ops.evolution`):
@@ -85,7 +86,8 @@ def _triton_available():
 
 
 def primitives(t):
-    """The backend module (aggregate / aggregate_transpose / correlate) for ``t``."""
+    """The backend module (aggregate / aggregate_transpose / correlate)
+    for ``t``."""
     name = _forced.name
     if name == 'auto':
         if t.device.type == 'cpu' and cpp_backend.available():
@@ -152,8 +154,10 @@ def _fold_reflect(gxp, padding, H, W):
     rows = reflect_index(H, padding, gxp.device)
     cols = reflect_index(W, padding, gxp.device)
     if gxp.device.type == 'cpu':
-        out = gxp.new_zeros(*gxp.shape[:2], H, gxp.shape[3]).index_add_(2, rows, gxp)
-        return gxp.new_zeros(*gxp.shape[:2], H, W).index_add_(3, cols, out).to(dtype)
+        out = gxp.new_zeros(*gxp.shape[:2], H,
+                            gxp.shape[3]).index_add_(2, rows, gxp)
+        return gxp.new_zeros(*gxp.shape[:2], H, W).index_add_(3, cols,
+                                                              out).to(dtype)
     # A one-hot matmul is deterministic.
     rh = torch.nn.functional.one_hot(rows, H).to(gxp.dtype)  # (Hp, H)
     rw = torch.nn.functional.one_hot(cols, W).to(gxp.dtype)  # (Wp, W)
@@ -168,7 +172,8 @@ def _empty(t):
 
 # ---------------------------------------------------------------- operators
 @torch.library.custom_op(
-    'mmevo::evolution_aggregate', mutates_args=(),
+    'mmevo::evolution_aggregate',
+    mutates_args=(),
     schema='(Tensor input, Tensor kernel, int stride, int padding, '
     'int dilation, str padding_mode) -> Tensor')
 def _aggregate(input, kernel, stride, padding, dilation, padding_mode):
@@ -183,15 +188,16 @@ def _correlation_op(name, softmax):
     if ``softmax`` (the backends fuse it)."""
 
     @torch.library.custom_op(
-        f'mmevo::{name}', mutates_args=(),
+        f'mmevo::{name}',
+        mutates_args=(),
         schema='(Tensor query, Tensor key, int groups, int kernel_size, '
         'int stride, int padding, int dilation, str padding_mode) -> Tensor')
     def op(query, key, groups, kernel_size, stride, padding, dilation,
            padding_mode):
         if _empty(query):  # sums over no channels: 0, a uniform softmax
-            return query.new_full(
-                (query.shape[0], groups, kernel_size, kernel_size,
-                 *query.shape[-2:]), 1 / kernel_size**2 if softmax else 0)
+            return query.new_full((query.shape[0], groups, kernel_size,
+                                   kernel_size, *query.shape[-2:]),
+                                  1 / kernel_size**2 if softmax else 0)
         x, p = _explicit_padding(key, padding, padding_mode)
         return primitives(query).correlate(query, x, groups, kernel_size,
                                            stride, p, dilation, softmax)
@@ -204,7 +210,8 @@ _attention_weights = _correlation_op('local_attention_weights', softmax=True)
 
 
 @torch.library.custom_op(
-    'mmevo::evolution_aggregate_transpose', mutates_args=(),
+    'mmevo::evolution_aggregate_transpose',
+    mutates_args=(),
     schema='(Tensor grad, Tensor kernel, int height, int width, int stride, '
     'int padding, int dilation, str padding_mode) -> Tensor')
 def _aggregate_transpose(grad, kernel, height, width, stride, padding,
@@ -332,10 +339,11 @@ def _transpose_backward(ctx, grad_x):
     return (d_grad, d_kernel) + (None, ) * 6
 
 
-_aggregate.register_autograd(_on_forward_backend(_aggregate_backward),
-                             setup_context=_aggregate_setup)
-_correlation.register_autograd(_on_forward_backend(_correlation_backward),
-                               setup_context=_correlation_setup)
+_aggregate.register_autograd(
+    _on_forward_backend(_aggregate_backward), setup_context=_aggregate_setup)
+_correlation.register_autograd(
+    _on_forward_backend(_correlation_backward),
+    setup_context=_correlation_setup)
 _aggregate_transpose.register_autograd(
     _on_forward_backend(_transpose_backward), setup_context=_transpose_setup)
 _attention_weights.register_autograd(

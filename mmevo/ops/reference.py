@@ -1,6 +1,7 @@
 """Plain PyTorch reference of the evolution ops, readable as the formula.
 
-``Y[b, c, i, j] = sum_{u, v} W[b, g(c), u, v, i, j] * X[b, c, i*s - p + u*d, j*s - p + v*d]``
+``Y[b, c, i, j] = sum_{u, v} W[b, g(c), u, v, i, j]
+* X[b, c, i*s - p + u*d, j*s - p + v*d]``
 
 Written for clarity, not speed: one gather per window offset, any dtype
 (float64 for tests). The compiled kernels are checked against these functions.
@@ -34,7 +35,8 @@ def window_index(size, out_size, kernel_size, stride, padding, dilation,
 
 
 def _windows(x, kernel_size, out_hw, stride, padding, dilation, padding_mode):
-    """Yield ``(u, v, window)`` with window (B, C, H_out, W_out) = X at offset (u, v)."""
+    """Yield ``(u, v, window)`` with window (B, C, H_out, W_out) = X at
+    offset (u, v)."""
     H, W = x.shape[-2:]
     rows, rvalid = window_index(H, out_hw[0], kernel_size, stride, padding,
                                 dilation, padding_mode, x.device)
@@ -49,7 +51,8 @@ def _windows(x, kernel_size, out_hw, stride, padding, dilation, padding_mode):
 
 def aggregate_reference(input, kernel, stride, padding, dilation,
                         padding_mode):
-    """Reference of :func:`mmevo.ops.evolution_aggregate` (arguments resolved)."""
+    """Reference of :func:`mmevo.ops.evolution_aggregate` (arguments
+    resolved)."""
     B, C = input.shape[:2]
     G, K = kernel.shape[1], kernel.shape[2]
     out_hw = kernel.shape[-2:]
@@ -62,7 +65,8 @@ def aggregate_reference(input, kernel, stride, padding, dilation,
 
 def correlation_reference(query, key, groups, kernel_size, stride, padding,
                           dilation, padding_mode):
-    """Reference of :func:`mmevo.ops.local_correlation` (arguments resolved)."""
+    """Reference of :func:`mmevo.ops.local_correlation` (arguments
+    resolved)."""
     B, C, H_out, W_out = query.shape
     q = query.view(B, groups, C // groups, H_out, W_out)
     out = query.new_zeros(B, groups, kernel_size, kernel_size, H_out, W_out)
@@ -79,5 +83,5 @@ def attention_weights_reference(query, key, groups, kernel_size, stride,
     logits = correlation_reference(query, key, groups, kernel_size, stride,
                                    padding, dilation, padding_mode)
     B, G, K, _, H_out, W_out = logits.shape
-    return torch.softmax(logits.reshape(B, G, K * K, H_out, W_out),
-                         dim=2).reshape(logits.shape)
+    return torch.softmax(
+        logits.reshape(B, G, K * K, H_out, W_out), dim=2).reshape(logits.shape)

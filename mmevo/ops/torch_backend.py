@@ -18,7 +18,8 @@ def _span(out_size, stride, offset):
 
 
 def _acc_dtype(t):
-    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+    return torch.float32 if t.dtype in (torch.float16,
+                                        torch.bfloat16) else t.dtype
 
 
 def aggregate(x, w, stride, padding, dilation):
@@ -37,8 +38,11 @@ def aggregate(x, w, stride, padding, dilation):
     out = xp.new_zeros(B, G, C // G, Ho, Wo)
     for u in range(K):
         for v in range(K):
-            win = xp[:, :, _span(Ho, stride, u * dilation), _span(Wo, stride, v * dilation)]
-            out.addcmul_(win.view(B, G, C // G, Ho, Wo), wa[:, :, u, v].unsqueeze(2))
+            win = xp[:, :,
+                     _span(Ho, stride, u * dilation),
+                     _span(Wo, stride, v * dilation)]
+            out.addcmul_(
+                win.view(B, G, C // G, Ho, Wo), wa[:, :, u, v].unsqueeze(2))
     return out.view(B, C, Ho, Wo).to(x.dtype)
 
 
@@ -54,13 +58,16 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
     G, K = w.shape[1:3]
     H, W = in_hw
     acc = _acc_dtype(gy)
-    gxp = gy.new_zeros(B, G, C // G, H + 2 * padding, W + 2 * padding, dtype=acc)
+    gxp = gy.new_zeros(
+        B, G, C // G, H + 2 * padding, W + 2 * padding, dtype=acc)
     g = gy.to(acc).view(B, G, C // G, Ho, Wo)
     wa = w.to(acc)
     for u in range(K):
         for v in range(K):
-            gxp[..., _span(Ho, stride, u * dilation), _span(Wo, stride, v * dilation)].addcmul_(
-                g, wa[:, :, u, v].unsqueeze(2))
+            gxp[...,
+                _span(Ho, stride, u * dilation),
+                _span(Wo, stride, v * dilation)].addcmul_(
+                    g, wa[:, :, u, v].unsqueeze(2))
     gx = gxp[..., padding:padding + H, padding:padding + W]
     return gx.reshape(B, C, H, W).to(gy.dtype)
 
@@ -83,7 +90,13 @@ def window_softmax(t):
     return t.flatten(2, 3).softmax(2).view_as(t)
 
 
-def correlate(q, x, groups, kernel_size, stride, padding, dilation,
+def correlate(q,
+              x,
+              groups,
+              kernel_size,
+              stride,
+              padding,
+              dilation,
               softmax=False):
     """out = Corr(q, x): (B, C, Ho, Wo), (B, C, H, W) -> (B, G, K, K, Ho, Wo).
 
@@ -103,7 +116,9 @@ def correlate(q, x, groups, kernel_size, stride, padding, dilation,
     out = q.new_empty(B, groups, K, K, Ho, Wo, dtype=acc)
     for u in range(K):
         for v in range(K):
-            win = xp[:, :, _span(Ho, stride, u * dilation), _span(Wo, stride, v * dilation)]
+            win = xp[:, :,
+                     _span(Ho, stride, u * dilation),
+                     _span(Wo, stride, v * dilation)]
             torch.sum(qa * win.view_as(qa), dim=2, out=out[:, :, u, v])
     if softmax:
         out = window_softmax(out)

@@ -34,9 +34,18 @@ def _configs():
     if _INTERPRET:
         return [triton.Config({'BLOCK_C': 16, 'BLOCK_P': 128}, num_warps=4)]
     return [
-        triton.Config({'BLOCK_C': bc, 'BLOCK_P': bp}, num_warps=nw)
-        for bc, bp, nw in [(8, 128, 4), (16, 64, 4), (16, 128, 4), (16, 256, 8),
-                           (32, 64, 4), (32, 128, 8), (4, 256, 4), (1, 512, 4)]
+        triton.Config({
+            'BLOCK_C': bc,
+            'BLOCK_P': bp
+        }, num_warps=nw)
+        for bc, bp, nw in [(8, 128,
+                            4), (16, 64,
+                                 4), (16, 128,
+                                      4), (16, 256,
+                                           8), (32, 64,
+                                                4), (32, 128,
+                                                     8), (4, 256,
+                                                          4), (1, 512, 4)]
     ]
 
 
@@ -77,12 +86,15 @@ def _aggregate_kernel(x_ptr, w_ptr, y_ptr, C, H, W, G, Ho, Wo, K, stride,
             col = j * stride - padding + v * dilation
             ok = r_ok & (col >= 0) & (col < W)
             wv = tl.load(w_base + (u * K + v) * P + pos, mask=p_mask, other=0.)
-            xv = tl.load(x_rows + (row * W + col)[None, :],
-                         mask=c_mask[:, None] & ok[None, :], other=0.)
+            xv = tl.load(
+                x_rows + (row * W + col)[None, :],
+                mask=c_mask[:, None] & ok[None, :],
+                other=0.)
             acc += wv.to(acc_t)[None, :] * xv.to(acc_t)
-    tl.store(y_ptr + chan[:, None] * P + pos[None, :],
-             acc.to(y_ptr.dtype.element_ty),
-             mask=c_mask[:, None] & p_mask[None, :])
+    tl.store(
+        y_ptr + chan[:, None] * P + pos[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=c_mask[:, None] & p_mask[None, :])
 
 
 @triton.autotune(configs=CONFIGS, key=_KEY)
@@ -102,7 +114,8 @@ def _transpose_kernel(g_ptr, w_ptr, x_ptr, C, H, W, G, Ho, Wo, K, stride,
     cl = (pid_c % ncb) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = cl < Cg
     chan = (b * C + g * Cg + cl).to(tl.int64)
-    pos = (tl.program_id(0) % n_pb) * BLOCK_P + tl.arange(0, BLOCK_P)  # input positions
+    pos = (tl.program_id(0) % n_pb) * BLOCK_P + tl.arange(
+        0, BLOCK_P)  # input positions
     p_mask = pos < H * W
     h = pos // W
     col = pos % W
@@ -119,13 +132,17 @@ def _transpose_kernel(g_ptr, w_ptr, x_ptr, C, H, W, G, Ho, Wo, K, stride,
             tj = col + padding - v * dilation
             j = tj // stride
             ok = r_ok & (tj >= 0) & (tj % stride == 0) & (j < Wo)
-            wv = tl.load(w_base + (u * K + v) * P + i * Wo + j, mask=ok, other=0.)
-            gv = tl.load(g_rows + (i * Wo + j)[None, :],
-                         mask=c_mask[:, None] & ok[None, :], other=0.)
+            wv = tl.load(
+                w_base + (u * K + v) * P + i * Wo + j, mask=ok, other=0.)
+            gv = tl.load(
+                g_rows + (i * Wo + j)[None, :],
+                mask=c_mask[:, None] & ok[None, :],
+                other=0.)
             acc += wv.to(acc_t)[None, :] * gv.to(acc_t)
-    tl.store(x_ptr + chan[:, None] * H * W + pos[None, :],
-             acc.to(x_ptr.dtype.element_ty),
-             mask=c_mask[:, None] & p_mask[None, :])
+    tl.store(
+        x_ptr + chan[:, None] * H * W + pos[None, :],
+        acc.to(x_ptr.dtype.element_ty),
+        mask=c_mask[:, None] & p_mask[None, :])
 
 
 @triton.autotune(configs=CONFIGS, key=_KEY)
@@ -156,13 +173,19 @@ def _correlate_kernel(q_ptr, x_ptr, out_ptr, C, H, W, G, Ho, Wo, K, stride,
         cl = c0 + tl.arange(0, BLOCK_C)
         c_mask = cl < Cg
         chan = (b * C + g * Cg + cl).to(tl.int64)
-        qv = tl.load(q_ptr + chan[:, None] * P + pos[None, :],
-                     mask=c_mask[:, None] & p_mask[None, :], other=0.)
-        xv = tl.load(x_ptr + chan[:, None] * H * W + (row * W + col)[None, :],
-                     mask=c_mask[:, None] & ok[None, :], other=0.)
+        qv = tl.load(
+            q_ptr + chan[:, None] * P + pos[None, :],
+            mask=c_mask[:, None] & p_mask[None, :],
+            other=0.)
+        xv = tl.load(
+            x_ptr + chan[:, None] * H * W + (row * W + col)[None, :],
+            mask=c_mask[:, None] & ok[None, :],
+            other=0.)
         acc += tl.sum(qv.to(acc_t) * xv.to(acc_t), axis=0)
-    tl.store(out_ptr + pid_t.to(tl.int64) * P + pos,
-             acc.to(out_ptr.dtype.element_ty), mask=p_mask)
+    tl.store(
+        out_ptr + pid_t.to(tl.int64) * P + pos,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=p_mask)
 
 
 _KERNELS = (_aggregate_kernel, _transpose_kernel, _correlate_kernel)
@@ -205,9 +228,21 @@ def _launch(kernel, a, b, out, groups, kernel_size, in_hw, out_hw, stride,
     def grid(meta):
         return (triton.cdiv(n_pos, meta['BLOCK_P']) * programs_1(meta), )
 
-    kernel[grid](a, b, out, a.shape[1], in_hw[0], in_hw[1], groups, out_hw[0],
-                 out_hw[1], kernel_size, stride, padding, dilation,
-                 IS_FP64=a.dtype == torch.float64)
+    kernel[grid](
+        a,
+        b,
+        out,
+        a.shape[1],
+        in_hw[0],
+        in_hw[1],
+        groups,
+        out_hw[0],
+        out_hw[1],
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        IS_FP64=a.dtype == torch.float64)
     return out
 
 
@@ -234,7 +269,13 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
                    lambda meta: B * G * triton.cdiv(C // G, meta['BLOCK_C']))
 
 
-def correlate(q, x, groups, kernel_size, stride, padding, dilation,
+def correlate(q,
+              x,
+              groups,
+              kernel_size,
+              stride,
+              padding,
+              dilation,
               softmax=False):
     """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
     softmax (if asked) runs after the kernel, in fp32 at least."""
@@ -243,8 +284,14 @@ def correlate(q, x, groups, kernel_size, stride, padding, dilation,
     # Logits for the softmax stay in fp32: rounded to bf16 (fp16), a logit
     # of 8 is off by up to 0.03 (0.004), and so is its weight, relatively.
     acc = torch.promote_types(q.dtype, torch.float32)
-    out = q.new_empty(B, groups, kernel_size, kernel_size, Ho, Wo,
-                      dtype=acc if softmax else q.dtype)
+    out = q.new_empty(
+        B,
+        groups,
+        kernel_size,
+        kernel_size,
+        Ho,
+        Wo,
+        dtype=acc if softmax else q.dtype)
     out = _launch(_correlate_kernel, q, x, out, groups, kernel_size,
                   tuple(x.shape[-2:]), (Ho, Wo), stride, padding, dilation,
                   lambda meta: B * groups * kernel_size * kernel_size)

@@ -17,8 +17,8 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.structures import InstanceData, PixelData
 
 import mmevo  # noqa: F401  registers mmevo's modules
-from configs_helpers import all_configs, load
 from mmevo.engine.dist import convert_sync_bn_to_bn
+from configs_helpers import all_configs, load
 
 CONFIGS = all_configs()  # every config but configs/demo/ (tested elsewhere)
 # Tiny inputs keep 16 full-size models within the CPU budget.
@@ -58,9 +58,12 @@ def det_batch(with_mask, seed=0):
     h, w = DET_SIZE
     img = torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8))
     boxes = torch.tensor([[4., 6., 50., 44.], [40., 20., 120., 58.]])
-    sample = DetDataSample(metainfo=dict(
-        img_shape=(h, w), ori_shape=(h, w), scale_factor=(1., 1.),
-        pad_shape=(h, w)))
+    sample = DetDataSample(
+        metainfo=dict(
+            img_shape=(h, w),
+            ori_shape=(h, w),
+            scale_factor=(1., 1.),
+            pad_shape=(h, w)))
     gt = InstanceData(bboxes=boxes, labels=torch.tensor([3, 17]))
     if with_mask:
         masks = np.zeros((2, h, w), dtype=np.uint8)
@@ -79,12 +82,13 @@ def seg_batch(seed=0):
     h, w = SEG_SIZE
     inputs, samples = [], []
     for _ in range(SEG_BATCH):
-        inputs.append(torch.from_numpy(
-            rng.integers(0, 256, (3, h, w), dtype=np.uint8)))
+        inputs.append(
+            torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8)))
         label = torch.from_numpy(rng.integers(0, 19, (1, h, w))).long()
         label[:, :4] = 255
-        sample = SegDataSample(metainfo=dict(
-            img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
+        sample = SegDataSample(
+            metainfo=dict(
+                img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
         sample.gt_sem_seg = PixelData(data=label)
         samples.append(sample)
     return dict(inputs=inputs, data_samples=samples)
@@ -110,8 +114,10 @@ def test_registry_builds_the_published_components(built):
         assert (type(model.roi_head.mask_head).__name__ ==
                 cfg.model.roi_head.mask_head.type)
     # SyncBN was turned into BN (the only norm CPU training can run).
-    norms = [m for m in model.modules()
-             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    norms = [
+        m for m in model.modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+    ]
     assert norms and not any(
         isinstance(m, torch.nn.SyncBatchNorm) for m in norms)
 
@@ -125,8 +131,11 @@ def test_one_training_step(built):
     assert torch.isfinite(log_vars['loss']) and log_vars['loss'] > 0
     for name in log_vars:
         assert torch.isfinite(torch.as_tensor(log_vars[name])), name
-    changed = {n for n, p in model.named_parameters()
-               if not torch.equal(p.detach(), before[n])}
+    changed = {
+        n
+        for n, p in model.named_parameters()
+        if not torch.equal(p.detach(), before[n])
+    }
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     # Frozen parameters (a detector's stem and stage 1) do not move ...
     assert changed <= trainable
@@ -139,10 +148,13 @@ def test_one_training_step(built):
             assert names & changed, f'no parameter of {prefix} was updated'
     if cfg.model.backbone.get('frozen_stages', -1) == 1:
         # frozen_stages=1: only stages 2-4 of the backbone train.
-        assert {n for n in trainable if n.startswith('backbone.')} == {
-            n for n, _ in model.named_parameters()
-            if n.startswith(('backbone.layer2.', 'backbone.layer3.',
-                             'backbone.layer4.'))}
+        assert {n
+                for n in trainable if n.startswith('backbone.')} == {
+                    n
+                    for n, _ in model.named_parameters()
+                    if n.startswith(('backbone.layer2.', 'backbone.layer3.',
+                                     'backbone.layer4.'))
+                }
 
 
 def test_one_inference(built):

@@ -54,8 +54,8 @@ def test_rednet_detection_stem_loads_imagenet_checkpoint(tmp_path):
     every tensor loads except the stem involution's conv2, skipped with a
     size-mismatch warning, as the published runs did."""
     ref = json.loads((REFERENCE / 'rednet50_state_dict.json').read_text())
-    ckpt = _fake_checkpoint(ref['rednet50_cls'], tmp_path / 'rn50.pth',
-                            prefix='backbone.')
+    ckpt = _fake_checkpoint(
+        ref['rednet50_cls'], tmp_path / 'rn50.pth', prefix='backbone.')
     backbone, messages = _init_backbone(
         'configs/rednet/faster-rcnn_rednet50_fpn_1x_coco.py',
         tmp_path / 'rn50.pth')
@@ -74,8 +74,8 @@ def test_rednet_detection_stem_loads_imagenet_checkpoint(tmp_path):
 def test_rednet_imagenet_stem_loads_everything(tmp_path):
     """The documented alternative, stem_kernel_size=3, loads every tensor."""
     ref = json.loads((REFERENCE / 'rednet50_state_dict.json').read_text())
-    ckpt = _fake_checkpoint(ref['rednet50_cls'], tmp_path / 'rn50.pth',
-                            prefix='backbone.')
+    ckpt = _fake_checkpoint(
+        ref['rednet50_cls'], tmp_path / 'rn50.pth', prefix='backbone.')
     cfg_path = tmp_path / 'stem3.py'
     cfg_path.write_text(
         f"_base_ = '{ROOT}/configs/rednet/faster-rcnn_rednet50_fpn_1x_coco.py'"

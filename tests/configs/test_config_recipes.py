@@ -14,42 +14,87 @@ from configs_helpers import all_configs, load
 # at epochs 8 and 11 of 12, linear warm-up from ratio 0.001, 1333x800.
 # Cityscapes: 4 GPUs x 2 images, SGD lr 0.01 momentum 0.9 wd 5e-4, poly decay
 # power 0.9 to 1e-4 over 80k iterations, 512x1024 crops, SyncBN.
-DET = dict(task='det', momentum=0.9, weight_decay=1e-4, milestones=[8, 11],
-           max_epochs=12, warmup_ratio=0.001, batch=2, base_batch=16,
-           scale=(1333, 800))
-SEG = dict(task='seg', lr=0.01, momentum=0.9, weight_decay=5e-4,
-           max_iters=80000, power=0.9, eta_min=1e-4, batch=2, base_batch=8,
-           crop=(512, 1024), warmup=None, clip=None)
+DET = dict(
+    task='det',
+    momentum=0.9,
+    weight_decay=1e-4,
+    milestones=[8, 11],
+    max_epochs=12,
+    warmup_ratio=0.001,
+    batch=2,
+    base_batch=16,
+    scale=(1333, 800))
+SEG = dict(
+    task='seg',
+    lr=0.01,
+    momentum=0.9,
+    weight_decay=5e-4,
+    max_iters=80000,
+    power=0.9,
+    eta_min=1e-4,
+    batch=2,
+    base_batch=8,
+    crop=(512, 1024),
+    warmup=None,
+    clip=None)
 # name: (detector/segmentor recipe, backbone, neck, rpn head, mask head)
 PUBLISHED = {
     'rednet/faster-rcnn_rednet50_fpn_1x_coco':
-        dict(DET, lr=0.02, warmup=500, clip=None, neck='FPN', rpn='RPNHead'),
+    dict(DET, lr=0.02, warmup=500, clip=None, neck='FPN', rpn='RPNHead'),
     'rednet/faster-rcnn_rednet50_inv-neck_1x_coco':
-        dict(DET, lr=0.02, warmup=2000, clip=None, neck='InvolutionFPN',
-             rpn='RPNHead'),
+    dict(
+        DET,
+        lr=0.02,
+        warmup=2000,
+        clip=None,
+        neck='InvolutionFPN',
+        rpn='RPNHead'),
     'rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco':
-        dict(DET, lr=0.02, warmup=2000, clip=5, neck='InvolutionFPN',
-             rpn='InvolutionRPNHead'),
+    dict(
+        DET,
+        lr=0.02,
+        warmup=2000,
+        clip=5,
+        neck='InvolutionFPN',
+        rpn='InvolutionRPNHead'),
     'rednet/mask-rcnn_rednet50_fpn_1x_coco':
-        dict(DET, lr=0.02, warmup=500, clip=None, neck='FPN', rpn='RPNHead',
-             mask='FCNMaskHead'),
+    dict(
+        DET,
+        lr=0.02,
+        warmup=500,
+        clip=None,
+        neck='FPN',
+        rpn='RPNHead',
+        mask='FCNMaskHead'),
     'rednet/mask-rcnn_rednet50_inv-neck_1x_coco':
-        dict(DET, lr=0.02, warmup=2000, clip=None, neck='InvolutionFPN',
-             rpn='RPNHead', mask='FCNMaskHead'),
+    dict(
+        DET,
+        lr=0.02,
+        warmup=2000,
+        clip=None,
+        neck='InvolutionFPN',
+        rpn='RPNHead',
+        mask='FCNMaskHead'),
     'rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco':
-        dict(DET, lr=0.02, warmup=2000, clip=5, neck='InvolutionFPN',
-             rpn='InvolutionRPNHead', mask='InvolutionFCNMaskHead'),
+    dict(
+        DET,
+        lr=0.02,
+        warmup=2000,
+        clip=5,
+        neck='InvolutionFPN',
+        rpn='InvolutionRPNHead',
+        mask='InvolutionFCNMaskHead'),
     'rednet/retinanet_rednet50_fpn_1x_coco':
-        dict(DET, lr=0.01, warmup=2000, clip=None, neck='FPN', retina=True),
+    dict(DET, lr=0.01, warmup=2000, clip=None, neck='FPN', retina=True),
     'rednet/retinanet_rednet50_inv-neck_1x_coco':
-        dict(DET, lr=0.01, warmup=2000, clip=40, neck='InvolutionFPN',
-             retina=True),
+    dict(
+        DET, lr=0.01, warmup=2000, clip=40, neck='InvolutionFPN', retina=True),
     'rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024':
-        dict(SEG, neck='FPN', head='FPNHead'),
+    dict(SEG, neck='FPN', head='FPNHead'),
     'rednet/fpn_rednet50-inv-neck_4xb2-80k_cityscapes-512x1024':
-        dict(SEG, neck='InvolutionFPN', head='FPNHead'),
+    dict(SEG, neck='InvolutionFPN', head='FPNHead'),
     'rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024':
-        dict(SEG, neck=None, head='UPerHead'),
+    dict(SEG, neck=None, head='UPerHead'),
 }
 PUBLISHED['rednet50_fpn_coco'] = PUBLISHED[
     'rednet/faster-rcnn_rednet50_fpn_1x_coco']
@@ -57,15 +102,15 @@ PUBLISHED['rednet50_fpn_coco'] = PUBLISHED[
 # use the recipe of the RedNet-50 plain-FPN counterpart.
 ACMIX = {
     'acmix/faster-rcnn_acmix-r50_fpn_1x_coco':
-        'rednet/faster-rcnn_rednet50_fpn_1x_coco',
+    'rednet/faster-rcnn_rednet50_fpn_1x_coco',
     'acmix/mask-rcnn_acmix-r50_fpn_1x_coco':
-        'rednet/mask-rcnn_rednet50_fpn_1x_coco',
+    'rednet/mask-rcnn_rednet50_fpn_1x_coco',
     'acmix/retinanet_acmix-r50_fpn_1x_coco':
-        'rednet/retinanet_rednet50_fpn_1x_coco',
+    'rednet/retinanet_rednet50_fpn_1x_coco',
     'acmix/fpn_acmix-r50_4xb2-80k_cityscapes-512x1024':
-        'rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024',
+    'rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024',
     'acmix/upernet_acmix-r50_4xb2-80k_cityscapes-512x1024':
-        'rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024',
+    'rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024',
 }
 EXPECTED = dict(PUBLISHED)
 EXPECTED.update({k: PUBLISHED[v] for k, v in ACMIX.items()})
@@ -227,8 +272,8 @@ def test_mmevo_is_imported_and_scopes_are_set(rel_path):
     # Built by a plain mmengine Runner (no `import mmevo` of its own), the
     # config must import mmevo to find RedNet / ACmixResNet / InvolutionFPN.
     cfg = load(rel_path)
-    assert cfg.custom_imports == dict(imports=['mmevo'],
-                                      allow_failed_imports=False)
+    assert cfg.custom_imports == dict(
+        imports=['mmevo'], allow_failed_imports=False)
     task = EXPECTED[_name(rel_path)]['task']
     assert cfg.default_scope == ('mmdet' if task == 'det' else 'mmseg')
     # Validation during training, as published.

@@ -10,9 +10,11 @@ from mmevo.datasets import (MissingDataError, check_data_exists,
 
 
 def _coco_cfg(root, **dataset):
-    ds = dict(type='CocoDataset', data_root=root,
-              ann_file='annotations/instances_train.json',
-              data_prefix=dict(img='train/'))
+    ds = dict(
+        type='CocoDataset',
+        data_root=root,
+        ann_file='annotations/instances_train.json',
+        data_prefix=dict(img='train/'))
     ds.update(dataset)
     return Config(dict(train_dataloader=dict(dataset=ds)))
 
@@ -58,17 +60,24 @@ def test_first_missing_path_is_named(coco_root, missing, what):
 
 
 def test_wrapped_datasets_and_remote_paths(coco_root, tmp_path):
-    inner = dict(type='CityscapesDataset', data_root=str(tmp_path / 'cs'),
-                 data_prefix=dict(img_path='leftImg8bit/train'))
-    cfg = Config(dict(val_dataloader=dict(dataset=dict(
-        type='ConcatDataset', datasets=[
-            _coco_cfg(coco_root).train_dataloader.dataset,
-            dict(type='RepeatDataset', times=2, dataset=inner)
-        ]))))
-    with pytest.raises(MissingDataError, match=(
-            r"val_dataloader: data_root '.*/cs' does not exist; download and "
-            r'convert Cityscapes .* --cfg-options '
-            r'val_dataloader\.dataset\.datasets\.1\.dataset\.data_root=PATH')):
+    inner = dict(
+        type='CityscapesDataset',
+        data_root=str(tmp_path / 'cs'),
+        data_prefix=dict(img_path='leftImg8bit/train'))
+    cfg = Config(
+        dict(
+            val_dataloader=dict(
+                dataset=dict(
+                    type='ConcatDataset',
+                    datasets=[
+                        _coco_cfg(coco_root).train_dataloader.dataset,
+                        dict(type='RepeatDataset', times=2, dataset=inner)
+                    ]))))
+    expected = (r"val_dataloader: data_root '.*/cs' does not exist; download "
+                r'and convert Cityscapes .* --cfg-options '
+                r'val_dataloader\.dataset\.datasets\.1\.dataset\.'
+                r'data_root=PATH')
+    with pytest.raises(MissingDataError, match=expected):
         check_data_exists(cfg, ['val_dataloader'])
     cfg.val_dataloader.dataset.datasets[1].dataset.data_root = 's3://bucket/cs'
     check_data_exists(cfg, ['val_dataloader'])
@@ -76,13 +85,14 @@ def test_wrapped_datasets_and_remote_paths(coco_root, tmp_path):
 
 def test_synthetic_sets_point_to_the_generator(tmp_path):
     cfg = _coco_cfg(str(tmp_path / 'synthetic_coco/'))
-    with pytest.raises(MissingDataError,
-                       match=r'make_synthetic_data.py det`, or point') as info:
+    with pytest.raises(
+            MissingDataError,
+            match=r'make_synthetic_data.py det`, or point') as info:
         check_data_exists(cfg)
     assert info.value.synthetic == 'det'
     cfg.train_dataloader.dataset.type = 'CityscapesDataset'
-    with pytest.raises(MissingDataError,
-                       match=r'make_synthetic_data.py seg`') as info:
+    with pytest.raises(
+            MissingDataError, match=r'make_synthetic_data.py seg`') as info:
         check_data_exists(cfg)
     assert info.value.synthetic == 'seg'
     # a downloaded set is no demo set
@@ -93,10 +103,13 @@ def test_synthetic_sets_point_to_the_generator(tmp_path):
 
 def _pretrained_cfg(checkpoint, as_list=False):
     init = dict(type='Pretrained', checkpoint=checkpoint, prefix='backbone.')
-    return Config(dict(model=dict(
-        type='FasterRCNN',
-        backbone=dict(type='RedNet', init_cfg=[init] if as_list else init),
-        neck=dict(type='FPN', init_cfg=dict(type='Xavier')))))
+    return Config(
+        dict(
+            model=dict(
+                type='FasterRCNN',
+                backbone=dict(
+                    type='RedNet', init_cfg=[init] if as_list else init),
+                neck=dict(type='FPN', init_cfg=dict(type='Xavier')))))
 
 
 @pytest.mark.parametrize('as_list', [False, True])

@@ -46,7 +46,8 @@ def test_coco_is_deterministic(coco, tmp_path):
     # the seed matters: another seed draws other images
     assert not filecmp.cmp(
         osp.join(coco, 'train', '000000.png'),
-        osp.join(other, 'train', '000000.png'), shallow=False)
+        osp.join(other, 'train', '000000.png'),
+        shallow=False)
 
 
 def test_coco_annotations_match_the_pixels(coco):
@@ -54,13 +55,13 @@ def test_coco_annotations_match_the_pixels(coco):
         data = json.load(f)
     assert [c['name'] for c in data['categories']] == list(DET_CLASSES)
     assert len(data['images']) == 12
-    assert len({a['id'] for a in data['annotations']}) == len(
-        data['annotations'])
+    assert len({a['id']
+                for a in data['annotations']}) == len(data['annotations'])
     # fill ratio area / box area fits the shape: pi/4 for a circle,
     # 1 to 1/(cos 15 + sin 15)^2 = 0.67 for a square rotated at most 15
     # degrees, ~1/2 for a triangle
-    ratio_range = dict(circle=(0.7, 0.86), square=(0.62, 1.0),
-                       triangle=(0.3, 0.62))
+    ratio_range = dict(
+        circle=(0.7, 0.86), square=(0.62, 1.0), triangle=(0.3, 0.62))
     by_image = {}
     for ann in data['annotations']:
         x, y, w, h = ann['bbox']
@@ -105,8 +106,9 @@ def test_coco_loads_in_mmdet(coco):
     infos = [ds.get_data_info(i) for i in range(len(ds))]
     assert sum(len(i['instances']) for i in infos) == num_anns
     assert all(osp.isfile(i['img_path']) for i in infos)
-    assert {inst['bbox_label'] for i in infos for inst in i['instances']
-            } <= set(range(len(DET_CLASSES)))
+    assert {inst['bbox_label']
+            for i in infos
+            for inst in i['instances']} <= set(range(len(DET_CLASSES)))
 
 
 def test_cityscapes_layout_loads_in_mmseg(cityscapes):
@@ -134,10 +136,12 @@ def test_cityscapes_labels_align_with_pixels(cityscapes):
     another scene well: image and label map agree pixel by pixel."""
 
     def load(i):
-        img = sorted(glob.glob(osp.join(cityscapes, 'leftImg8bit', 'train',
-                                        '*', '*.png')))[i]
-        lbl = img.replace('leftImg8bit', 'gtFine', 1).replace(
-            '_leftImg8bit.png', '_gtFine_labelTrainIds.png')
+        img = sorted(
+            glob.glob(
+                osp.join(cityscapes, 'leftImg8bit', 'train', '*', '*.png')))[i]
+        lbl = img.replace('leftImg8bit', 'gtFine',
+                          1).replace('_leftImg8bit.png',
+                                     '_gtFine_labelTrainIds.png')
         return (cv2.imread(img).reshape(-1, 3).astype(np.float64),
                 cv2.imread(lbl, cv2.IMREAD_UNCHANGED).ravel())
 
@@ -168,8 +172,8 @@ def test_regeneration_replaces_and_refuses_foreign_dirs(tmp_path):
     # a smaller set leaves no stale scene of the larger one behind
     make_synthetic_cityscapes(
         root, num_train=2, num_val=1, img_size=(32, 64), skip_if_ready=True)
-    assert len(glob.glob(osp.join(root, 'leftImg8bit', 'train', '*',
-                                  '*.png'))) == 2
+    assert len(
+        glob.glob(osp.join(root, 'leftImg8bit', 'train', '*', '*.png'))) == 2
     foreign = tmp_path / 'mine'
     foreign.mkdir()
     (foreign / 'keep.txt').write_text('user data')

@@ -11,9 +11,9 @@ import torch
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 
 # the tool tests' helpers (tests/tools/tool_utils.py)
-sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
-                            'tools'))
-from tool_utils import DEMO_DET, DEMO_SEG, load_tool  # noqa: E402
+sys.path.insert(
+    0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools'))
+from tool_utils import DEMO_DET, DEMO_SEG, load_tool
 
 SEG_CONFIG = """
 _base_ = '{base}'
@@ -55,30 +55,37 @@ def test_export_then_evaluate_matches_pytorch(setup):
     tmp, cfg, ckpt, export = setup
     onnx = str(tmp / 'model.onnx')
     # the demo resizes every image to 128 x 128
-    assert export.main([cfg, ckpt, '--out', onnx, '--shape', '128', '128',
-                        '--exporter', 'torchscript']) == onnx
-    metrics = load_tool('deployment/onnx_test').main(
-        [cfg, onnx, '--work-dir', str(tmp / 'onnx_test'), '--out',
-         str(tmp / 'onnx.pkl'), '--cfg-options', 'experiment_name=onnx',
-         'visualizer.name=onnx'])
-    reference = load_tool('test').main(
-        [cfg, ckpt, '--work-dir', str(tmp / 'test'), '--out',
-         str(tmp / 'torch.pkl'), '--cfg-options', 'experiment_name=torch',
-         'visualizer.name=torch'])
+    assert export.main([
+        cfg, ckpt, '--out', onnx, '--shape', '128', '128', '--exporter',
+        'torchscript'
+    ]) == onnx
+    metrics = load_tool('deployment/onnx_test').main([
+        cfg, onnx, '--work-dir',
+        str(tmp / 'onnx_test'), '--out',
+        str(tmp / 'onnx.pkl'), '--cfg-options', 'experiment_name=onnx',
+        'visualizer.name=onnx'
+    ])
+    reference = load_tool('test').main([
+        cfg, ckpt, '--work-dir',
+        str(tmp / 'test'), '--out',
+        str(tmp / 'torch.pkl'), '--cfg-options', 'experiment_name=torch',
+        'visualizer.name=torch'
+    ])
     assert metrics.keys() == reference.keys()
     for key, value in reference.items():
         assert metrics[key] == pytest.approx(value, abs=2e-3), key
     # the same detections, not only the same (near-zero, untrained) score
-    preds = [pickle.load(open(tmp / f'{n}.pkl', 'rb'))
-             for n in ('onnx', 'torch')]
+    preds = [
+        pickle.load(open(tmp / f'{n}.pkl', 'rb')) for n in ('onnx', 'torch')
+    ]
     assert len(preds[0]) == len(preds[1]) == 3
     for ours, ref in zip(*preds):
         ours, ref = ours['pred_instances'], ref['pred_instances']
         assert len(ref['scores']) > 0
-        torch.testing.assert_close(ours['scores'], ref['scores'],
-                                   rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(ours['bboxes'], ref['bboxes'],
-                                   rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(
+            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3)
         assert torch.equal(ours['labels'], ref['labels'])
 
 
@@ -103,7 +110,8 @@ def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
     torch.save({'state_dict': dict(list(state.items())[1:])}, partial)
     with pytest.raises(SystemExit) as info:
         load_tool('deployment/pytorch2onnx').main(
-            [cfg, partial, '--out', str(tmp / 'partial.onnx')])
+            [cfg, partial, '--out',
+             str(tmp / 'partial.onnx')])
     assert info.value.code != 0
     err = capsys.readouterr().err
     assert 'does not fit the model: missing keys 1 (' in err
@@ -113,31 +121,40 @@ def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
 def test_segmentor_export_then_evaluate_matches_pytorch(setup):
     tmp, _, _, export = setup
     root = str(tmp / 'cityscapes')
-    make_synthetic_cityscapes(root, num_train=1, num_val=2,
-                              img_size=(64, 128))
+    make_synthetic_cityscapes(root, num_train=1, num_val=2, img_size=(64, 128))
     cfg = tmp / 'seg_cfg.py'
     cfg.write_text(SEG_CONFIG.format(base=DEMO_SEG, root=root))
     torch.manual_seed(0)
     _, model = export.build_model(str(cfg))
     ckpt, onnx = str(tmp / 'seg.pth'), str(tmp / 'seg.onnx')
     torch.save({'state_dict': model.state_dict()}, ckpt)
-    export.main([str(cfg), ckpt, '--out', onnx, '--shape', '64', '128',
-                 '--exporter', 'torchscript'])
-    metrics = load_tool('deployment/onnx_test').main(
-        [str(cfg), onnx, '--work-dir', str(tmp / 'seg_onnx'), '--out',
-         str(tmp / 'seg_onnx.pkl'), '--cfg-options',
-         'experiment_name=seg_onnx', 'visualizer.name=seg_onnx'])
-    reference = load_tool('test').main(
-        [str(cfg), ckpt, '--work-dir', str(tmp / 'seg_test'), '--out',
-         str(tmp / 'seg_torch.pkl'), '--cfg-options',
-         'experiment_name=seg_torch', 'visualizer.name=seg_torch'])
+    export.main([
+        str(cfg), ckpt, '--out', onnx, '--shape', '64', '128', '--exporter',
+        'torchscript'
+    ])
+    metrics = load_tool('deployment/onnx_test').main([
+        str(cfg), onnx, '--work-dir',
+        str(tmp / 'seg_onnx'), '--out',
+        str(tmp / 'seg_onnx.pkl'), '--cfg-options', 'experiment_name=seg_onnx',
+        'visualizer.name=seg_onnx'
+    ])
+    reference = load_tool('test').main([
+        str(cfg), ckpt, '--work-dir',
+        str(tmp / 'seg_test'), '--out',
+        str(tmp / 'seg_torch.pkl'), '--cfg-options',
+        'experiment_name=seg_torch', 'visualizer.name=seg_torch'
+    ])
     assert metrics.keys() == reference.keys()
     for key, value in reference.items():
         assert metrics[key] == pytest.approx(value, abs=0.2), key
-    preds = [pickle.load(open(tmp / f'seg_{n}.pkl', 'rb'))
-             for n in ('onnx', 'torch')]
+    preds = [
+        pickle.load(open(tmp / f'seg_{n}.pkl', 'rb'))
+        for n in ('onnx', 'torch')
+    ]
     assert len(preds[0]) == len(preds[1]) == 2
     for ours, ref in zip(*preds):
-        torch.testing.assert_close(ours['seg_logits']['data'],
-                                   ref['seg_logits']['data'], rtol=1e-4,
-                                   atol=1e-4)
+        torch.testing.assert_close(
+            ours['seg_logits']['data'],
+            ref['seg_logits']['data'],
+            rtol=1e-4,
+            atol=1e-4)

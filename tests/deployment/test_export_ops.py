@@ -49,8 +49,7 @@ class Attention(torch.nn.Module):
         q = x[:, :, ::s, ::s]
         logits = local_correlation(q, x, 2, 3, s, None, 1, self.mode)
         weights = local_attention_weights(q, x, 2, 3, s, None, 1, self.mode)
-        return evolution_aggregate(x, weights + logits, s, None, 1,
-                                   self.mode)
+        return evolution_aggregate(x, weights + logits, s, None, 1, self.mode)
 
 
 @pytest.mark.parametrize('stride,mode,dynamo', [(1, 'reflect', True),
@@ -64,5 +63,5 @@ def test_ops_export_dynamic(stride, mode, dynamo, tmp_path):
     session = OnnxModel(path)
     for hw in ((9, 8), (5, 13), (1, 2), (2, 2)):
         x = torch.randn(1, 4, *hw)
-        torch.testing.assert_close(session(x)[0], model(x), rtol=1e-4,
-                                   atol=1e-4)
+        torch.testing.assert_close(
+            session(x)[0], model(x), rtol=1e-4, atol=1e-4)

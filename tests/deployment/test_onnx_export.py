@@ -16,7 +16,6 @@ from mmevo.models.necks.involution_fpn import InvolutionFPN
 from mmevo.registry import MODELS
 
 
-
 def assert_parity(model, path, inputs):
     """onnxruntime == PyTorch within 1e-4 of the output's largest value."""
     session = OnnxModel(str(path))
@@ -31,7 +30,12 @@ def assert_parity(model, path, inputs):
             assert err <= 1e-4, (tuple(x.shape), float(err))
 
 
-def check_export(module, x, others, tmp_path, dynamo=False, forward=None,
+def check_export(module,
+                 x,
+                 others,
+                 tmp_path,
+                 dynamo=False,
+                 forward=None,
                  dynamic=True):
     # TorchScript by default: the dynamo exporter takes 20-130 s on the
     # larger models here (the layers and RedNet-26 test it)
@@ -43,15 +47,25 @@ def check_export(module, x, others, tmp_path, dynamo=False, forward=None,
 
 
 LAYERS = {
-    'EvolutionConv': lambda s: EvolutionConv(
+    'EvolutionConv':
+    lambda s: EvolutionConv(
         16, 3, groups=4, stride=s, dilation=2, padding_mode='reflect'),
-    'Involution': lambda s: Involution(16, 7, stride=s, group_channels=8),
-    'DynamicFilter': lambda s: DynamicFilter(16, 3, stride=s),
-    'LocalSelfAttention': lambda s: LocalSelfAttention(
-        16, kernel_size=5, num_heads=4, stride=s, padding_mode='reflect',
+    'Involution':
+    lambda s: Involution(16, 7, stride=s, group_channels=8),
+    'DynamicFilter':
+    lambda s: DynamicFilter(16, 3, stride=s),
+    'LocalSelfAttention':
+    lambda s: LocalSelfAttention(
+        16,
+        kernel_size=5,
+        num_heads=4,
+        stride=s,
+        padding_mode='reflect',
         rel_pos_bias=True),
-    'ELSA': lambda s: ELSA(16, num_heads=2, stride=s),
-    'ACmix': lambda s: ACmix(16, 16, stride=s),
+    'ELSA':
+    lambda s: ELSA(16, num_heads=2, stride=s),
+    'ACmix':
+    lambda s: ACmix(16, 16, stride=s),
 }
 
 
@@ -60,9 +74,12 @@ def _layer_cases():
     # TorchScript one at both strides
     for name in LAYERS:
         for stride, dynamo in ((1, False), (2, False), (2, True)):
-            yield pytest.param(name, stride, dynamo,
-                               id=f'{name}-s{stride}-'
-                               f'{"dynamo" if dynamo else "torchscript"}')
+            yield pytest.param(
+                name,
+                stride,
+                dynamo,
+                id=f'{name}-s{stride}-'
+                f'{"dynamo" if dynamo else "torchscript"}')
 
 
 @pytest.mark.parametrize('name,stride,dynamo', list(_layer_cases()))
@@ -71,22 +88,23 @@ def test_layer_export(name, stride, dynamo, tmp_path):
     layer = LAYERS[name](stride)
     # odd sizes; 3 x 2 is smaller than the reflect padding (repeated)
     check_export(layer, torch.randn(2, 16, 9, 11),
-                 [torch.randn(2, 16, 6, 13), torch.randn(2, 16, 3, 2)],
-                 tmp_path, dynamo)
+                 [torch.randn(2, 16, 6, 13),
+                  torch.randn(2, 16, 3, 2)], tmp_path, dynamo)
 
 
 @pytest.mark.parametrize('backbone,depth,dynamo,sizes', [
     pytest.param(RedNet, 26, True, [(96, 80)], id='RedNet26-dynamo'),
     pytest.param(RedNet, 26, False, [(96, 80)], id='RedNet26-torchscript'),
     pytest.param(RedNet, 50, False, [], id='RedNet50-torchscript'),
-    pytest.param(ACmixResNet, 26, False, [(96, 80)],
-                 id='ACmixResNet26-torchscript'),
+    pytest.param(
+        ACmixResNet, 26, False, [(96, 80)], id='ACmixResNet26-torchscript'),
     pytest.param(ACmixResNet, 50, False, [], id='ACmixResNet50-torchscript'),
 ])
 def test_backbone_export(backbone, depth, dynamo, sizes, tmp_path):
     torch.manual_seed(0)
-    check_export(backbone(depth=depth), torch.randn(1, 3, 64, 64),
-                 [torch.randn(1, 3, *hw) for hw in sizes], tmp_path, dynamo)
+    check_export(
+        backbone(depth=depth), torch.randn(1, 3, 64, 64),
+        [torch.randn(1, 3, *hw) for hw in sizes], tmp_path, dynamo)
 
 
 def test_involution_fpn_export(tmp_path):
@@ -94,19 +112,26 @@ def test_involution_fpn_export(tmp_path):
     neck = InvolutionFPN([16, 32], 16, num_outs=3)
 
     def forward(neck, x):  # two levels from one input
-        return neck([x, torch.nn.functional.avg_pool2d(x, 2).repeat(
-            1, 2, 1, 1)])
+        return neck(
+            [x, torch.nn.functional.avg_pool2d(x, 2).repeat(1, 2, 1, 1)])
 
-    check_export(neck, torch.randn(1, 16, 16, 16),
-                 [torch.randn(1, 16, 12, 20)], tmp_path, forward=forward)
+    check_export(
+        neck,
+        torch.randn(1, 16, 16, 16), [torch.randn(1, 16, 12, 20)],
+        tmp_path,
+        forward=forward)
 
 
 DEMO_DET = ('configs/demo/'
             'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
 DEMO_SEG = ('configs/demo/'
             'fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py')
-NARROW = dict(depth=26, stem_channels=32, base_channels=16,
-              init_cfg=None, norm_cfg=dict(type='BN', requires_grad=True))
+NARROW = dict(
+    depth=26,
+    stem_channels=32,
+    base_channels=16,
+    init_cfg=None,
+    norm_cfg=dict(type='BN', requires_grad=True))
 
 
 def build(path, **options):
@@ -119,8 +144,11 @@ def build(path, **options):
 def test_demo_retinanet_export(tmp_path):
     """The tensor outputs (per-level scores and boxes) of the demo."""
     model = build(DEMO_DET)
-    check_export(model, torch.randn(1, 3, 64, 64), [torch.randn(1, 3, 96, 64)],
-                 tmp_path, forward=lambda m, x: m(x, mode='tensor'))
+    check_export(
+        model,
+        torch.randn(1, 3, 64, 64), [torch.randn(1, 3, 96, 64)],
+        tmp_path,
+        forward=lambda m, x: m(x, mode='tensor'))
 
 
 def _two_stage_forward(model, x):
@@ -135,12 +163,16 @@ def _two_stage_forward(model, x):
     'configs/rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco.py',
 ])
 def test_two_stage_export(config, tmp_path):
-    model = build(config, **{
-        'model.backbone': NARROW,
-        'model.neck.in_channels': [64, 128, 256, 512],
-    })
-    check_export(model, torch.randn(1, 3, 64, 64), [torch.randn(1, 3, 96, 64)],
-                 tmp_path, forward=_two_stage_forward)
+    model = build(
+        config, **{
+            'model.backbone': NARROW,
+            'model.neck.in_channels': [64, 128, 256, 512],
+        })
+    check_export(
+        model,
+        torch.randn(1, 3, 64, 64), [torch.randn(1, 3, 96, 64)],
+        tmp_path,
+        forward=_two_stage_forward)
     if hasattr(model.roi_head, 'mask_head'):
         rois = torch.randn(2, 256, 14, 14)
         check_export(model.roi_head.mask_head, rois, [], tmp_path)
@@ -163,9 +195,13 @@ def test_segmentor_export(config, options, dynamic, tmp_path):
     its pyramid pooling's adaptive_avg_pool2d needs static input sizes,
     which the TorchScript graph does not hold."""
     model = build(config, **options)
-    check_export(model, torch.randn(1, 3, 64, 128), [], tmp_path,
-                 forward=lambda m, x: m(x, mode='tensor'), dynamic=dynamic,
-                 dynamo=not dynamic)
+    check_export(
+        model,
+        torch.randn(1, 3, 64, 128), [],
+        tmp_path,
+        forward=lambda m, x: m(x, mode='tensor'),
+        dynamic=dynamic,
+        dynamo=not dynamic)
 
 
 @pytest.mark.parametrize('dynamo', [False, True])
@@ -179,7 +215,11 @@ def test_export_error_names_the_layer(dynamo, tmp_path):
 
     model = torch.nn.Sequential()
     model.add_module('inv', Broken(16, 3))
-    with pytest.raises(RuntimeError,
-                       match=r"layer 'inv' \(Broken: kernel_size=3, stride=1"):
-        export_onnx(model.eval(), torch.randn(1, 16, 8, 8),
-                    str(tmp_path / 'broken.onnx'), dynamo=dynamo)
+    with pytest.raises(
+            RuntimeError,
+            match=r"layer 'inv' \(Broken: kernel_size=3, stride=1"):
+        export_onnx(
+            model.eval(),
+            torch.randn(1, 16, 8, 8),
+            str(tmp_path / 'broken.onnx'),
+            dynamo=dynamo)

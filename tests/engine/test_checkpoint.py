@@ -29,9 +29,12 @@ def _runner_like_checkpoint():
     hub.update_scalar('val/coco/bbox_mAP', np.float32(0.25))
     hub.update_info('iter', 7)
     return dict(
-        meta=dict(epoch=1, iter=7, seed=0,
-                  dataset_meta=dict(classes=('a', 'b'),
-                                    palette=[(1, 2, 3), (4, 5, 6)])),
+        meta=dict(
+            epoch=1,
+            iter=7,
+            seed=0,
+            dataset_meta=dict(
+                classes=('a', 'b'), palette=[(1, 2, 3), (4, 5, 6)])),
         state_dict=dict(w=torch.randn(3)),
         message_hub=hub.state_dict(),
         optimizer=dict(state={}, param_groups=[dict(lr=1e-3, params=[0])]),
@@ -63,15 +66,17 @@ def test_mmengine_checkpoint_loads_weights_only(tmp_path):
 class _Payload:
 
     def __reduce__(self):
-        return (print, ('arbitrary code ran',))
+        return (print, ('arbitrary code ran', ))
 
 
-@pytest.mark.parametrize('obj', [
-    _Payload(),
-    # getattr is allowed only on HistoryBuffer's statistic methods
-    HistoryBuffer.update,
-    np.array([object()], dtype=object),
-])
+@pytest.mark.parametrize(
+    'obj',
+    [
+        _Payload(),
+        # getattr is allowed only on HistoryBuffer's statistic methods
+        HistoryBuffer.update,
+        np.array([object()], dtype=object),
+    ])
 def test_other_globals_are_still_refused(tmp_path, obj):
     path = tmp_path / 'evil.pth'
     torch.save(dict(x=obj), path)
@@ -100,8 +105,8 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path):
     # over the previous file and under a new name: both fail halfway
     for name in ('epoch_1.pth', 'epoch_2.pth'):
         with _file_size_limit(100_000), pytest.raises(OSError) as info:
-            save_checkpoint(dict(w=torch.zeros(100_000)),
-                            str(tmp_path / name), **args)
+            save_checkpoint(
+                dict(w=torch.zeros(100_000)), str(tmp_path / name), **args)
         assert info.value.errno == errno.EFBIG
     # no partial file under the final name, no temporary file left
     assert os.listdir(tmp_path) == ['epoch_1.pth']
@@ -143,9 +148,9 @@ def test_state_dict_mismatch():
     state.pop('module.1.running_var')
     state['module.0.weight'] = torch.zeros(4, 2)
     state['module.2.weight'] = torch.zeros(1)
-    assert state_dict_mismatch(model, state) == (
-        ['1.running_var'], ['2.weight'],
-        ['0.weight (checkpoint (4, 2), model (4, 3))'])
+    assert state_dict_mismatch(model, state) == (['1.running_var'], [
+        '2.weight'
+    ], ['0.weight (checkpoint (4, 2), model (4, 3))'])
 
 
 def test_rng_state_round_trip(tmp_path):

@@ -14,18 +14,22 @@ from mmengine.config import Config
 from mmevo.engine import (DEFAULT_DIST_TIMEOUT, convert_sync_bn_to_bn,
                           setup_cpu_distributed)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+REPO = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cfg():
-    return Config(dict(
-        norm_cfg=dict(type='SyncBN', requires_grad=True),
-        model=dict(
-            backbone=dict(norm_cfg=dict(type='SyncBN', requires_grad=True)),
-            heads=[dict(norm_cfg=dict(type='MMSyncBN')),
-                   dict(norm_cfg=dict(type='GN', num_groups=4))]),
-        sync_bn='torch'))
+    return Config(
+        dict(
+            norm_cfg=dict(type='SyncBN', requires_grad=True),
+            model=dict(
+                backbone=dict(
+                    norm_cfg=dict(type='SyncBN', requires_grad=True)),
+                heads=[
+                    dict(norm_cfg=dict(type='MMSyncBN')),
+                    dict(norm_cfg=dict(type='GN', num_groups=4))
+                ]),
+            sync_bn='torch'))
 
 
 def test_sync_bn_becomes_bn_with_a_warning():
@@ -86,8 +90,11 @@ def test_cpu_ddp_wraps_a_cpu_module(tmp_path):
     # In a process of its own: a gloo group created inside the pytest
     # process could hang its teardown after the many tests before it.
     out = subprocess.run(
-        [sys.executable, '-c', _DDP_SCRIPT, str(tmp_path / 'store')],
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, '-c', _DDP_SCRIPT,
+         str(tmp_path / 'store')],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=dict(os.environ, PYTHONPATH=REPO))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == 'ok'
@@ -158,13 +165,20 @@ def test_a_stalled_rank_ends_the_job(tmp_path):
         port = s.getsockname()[1]
     go = tmp_path / 'go'
     procs = [
-        subprocess.Popen(
-            [sys.executable, '-c', _STALL_SCRIPT, str(go)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=dict(os.environ, PYTHONPATH=REPO, RANK=str(rank),
-                     LOCAL_RANK=str(rank), WORLD_SIZE='2',
-                     MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
-                     OMP_NUM_THREADS='1')) for rank in (0, 1)
+        subprocess.Popen([sys.executable, '-c', _STALL_SCRIPT,
+                          str(go)],
+                         stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE,
+                         text=True,
+                         env=dict(
+                             os.environ,
+                             PYTHONPATH=REPO,
+                             RANK=str(rank),
+                             LOCAL_RANK=str(rank),
+                             WORLD_SIZE='2',
+                             MASTER_ADDR='127.0.0.1',
+                             MASTER_PORT=str(port),
+                             OMP_NUM_THREADS='1')) for rank in (0, 1)
     ]
     try:
         for p in procs:

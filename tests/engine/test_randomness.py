@@ -23,10 +23,13 @@ class _RandomData(Dataset):
         return 8
 
     def __getitem__(self, index):
-        return dict(x=torch.tensor([
-            float(index), np.random.rand(), random.random(),
-            torch.rand(()).item()
-        ]))
+        return dict(
+            x=torch.tensor([
+                float(index),
+                np.random.rand(),
+                random.random(),
+                torch.rand(()).item()
+            ]))
 
 
 class _NoisyModel(BaseModel):
@@ -41,7 +44,12 @@ class _NoisyModel(BaseModel):
         return dict(loss=self.linear(x + torch.rand_like(x)).pow(2).mean())
 
 
-def _train(work_dir, epochs, workers, persistent, name, resume=None,
+def _train(work_dir,
+           epochs,
+           workers,
+           persistent,
+           name,
+           resume=None,
            hook=True):
     torch.manual_seed(0)  # the model's initialisation
     runner = Runner(
@@ -76,11 +84,16 @@ def test_resume_continues_every_random_stream(tmp_path, workers, persistent):
     tag = f'rng_{workers}_{persistent}'
     straight = _train(tmp_path / 'a', 3, workers, persistent, f'{tag}_a')
     second = _train(tmp_path / 'b', 2, workers, persistent, f'{tag}_b')
-    resumed = _train(tmp_path / 'b', 3, workers, persistent, f'{tag}_c',
-                     resume=str(tmp_path / 'b' / 'epoch_2.pth'))
+    resumed = _train(
+        tmp_path / 'b',
+        3,
+        workers,
+        persistent,
+        f'{tag}_c',
+        resume=str(tmp_path / 'b' / 'epoch_2.pth'))
     assert not torch.equal(second, straight)
     assert torch.equal(resumed, straight)
     # the hook only reads the streams: a run without it trains the same
-    plain = _train(tmp_path / 'c', 3, workers, persistent, f'{tag}_d',
-                   hook=False)
+    plain = _train(
+        tmp_path / 'c', 3, workers, persistent, f'{tag}_d', hook=False)
     assert torch.equal(plain, straight)

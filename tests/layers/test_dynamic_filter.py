@@ -18,14 +18,14 @@ def ddf_reference(layer, x):
     K, s, d = layer.kernel_size, layer.stride, layer.dilation
     B, C, H, W = x.shape
     gain = math.sqrt(2) / K  # calculate_gain('relu') / K
-    spatial_convs = [m for m in layer.spatial_branch
-                     if isinstance(m, torch.nn.Conv2d)]
+    spatial_convs = [
+        m for m in layer.spatial_branch if isinstance(m, torch.nn.Conv2d)
+    ]
     spatial = x
     for conv in spatial_convs:
         spatial = conv(spatial)
     spatial = normalise(spatial, 1) * gain  # (B, K*K, h, w)
-    convs = [m for m in layer.channel_branch
-             if isinstance(m, torch.nn.Conv2d)]
+    convs = [m for m in layer.channel_branch if isinstance(m, torch.nn.Conv2d)]
     pooled = x.mean(dim=(2, 3), keepdim=True)
     channel = convs[1](F.relu(convs[0](pooled))).view(B, C, K * K)
     channel = normalise(channel, 2).view(B, C * K * K)
@@ -50,9 +50,13 @@ def ddf_reference(layer, x):
 def test_equals_ddf_formula(kernel_size, stride, dilation, gen_kernel_size,
                             combine, size):
     torch.manual_seed(0)
-    layer = DynamicFilter(10, kernel_size, stride, dilation,
-                          gen_kernel_size=gen_kernel_size,
-                          kernel_combine=combine).double()
+    layer = DynamicFilter(
+        10,
+        kernel_size,
+        stride,
+        dilation,
+        gen_kernel_size=gen_kernel_size,
+        kernel_combine=combine).double()
     x = torch.randn(2, 10, *size, dtype=torch.float64)
     torch.testing.assert_close(layer(x), ddf_reference(layer, x))
 

@@ -12,8 +12,8 @@ def hadamard_attention(layer, x):
     Returns (v, attn) with attn (B * heads, K*K, h, w). ceil_mode pooling is
     the published floor pooling on even sizes and extends it to odd ones.
     """
-    q, k, v = torch.split(layer.pre_proj(x),
-                          (layer.dim_qk, layer.dim_qk, layer.dim_v), 1)
+    q, k, v = torch.split(
+        layer.pre_proj(x), (layer.dim_qk, layer.dim_qk, layer.dim_v), 1)
     quadratic = q * k * layer.scale
     if layer.stride > 1:
         quadratic = F.avg_pool2d(quadratic, layer.stride, ceil_mode=True)
@@ -34,9 +34,10 @@ def published_elsa(layer, x, gh_mul=None, gh_add=None):
     features = features.reshape(B * G, C // G, K * K, h * w)
     mul = torch.ones(C, K, K, dtype=x.dtype) if gh_mul is None else gh_mul
     add = torch.zeros(C, K, K, dtype=x.dtype) if gh_add is None else gh_add
-    filters = (mul.expand(B, C, K, K).reshape(B * G, C // G, K * K, 1) *
-               attn.reshape(B * G, 1, K * K, h * w) +
-               add.expand(B, C, K, K).reshape(B * G, C // G, K * K, 1))
+    filters = (
+        mul.expand(B, C, K, K).reshape(B * G, C // G, K * K, 1) *
+        attn.reshape(B * G, 1, K * K, h * w) +
+        add.expand(B, C, K, K).reshape(B * G, C // G, K * K, 1))
     out = (features * filters).sum(2).reshape(B, C, h, w)
     return layer.post_proj(out.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
@@ -46,11 +47,17 @@ def published_elsa(layer, x, gh_mul=None, gh_add=None):
     (5, 4, 2, 1, (8, 6)),
     (3, 3, 2, 2, (7, 9)),
 ])
-def test_no_ghost_head_is_plain_hadamard_attention(kernel_size, heads,
-                                                   stride, dilation, size):
+def test_no_ghost_head_is_plain_hadamard_attention(kernel_size, heads, stride,
+                                                   dilation, size):
     torch.manual_seed(0)
-    layer = ELSA(24, heads, kernel_size=kernel_size, stride=stride,
-                 dilation=dilation, lam=0, gamma=0).double()
+    layer = ELSA(
+        24,
+        heads,
+        kernel_size=kernel_size,
+        stride=stride,
+        dilation=dilation,
+        lam=0,
+        gamma=0).double()
     assert layer.ghost_head is None
     x = torch.randn(2, 24, *size, dtype=torch.float64)
     kernel = layer.generate_kernel(x)
@@ -61,8 +68,9 @@ def test_no_ghost_head_is_plain_hadamard_attention(kernel_size, heads,
 @pytest.mark.parametrize('lam, gamma', [(1, 1), (0, 1), (1, 0), (2, 0.5)])
 def test_ghost_head_expansion(lam, gamma):
     torch.manual_seed(1)
-    layer = ELSA(16, 2, dim_v=8, kernel_size=3, stride=2, lam=lam,
-                 gamma=gamma).double()
+    layer = ELSA(
+        16, 2, dim_v=8, kernel_size=3, stride=2, lam=lam,
+        gamma=gamma).double()
     with torch.no_grad():
         layer.ghost_head.normal_()
     x = torch.randn(2, 16, 6, 8, dtype=torch.float64)

@@ -18,8 +18,8 @@ def published_involution(layer, x, ceil_mode=False):
     weight = layer.conv2(layer.conv1(pooled))
     b, _, h, w = weight.shape
     weight = weight.view(b, G, K * K, h, w).unsqueeze(2)
-    windows = F.unfold(x, K, d, d * (K - 1) // 2, s).view(b, G, gc, K * K,
-                                                          h, w)
+    windows = F.unfold(x, K, d,
+                       d * (K - 1) // 2, s).view(b, G, gc, K * K, h, w)
     return (weight * windows).sum(dim=3).view(b, C, h, w)
 
 
@@ -32,8 +32,8 @@ def published_involution(layer, x, ceil_mode=False):
 def test_equals_published_on_even_sizes(channels, kernel_size, stride,
                                         dilation, size):
     torch.manual_seed(0)
-    layer = Involution(channels, kernel_size, stride,
-                       dilation=dilation).double().eval()
+    layer = Involution(
+        channels, kernel_size, stride, dilation=dilation).double().eval()
     x = torch.randn(2, channels, *size, dtype=torch.float64)
     torch.testing.assert_close(layer(x), published_involution(layer, x))
 
@@ -64,13 +64,13 @@ def test_published_names_and_shapes():
     shapes = {k: tuple(v.shape) for k, v in layer.state_dict().items()}
     assert shapes == {
         'conv1.conv.weight': (8, 32, 1, 1),
-        'conv1.bn.weight': (8,),
-        'conv1.bn.bias': (8,),
-        'conv1.bn.running_mean': (8,),
-        'conv1.bn.running_var': (8,),
+        'conv1.bn.weight': (8, ),
+        'conv1.bn.bias': (8, ),
+        'conv1.bn.running_mean': (8, ),
+        'conv1.bn.running_var': (8, ),
         'conv1.bn.num_batches_tracked': (),
         'conv2.conv.weight': (98, 8, 1, 1),
-        'conv2.conv.bias': (98,),
+        'conv2.conv.bias': (98, ),
     }
 
 

@@ -11,8 +11,7 @@ def pad(x, p, mode):
     if mode == 'zeros':
         return F.pad(x, (p, p, p, p))
     widths = ((0, 0), (0, 0), (p, p), (p, p))
-    return torch.from_numpy(np.pad(x.detach().numpy(), widths,
-                                   mode='reflect'))
+    return torch.from_numpy(np.pad(x.detach().numpy(), widths, mode='reflect'))
 
 
 def sasa_reference(layer, x):
@@ -26,8 +25,9 @@ def sasa_reference(layer, x):
     D = C // G
 
     def windows(t):
-        return F.unfold(pad(t, p, layer.padding_mode), K, dilation=d,
-                        stride=s).view(B, G, D, K * K, Ho, Wo)
+        return F.unfold(
+            pad(t, p, layer.padding_mode), K, dilation=d,
+            stride=s).view(B, G, D, K * K, Ho, Wo)
 
     r = torch.zeros(C, K, K, dtype=x.dtype)
     if layer.rel_h is not None:
@@ -35,8 +35,10 @@ def sasa_reference(layer, x):
         for c in range(C):
             for u in range(K):
                 for w in range(K):
-                    r[c, u, w] = (layer.rel_h[c, u] if c < half else
-                                  layer.rel_w[c - half, w])
+                    r[c, u, w] = (
+                        layer.rel_h[c,
+                                    u] if c < half else layer.rel_w[c - half,
+                                                                    w])
     logits = (q.view(B, G, D, 1, Ho, Wo) *
               (windows(k) + r.view(G, D, K * K, 1, 1))).sum(2)
     if layer.rel_pos_bias is not None:
@@ -57,8 +59,13 @@ def test_equals_sasa_formula(channels, heads, kernel_size, stride, dilation,
                              mode, bias, size):
     torch.manual_seed(0)
     layer = LocalSelfAttention(
-        channels, kernel_size=kernel_size, num_heads=heads, stride=stride,
-        dilation=dilation, padding_mode=mode, qkv_bias=True,
+        channels,
+        kernel_size=kernel_size,
+        num_heads=heads,
+        stride=stride,
+        dilation=dilation,
+        padding_mode=mode,
+        qkv_bias=True,
         rel_pos_bias=bias).double()
     if bias:
         with torch.no_grad():
@@ -74,10 +81,15 @@ def test_zero_qk_is_static_depthwise_conv(mode, stride, dilation):
     """W_Q = W_K = 0, relative bias only: a fixed softmax(b) per head."""
     torch.manual_seed(1)
     C, G, K = 12, 3, 5
-    layer = LocalSelfAttention(C, kernel_size=K, num_heads=G, stride=stride,
-                               dilation=dilation, padding_mode=mode,
-                               rel_pos_embed=False,
-                               rel_pos_bias=True).double()
+    layer = LocalSelfAttention(
+        C,
+        kernel_size=K,
+        num_heads=G,
+        stride=stride,
+        dilation=dilation,
+        padding_mode=mode,
+        rel_pos_embed=False,
+        rel_pos_bias=True).double()
     with torch.no_grad():
         layer.query.weight.zero_()
         layer.key.weight.zero_()
@@ -87,6 +99,5 @@ def test_zero_qk_is_static_depthwise_conv(mode, stride, dilation):
     weight = kernel.repeat_interleave(C // G, 0)  # shared within a head
     p = dilation * (K - 1) // 2
     v = pad(layer.value(x), p, mode)
-    expected = F.conv2d(v, weight, stride=stride, dilation=dilation,
-                        groups=C)
+    expected = F.conv2d(v, weight, stride=stride, dilation=dilation, groups=C)
     torch.testing.assert_close(layer(x), expected)

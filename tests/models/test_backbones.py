@@ -21,8 +21,12 @@ def _ceil_half(n):
     return -(-n // 2)
 
 
-def expected_shapes(batch, h, w, base_channels, out_indices, strides=(1, 2,
-                                                                      2, 2)):
+def expected_shapes(batch,
+                    h,
+                    w,
+                    base_channels,
+                    out_indices,
+                    strides=(1, 2, 2, 2)):
     """Stem /2 (conv) /2 (max-pool), then ceil(size / stride) per stage."""
     h, w = _ceil_half(_ceil_half(h)), _ceil_half(_ceil_half(w))
     shapes = []
@@ -36,14 +40,19 @@ def expected_shapes(batch, h, w, base_channels, out_indices, strides=(1, 2,
 @pytest.mark.parametrize('depth', [26, 38, 50, 101, 152])
 def test_rednet_depths_shapes(depth):
     model = RedNet(depth).eval()
-    blocks = {26: (1, 2, 4, 1), 38: (2, 3, 5, 2), 50: (3, 4, 6, 3),
-              101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}[depth]
+    blocks = {
+        26: (1, 2, 4, 1),
+        38: (2, 3, 5, 2),
+        50: (3, 4, 6, 3),
+        101: (3, 4, 23, 3),
+        152: (3, 8, 36, 3)
+    }[depth]
     assert tuple(len(getattr(model, f'layer{i + 1}'))
                  for i in range(4)) == blocks
     with torch.no_grad():
         outs = model(torch.rand(1, 3, 32, 32))
-    assert [tuple(o.shape) for o in outs] == expected_shapes(
-        1, 32, 32, 64, (0, 1, 2, 3))
+    assert [tuple(o.shape)
+            for o in outs] == expected_shapes(1, 32, 32, 64, (0, 1, 2, 3))
 
 
 @pytest.mark.parametrize('depth', [26, 38, 50])
@@ -51,10 +60,11 @@ def test_acmix_depths_shapes(depth):
     model = ACmixResNet(depth).eval()
     with torch.no_grad():
         outs = model(torch.rand(1, 3, 32, 32))
-    assert [tuple(o.shape) for o in outs] == expected_shapes(
-        1, 32, 32, 64, (0, 1, 2, 3))
-    assert all(isinstance(getattr(model, f'layer{i}')[0].conv2, ACmix)
-               for i in range(1, 5))
+    assert [tuple(o.shape)
+            for o in outs] == expected_shapes(1, 32, 32, 64, (0, 1, 2, 3))
+    assert all(
+        isinstance(getattr(model, f'layer{i}')[0].conv2, ACmix)
+        for i in range(1, 5))
 
 
 @pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
@@ -66,15 +76,20 @@ def test_out_indices_and_odd_sizes(cls, tiny, out_indices, size):
     with torch.no_grad():
         outs = model(torch.rand(2, 3, *size))
     assert isinstance(outs, tuple)
-    assert [tuple(o.shape) for o in outs] == expected_shapes(
-        2, *size, 16, out_indices)
+    assert [tuple(o.shape)
+            for o in outs] == expected_shapes(2, *size, 16, out_indices)
 
 
 @pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
                                       (ACmixResNet, TINY_ACMIX)])
 def test_batch_one_train_mode_and_fewer_stages(cls, tiny):
-    model = cls(26, num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),
-                out_indices=(0, 1, 2), **tiny).train()
+    model = cls(
+        26,
+        num_stages=3,
+        strides=(1, 2, 2),
+        dilations=(1, 1, 1),
+        out_indices=(0, 1, 2),
+        **tiny).train()
     outs = model(torch.rand(1, 3, 65, 63))
     assert [tuple(o.shape) for o in outs] == expected_shapes(
         1, 65, 63, 16, (0, 1, 2), strides=(1, 2, 2))
@@ -153,8 +168,7 @@ def test_published_acmix_resnet_init():
     # The standalone layer keeps its shift initialisation.
     layer = ACmix(16, 16)
     layer.init_weights()
-    assert torch.equal(layer.dep_conv.weight.sum((2, 3)),
-                       torch.ones(16, 9))
+    assert torch.equal(layer.dep_conv.weight.sum((2, 3)), torch.ones(16, 9))
 
 
 def test_acmix_resnet_init_cfg_and_zero_init_residual():
@@ -162,16 +176,22 @@ def test_acmix_resnet_init_cfg_and_zero_init_residual():
     model.init_weights()
     assert all((b.norm3.weight == 0).all() for i in range(1, 5)
                for b in getattr(model, f'layer{i}'))
-    model = ACmixResNet(26, init_cfg=dict(type='Constant', layer='Conv2d',
-                                          val=0.25), **TINY_ACMIX)
+    model = ACmixResNet(
+        26,
+        init_cfg=dict(type='Constant', layer='Conv2d', val=0.25),
+        **TINY_ACMIX)
     model.init_weights()
     assert (model.layer1[0].conv1.weight == 0.25).all()
 
 
 @pytest.mark.parametrize('contract', [False, True])
 def test_dilation_output_stride_8(contract):
-    model = RedNet(26, strides=(1, 2, 1, 1), dilations=(1, 1, 2, 4),
-                   contract_dilation=contract, **TINY_RED).eval()
+    model = RedNet(
+        26,
+        strides=(1, 2, 1, 1),
+        dilations=(1, 1, 2, 4),
+        contract_dilation=contract,
+        **TINY_RED).eval()
     for stage, d in ((3, 2), (4, 4)):
         layer = getattr(model, f'layer{stage}')
         first = d // 2 if contract else d
@@ -193,14 +213,22 @@ def test_dilation_output_stride_8(contract):
 
 def _freeze_summary(model):
     """Top-level names whose parameters are frozen / modules in eval."""
-    frozen = {n.split('.')[0] for n, p in model.named_parameters()
-              if not p.requires_grad}
-    trainable = {n.split('.')[0] for n, p in model.named_parameters()
-                 if p.requires_grad}
-    evals = {n.split('.')[0] for n, m in model.named_modules()
-             if n and not m.training}
-    trains = {n.split('.')[0] for n, m in model.named_modules()
-              if n and m.training}
+    frozen = {
+        n.split('.')[0]
+        for n, p in model.named_parameters() if not p.requires_grad
+    }
+    trainable = {
+        n.split('.')[0]
+        for n, p in model.named_parameters() if p.requires_grad
+    }
+    evals = {
+        n.split('.')[0]
+        for n, m in model.named_modules() if n and not m.training
+    }
+    trains = {
+        n.split('.')[0]
+        for n, m in model.named_modules() if n and m.training
+    }
     assert not frozen & trainable, 'a stage is only partly frozen'
     assert not evals & trains, 'a stage is only partly in eval mode'
     return frozen, evals
@@ -210,15 +238,18 @@ def _freeze_summary(model):
 def test_frozen_stages_match_mmdet_resnet(frozen_stages):
     red = RedNet(26, frozen_stages=frozen_stages, **TINY_RED)
     acm = ACmixResNet(26, frozen_stages=frozen_stages, **TINY_ACMIX)
-    ref_deep = ResNet(50, deep_stem=True, frozen_stages=frozen_stages,
-                      norm_eval=False)
+    ref_deep = ResNet(
+        50, deep_stem=True, frozen_stages=frozen_stages, norm_eval=False)
     ref = ResNet(50, frozen_stages=frozen_stages, norm_eval=False)
     for model, reference in ((red, ref_deep), (acm, ref)):
         model.train()
         reference.train()
         assert _freeze_summary(model) == _freeze_summary(reference)
-    expected = {-1: set(), 0: {'stem'}, 1: {'stem', 'layer1'}}.get(
-        frozen_stages)
+    expected = {
+        -1: set(),
+        0: {'stem'},
+        1: {'stem', 'layer1'}
+    }.get(frozen_stages)
     if expected is not None:
         assert _freeze_summary(red)[0] == expected
 
@@ -236,8 +267,9 @@ def test_norm_eval(cls, tiny):
     model(torch.rand(2, 3, 48, 48))
     for n, b in model.named_buffers():
         assert torch.equal(stats[n], b), n
-    convs_training = [m.training for m in model.modules()
-                      if isinstance(m, torch.nn.Conv2d)]
+    convs_training = [
+        m.training for m in model.modules() if isinstance(m, torch.nn.Conv2d)
+    ]
     assert all(convs_training)
 
 
@@ -270,34 +302,46 @@ def test_with_cp_same_step(cls, tiny):
             sum((o**2).mean() for o in outs).backward()
         assert not [w for w in caught if 'use_reentrant' in str(w.message)]
         steps.append(
-            dict(outs=outs,
-                 grads={n: p.grad for n, p in net.named_parameters()},
-                 buffers=dict(net.named_buffers())))
+            dict(
+                outs=outs,
+                grads={
+                    n: p.grad
+                    for n, p in net.named_parameters()
+                },
+                buffers=dict(net.named_buffers())))
     for key in ('grads', 'buffers'):
         assert set(steps[0][key]) == set(steps[1][key])
         for n in steps[0][key]:
-            torch.testing.assert_close(steps[0][key][n], steps[1][key][n],
-                                       rtol=1e-9, atol=1e-9, msg=n)
-    torch.testing.assert_close(steps[0]['outs'], steps[1]['outs'], rtol=1e-9,
-                               atol=1e-9)
+            torch.testing.assert_close(
+                steps[0][key][n],
+                steps[1][key][n],
+                rtol=1e-9,
+                atol=1e-9,
+                msg=n)
+    torch.testing.assert_close(
+        steps[0]['outs'], steps[1]['outs'], rtol=1e-9, atol=1e-9)
     assert any(g.abs().sum() > 0 for g in steps[0]['grads'].values())
-    tracked = [b for n, b in steps[1]['buffers'].items()
-               if n.endswith('num_batches_tracked')]
+    tracked = [
+        b for n, b in steps[1]['buffers'].items()
+        if n.endswith('num_batches_tracked')
+    ]
     assert tracked and all(b == 1 for b in tracked)
 
 
 def test_with_cp_flag_reaches_blocks():
     model = RedNet(26, with_cp=True, **TINY_RED)
-    assert all(b.with_cp for i in range(1, 5)
-               for b in getattr(model, f'layer{i}'))
+    assert all(
+        b.with_cp for i in range(1, 5) for b in getattr(model, f'layer{i}'))
 
 
 @pytest.mark.parametrize('zero_init', [True, False])
 def test_zero_init_residual(zero_init):
     model = RedNet(26, zero_init_residual=zero_init, **TINY_RED)
     model.init_weights()
-    norm3 = [b.norm3.weight for i in range(1, 5)
-             for b in getattr(model, f'layer{i}')]
+    norm3 = [
+        b.norm3.weight for i in range(1, 5)
+        for b in getattr(model, f'layer{i}')
+    ]
     assert all((w == 0).all() for w in norm3) == zero_init
     # the other norms stay at 1 (mmdet's Constant init)
     assert all((b.norm1.weight == 1).all() for b in model.layer1)
@@ -334,8 +378,12 @@ BAD_ARGS = [
      r'\(-1, 0\)'),
     (dict(frozen_stages=5), r'frozen_stages must be an int in \[-1, 4\]'),
     (dict(frozen_stages=-2), r'frozen_stages must be an int in \[-1, 4\]'),
-    (dict(num_stages=2, strides=(1, 2), dilations=(1, 1), out_indices=(1, ),
-          frozen_stages=3), r'frozen_stages must be an int in \[-1, 2\]'),
+    (dict(
+        num_stages=2,
+        strides=(1, 2),
+        dilations=(1, 1),
+        out_indices=(1, ),
+        frozen_stages=3), r'frozen_stages must be an int in \[-1, 2\]'),
     (dict(norm_cfg=dict(type='GN')), r'norm_cfg of type GN needs num_groups'),
     (dict(norm_cfg=dict(requires_grad=True)),
      r'norm_cfg must be a dict with a "type"'),
@@ -357,10 +405,15 @@ def test_negative_out_indices_count_from_the_last_stage(cls, tiny):
     assert model.out_indices == (0, 3)
     with torch.no_grad():
         outs = model(torch.rand(1, 3, 32, 32))
-    assert [tuple(o.shape) for o in outs] == expected_shapes(
-        1, 32, 32, 16, (0, 3))
-    fewer = cls(26, num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),
-                out_indices=(-1, ), **tiny)
+    assert [tuple(o.shape)
+            for o in outs] == expected_shapes(1, 32, 32, 16, (0, 3))
+    fewer = cls(
+        26,
+        num_stages=3,
+        strides=(1, 2, 2),
+        dilations=(1, 1, 1),
+        out_indices=(-1, ),
+        **tiny)
     assert fewer.out_indices == (2, )
 
 

@@ -57,8 +57,10 @@ class LogCapture(logging.Handler):
 
 
 def _mismatch_messages(messages):
-    return [m for m in messages if 'do not match' in m or 'missing' in m
-            or 'unexpected' in m]
+    return [
+        m for m in messages
+        if 'do not match' in m or 'missing' in m or 'unexpected' in m
+    ]
 
 
 def assert_loaded(model, expected):
@@ -86,23 +88,31 @@ def test_acmix_keys_shapes_and_params():
     head = {'fc.weight': [1000, 2048], 'fc.bias': [1000]}
     assert {**shapes, **head} == ref['state_dict']
     fc = torch.nn.Linear(2048, 1000)
-    n_params = sum(p.numel() for p in model.parameters()) + sum(
-        p.numel() for p in fc.parameters())
+    n_params = sum(p.numel()
+                   for p in model.parameters()) + sum(p.numel()
+                                                      for p in fc.parameters())
     assert n_params == ref['params'] == 18_333_976
 
 
 def test_rednet_mmcls_checkpoint_via_init_cfg(tmp_path):
     """mmcls format + prefix 'backbone.', through init_cfg, as configs do."""
-    shapes = _reference('rednet50_state_dict.json')['rednet50_cls'][
-        'state_dict']
+    shapes = _reference(
+        'rednet50_state_dict.json')['rednet50_cls']['state_dict']
     sd = synthetic_state_dict(shapes)
     ckpt = tmp_path / 'rednet50_mmcls.pth'
-    torch.save({'state_dict': {f'backbone.{k}': v for k, v in sd.items()},
-                'meta': {}}, ckpt)
+    torch.save(
+        {
+            'state_dict': {
+                f'backbone.{k}': v
+                for k, v in sd.items()
+            },
+            'meta': {}
+        }, ckpt)
     model = RedNet(
-        50, stem_kernel_size=3,
-        init_cfg=dict(type='Pretrained', checkpoint=str(ckpt),
-                      prefix='backbone.'))
+        50,
+        stem_kernel_size=3,
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(ckpt), prefix='backbone.'))
     with LogCapture() as log:
         model.init_weights()
     assert not _mismatch_messages(log.messages), log.messages
@@ -120,18 +130,23 @@ def test_rednet_mmcls_checkpoint_via_init_cfg(tmp_path):
 
 def test_imagenet_checkpoint_into_stem7_warns(tmp_path):
     """Published detection runs: stem-3 ImageNet weights, stem-7 model."""
-    shapes = _reference('rednet50_state_dict.json')['rednet50_cls'][
-        'state_dict']
+    shapes = _reference(
+        'rednet50_state_dict.json')['rednet50_cls']['state_dict']
     sd = synthetic_state_dict(shapes, seed=1)
     ckpt = tmp_path / 'rednet50_mmcls.pth'
-    torch.save({'state_dict': {f'backbone.{k}': v for k, v in sd.items()}},
-               ckpt)
+    torch.save({'state_dict': {
+        f'backbone.{k}': v
+        for k, v in sd.items()
+    }}, ckpt)
     model = RedNet(
-        50, stem_kernel_size=7,
-        init_cfg=dict(type='Pretrained', checkpoint=str(ckpt),
-                      prefix='backbone.'))
-    before = {k: v.clone() for k, v in model.state_dict().items()
-              if k.startswith('stem.1.conv2.')}
+        50,
+        stem_kernel_size=7,
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(ckpt), prefix='backbone.'))
+    before = {
+        k: v.clone()
+        for k, v in model.state_dict().items() if k.startswith('stem.1.conv2.')
+    }
     with LogCapture() as log:
         model.init_weights()
     text = '\n'.join(log.messages)
@@ -149,8 +164,8 @@ def test_imagenet_checkpoint_into_stem7_warns(tmp_path):
 
 @pytest.mark.parametrize('wrapped', [False, True])
 def test_acmix_torchvision_checkpoint(tmp_path, wrapped):
-    shapes = _reference('acmix_resnet50_state_dict.json')['acmix_resnet50'][
-        'state_dict']
+    shapes = _reference(
+        'acmix_resnet50_state_dict.json')['acmix_resnet50']['state_dict']
     sd = synthetic_state_dict(shapes, seed=2)
     ckpt = tmp_path / 'acmix_resnet50.pth'
     torch.save({'state_dict': sd} if wrapped else sd, ckpt)
@@ -183,5 +198,6 @@ def test_acmix_only_drops_fc():
     sd = ACmixResNet(26, stem_channels=16, base_channels=16).state_dict()
     sd['layer9.weight'] = torch.zeros(1)
     with pytest.raises(RuntimeError, match='layer9.weight'):
-        ACmixResNet(26, stem_channels=16, base_channels=16).load_state_dict(
-            sd, strict=True)
+        ACmixResNet(
+            26, stem_channels=16, base_channels=16).load_state_dict(
+                sd, strict=True)

@@ -17,14 +17,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmevo.layers import (ACmix, DynamicFilter, ELSA, EvolutionConv,
+from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
                           Involution, LocalSelfAttention)
 from mmevo.models import ACmixResNet, RedNet
 from mmevo.ops import cpu_fastpath
 from mmevo.ops.cpu_fastpath import _SINGLE_MATMUL_PIXELS, pointwise
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TINY_RED = dict(stem_channels=32, base_channels=16)
 TINY_ACMIX = dict(stem_channels=16, base_channels=16)
@@ -64,8 +64,8 @@ def run(model, x, on):
         outs = model(x)
     outs = outs if isinstance(outs, tuple) else (outs, )
     gen = torch.Generator().manual_seed(1)
-    loss = sum((o * torch.randn(o.shape, generator=gen,
-                                dtype=o.dtype)).sum() for o in outs)
+    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
+               for o in outs)
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     for m in model.modules():
@@ -83,8 +83,8 @@ def assert_paths_equal(model, x, has_fast_path=True):
     assert set(fast[2]) == set(stock[2])
     for name, g in stock[2].items():
         assert g is not None, name
-        torch.testing.assert_close(fast[2][name], g, rtol=1e-9, atol=1e-10,
-                                   msg=name)
+        torch.testing.assert_close(
+            fast[2][name], g, rtol=1e-9, atol=1e-10, msg=name)
     if has_fast_path:
         assert fast[3] < stock[3]
     else:
@@ -92,16 +92,17 @@ def assert_paths_equal(model, x, has_fast_path=True):
 
 
 LAYERS = {
-    'evolution_conv_s2': (lambda: EvolutionConv(8, 3, stride=2), 8, (7, 6),
-                          False),
+    'evolution_conv_s2':
+    (lambda: EvolutionConv(8, 3, stride=2), 8, (7, 6), False),
     'involution': (lambda: Involution(16, 7), 16, (9, 7), True),
     'involution_s2_odd': (lambda: Involution(32, 3, 2), 32, (7, 9), True),
-    'dynamic_filter_s2': (lambda: DynamicFilter(8, stride=2), 8, (7, 8),
-                          False),
-    'local_self_attention_s2': (lambda: LocalSelfAttention(
-        8, num_heads=2, kernel_size=3, stride=2), 8, (7, 6), False),
-    'elsa_s2': (lambda: ELSA(24, 2, kernel_size=3, stride=2), 24, (7, 6),
-                False),
+    'dynamic_filter_s2':
+    (lambda: DynamicFilter(8, stride=2), 8, (7, 8), False),
+    'local_self_attention_s2':
+    (lambda: LocalSelfAttention(8, num_heads=2, kernel_size=3, stride=2), 8,
+     (7, 6), False),
+    'elsa_s2':
+    (lambda: ELSA(24, 2, kernel_size=3, stride=2), 24, (7, 6), False),
     'acmix': (lambda: ACmix(8, 8, 5, 2), 8, (9, 7), True),
     'acmix_in_ne_out': (lambda: ACmix(8, 12, 5, 3), 8, (6, 7), True),
     'acmix_s2_odd': (lambda: ACmix(8, 8, 5, 2, stride=2), 8, (7, 9), True),
@@ -163,8 +164,10 @@ def test_tracing_runs_the_stock_graph():
     x = torch.randn(1, 8, 6, 7)
     with cpu_fastpath.use(True):
         traced = torch.jit.trace(layer, x)
-    assert {id(m) for m in calls} == {
-        id(m) for m in layer.modules() if isinstance(m, nn.Conv2d)}
+    assert {id(m)
+            for m in calls
+            } == {id(m)
+                  for m in layer.modules() if isinstance(m, nn.Conv2d)}
     graph = str(traced.inlined_graph)
     assert 'baddbmm' not in graph and 'aten::_convolution' in graph
     torch.testing.assert_close(traced(x), layer(x), rtol=1e-5, atol=1e-5)
@@ -184,8 +187,8 @@ def test_switch_is_per_thread_and_restored():
     seen = []
     with cpu_fastpath.use(False):
         assert not cpu_fastpath.is_on()
-        thread = threading.Thread(target=lambda: seen.append(
-            cpu_fastpath.is_on()))
+        thread = threading.Thread(
+            target=lambda: seen.append(cpu_fastpath.is_on()))
         thread.start()
         thread.join()
     assert seen == [True] and cpu_fastpath.is_on()
@@ -195,10 +198,12 @@ def test_switch_is_per_thread_and_restored():
 
 
 def _python(code, **env):
-    return subprocess.run(
-        [sys.executable, '-c', code], cwd=ROOT, capture_output=True,
-        text=True, timeout=120,
-        env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    return subprocess.run([sys.executable, '-c', code],
+                          cwd=ROOT,
+                          capture_output=True,
+                          text=True,
+                          timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT, **env))
 
 
 def test_environment_variable_turns_it_off():
@@ -227,19 +232,21 @@ def test_environment_variable_turns_it_off():
 def test_pointwise_equals_conv2d_with_gradients(size, bias):
     assert 7 * 7 < _SINGLE_MATMUL_PIXELS < 13 * 11
     gen = torch.Generator().manual_seed(size[0])
-    x = torch.randn(3, 6, *size, generator=gen, dtype=torch.float64,
-                    requires_grad=True)
-    w = torch.randn(5, 6, 1, 1, generator=gen, dtype=torch.float64,
-                    requires_grad=True)
-    b = torch.randn(5, generator=gen, dtype=torch.float64,
-                    requires_grad=True) if bias else None
+    x = torch.randn(
+        3, 6, *size, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(
+        5, 6, 1, 1, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(
+        5, generator=gen, dtype=torch.float64,
+        requires_grad=True) if bias else None
     inputs = [t for t in (x, w, b) if t is not None]
     g = torch.randn(3, 5, *size, generator=gen, dtype=torch.float64)
     ours = pointwise(x, w, b)
     ref = F.conv2d(x, w, b)
     torch.testing.assert_close(ours, ref)
-    for a, r in zip(torch.autograd.grad(ours, inputs, g),
-                    torch.autograd.grad(ref, inputs, g)):
+    for a, r in zip(
+            torch.autograd.grad(ours, inputs, g),
+            torch.autograd.grad(ref, inputs, g)):
         torch.testing.assert_close(a, r)
     assert torch.autograd.gradgradcheck(pointwise, (x, w, b), fast_mode=True)
 

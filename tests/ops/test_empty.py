@@ -17,8 +17,9 @@ import torch
 if not torch.cuda.is_available() and 'triton' not in sys.modules:
     os.environ['TRITON_INTERPRET'] = '1'
 
-from mmevo.ops import (evolution_aggregate, library,  # noqa: E402
-                       local_attention_weights, local_correlation, output_size)
+from mmevo.ops import library  # noqa: E402
+from mmevo.ops import (evolution_aggregate, local_attention_weights,
+                       local_correlation, output_size)
 from mmevo.ops.reference import aggregate_reference  # noqa: E402
 from mmevo.ops.reference import (attention_weights_reference,
                                  correlation_reference)
@@ -45,11 +46,15 @@ def inputs(geom):
     B, C, G, H, W, K, s, p, d = geom
     Ho, Wo = output_size(H, K, s, p, d), output_size(W, K, s, p, d)
     gen = torch.Generator().manual_seed(0)
-    shapes = dict(x=(B, C, H, W), w=(B, G, K, K, Ho, Wo), q=(B, C, Ho, Wo),
-                  gy=(B, C, Ho, Wo), go=(B, G, K, K, Ho, Wo))
+    shapes = dict(
+        x=(B, C, H, W),
+        w=(B, G, K, K, Ho, Wo),
+        q=(B, C, Ho, Wo),
+        gy=(B, C, Ho, Wo),
+        go=(B, G, K, K, Ho, Wo))
     return {
-        name: torch.randn(*shape, generator=gen, dtype=torch.float64).to(
-            DEVICE)
+        name: torch.randn(*shape, generator=gen,
+                          dtype=torch.float64).to(DEVICE)
         for name, shape in shapes.items()
     }
 
@@ -59,8 +64,9 @@ def value_and_grads(fn, args, grad):
     args = [leaf(a) for a in args]
     out = fn(*args)
     grads = torch.autograd.grad(out, args, grad, allow_unused=True)
-    return [out] + [torch.zeros_like(a) if g is None else g
-                    for a, g in zip(args, grads)]
+    return [out] + [
+        torch.zeros_like(a) if g is None else g for a, g in zip(args, grads)
+    ]
 
 
 def assert_same(got, want):
@@ -79,8 +85,8 @@ def test_empty_matches_reference(backend, mode, geom):
     # (op, reference, inputs, output gradient)
     cases = [
         (lambda x, w: evolution_aggregate(x, w, *window),
-         lambda x, w: aggregate_reference(x, w, *window), (t['x'], t['w']),
-         t['gy']),
+         lambda x, w: aggregate_reference(x, w, *window), (t['x'],
+                                                           t['w']), t['gy']),
         (lambda q, x: local_correlation(q, x, G, K, *window),
          lambda q, x: correlation_reference(q, x, G, K, *window),
          (t['q'], t['x']), t['go']),
@@ -112,8 +118,8 @@ def test_empty_transpose_and_double_backward(backend, mode, geom):
             gy, w, H, W, *window)
 
     def transpose_reference(gy, w):
-        x = torch.zeros(B, C, H, W, dtype=gy.dtype, device=gy.device,
-                        requires_grad=True)
+        x = torch.zeros(
+            B, C, H, W, dtype=gy.dtype, device=gy.device, requires_grad=True)
         y = aggregate_reference(x, w, *window)
         return torch.autograd.grad(y, x, gy, create_graph=True)[0]
 
@@ -127,8 +133,8 @@ def test_empty_transpose_and_double_backward(backend, mode, geom):
 
 def test_public_ops_at_zero_channels_do_not_crash():
     """The reported crash: the C++ kernels divided by C = 0 (SIGFPE)."""
-    y = evolution_aggregate(torch.randn(2, 0, 9, 11),
-                            torch.randn(2, 1, 3, 3, 9, 11))
+    y = evolution_aggregate(
+        torch.randn(2, 0, 9, 11), torch.randn(2, 1, 3, 3, 9, 11))
     assert y.shape == (2, 0, 9, 11)
     q = torch.randn(2, 0, 9, 11, requires_grad=True)
     k = torch.randn(2, 0, 9, 11, requires_grad=True)
@@ -141,8 +147,8 @@ def test_public_ops_at_zero_channels_do_not_crash():
 def test_empty_map_is_refused(shape):
     name = 'height' if shape[2] == 0 else 'width'
     with pytest.raises(ValueError, match=rf'input {name} must be >= 1, got 0'):
-        evolution_aggregate(torch.randn(shape),
-                            torch.randn(1, 1, 1, 1, 2, 2), padding=1)
+        evolution_aggregate(
+            torch.randn(shape), torch.randn(1, 1, 1, 1, 2, 2), padding=1)
     with pytest.raises(ValueError, match=rf'key {name} must be >= 1, got 0'):
-        local_correlation(torch.randn(1, 4, 2, 2), torch.randn(shape), 1, 1,
-                          padding=1)
+        local_correlation(
+            torch.randn(1, 4, 2, 2), torch.randn(shape), 1, 1, padding=1)

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmevo.ops import (evolution_aggregate, local_attention_weights,
+from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
                        local_correlation, output_size)
-from mmevo.ops import library
 from mmevo.ops.reference import (aggregate_reference,
                                  attention_weights_reference,
                                  correlation_reference)
@@ -34,21 +33,35 @@ def random_config(rng):
         K = rng.choice([1, 3, 5, 7])
         s, d = rng.randint(1, 3), rng.randint(1, 3)
         shape = rng.choice(['odd', 'odd', 'odd', '1x1', '2x3'])
-        H, W = {'1x1': (1, 1), '2x3': (2, 3)}.get(
-            shape, (rng.randint(1, 13), rng.randint(1, 13)))
+        H, W = {
+            '1x1': (1, 1),
+            '2x3': (2, 3)
+        }.get(shape, (rng.randint(1, 13), rng.randint(1, 13)))
         mode = rng.choice(['zeros', 'reflect'])
         p = None if rng.random() < 0.5 else rng.randint(0, d * (K - 1))
         pad = d * (K - 1) // 2 if p is None else p
-        if output_size(H, K, s, pad, d) >= 1 and output_size(W, K, s, pad, d) >= 1:
-            return dict(B=rng.randint(1, 2), C=C, G=G, K=K, H=H, W=W, s=s, d=d,
-                        p=p, pad=pad, mode=mode,
-                        layout=rng.choice(['contiguous', 'strided', 'channels_last']))
+        if output_size(H, K, s, pad, d) >= 1 and output_size(W, K, s, pad,
+                                                             d) >= 1:
+            return dict(
+                B=rng.randint(1, 2),
+                C=C,
+                G=G,
+                K=K,
+                H=H,
+                W=W,
+                s=s,
+                d=d,
+                p=p,
+                pad=pad,
+                mode=mode,
+                layout=rng.choice(['contiguous', 'strided', 'channels_last']))
 
 
 def make(shape, layout, gen, dtype=torch.float64):
     """A random tensor of ``shape`` stored with the requested ``layout``."""
     if layout == 'strided':  # every other element of a wider tensor
-        big = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen, dtype=dtype)
+        big = torch.randn(
+            *shape[:-1], 2 * shape[-1], generator=gen, dtype=dtype)
         return big[..., ::2]
     t = torch.randn(*shape, generator=gen, dtype=dtype)
     if layout == 'channels_last' and t.dim() == 4:
@@ -63,7 +76,9 @@ def leaf(t):
 def cases():
     """(backend, seed): the C++ kernels on the full sweep, the PyTorch
     fallback on a part."""
-    return [('cpp', seed) for seed in range(N_CONFIGS)] + [('torch', seed) for seed in range(40)]
+    return [('cpp', seed)
+            for seed in range(N_CONFIGS)] + [('torch', seed)
+                                             for seed in range(40)]
 
 
 @pytest.mark.parametrize('backend,seed', cases())
@@ -140,11 +155,11 @@ def test_wide_maps_match_reference(geom, mode):
     gy = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
     go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
     outs = []
-    for fn_a, fn_c, fn_s, padding in (
-            (evolution_aggregate, local_correlation, local_attention_weights,
-             p),
-            (aggregate_reference, correlation_reference,
-             attention_weights_reference, pad)):
+    for fn_a, fn_c, fn_s, padding in ((evolution_aggregate, local_correlation,
+                                       local_attention_weights, p),
+                                      (aggregate_reference,
+                                       correlation_reference,
+                                       attention_weights_reference, pad)):
         xa, wa, qa, xc, qs, xs = (leaf(t) for t in (x, w, q, x, q, x))
         with library.use_backend('cpp'):
             y = fn_a(xa, wa, s, padding, d, mode)
@@ -153,8 +168,8 @@ def test_wide_maps_match_reference(geom, mode):
         (y * gy).sum().backward()
         (o * go).sum().backward()
         (a * go).sum().backward()
-        outs.append((y, o, a, xa.grad, wa.grad, qa.grad, xc.grad, qs.grad,
-                     xs.grad))
+        outs.append(
+            (y, o, a, xa.grad, wa.grad, qa.grad, xc.grad, qs.grad, xs.grad))
     for got, want in zip(*outs):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
@@ -168,8 +183,9 @@ def test_sweep_covers_the_issue_list():
     assert seen('mode') == {'zeros', 'reflect'}
     assert seen('layout') == {'contiguous', 'strided', 'channels_last'}
     assert {(c['H'], c['W']) for c in cfgs} >= {(1, 1), (2, 3)}
-    groups = {('1' if c['G'] == 1 else 'C/16' if c['G'] == c['C'] // 16 else
-               'C' if c['G'] == c['C'] else 'other') for c in cfgs if c['C'] >= 16}
+    groups = {('1' if c['G'] == 1 else 'C/16' if c['G'] == c['C'] //
+               16 else 'C' if c['G'] == c['C'] else 'other')
+              for c in cfgs if c['C'] >= 16}
     assert groups >= {'1', 'C/16', 'C'}
     assert any(c['C'] // c['G'] > 64 for c in cfgs)  # several channel blocks
     # Reflect paddings as large as the map (numpy-style re-reflection).
@@ -181,10 +197,20 @@ def test_sweep_covers_the_issue_list():
 @pytest.mark.parametrize('mode', ['zeros', 'reflect'])
 def test_gradcheck(backend, mode):
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 4, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(1, 2, 3, 3, 3, 3, generator=gen, dtype=torch.float64,
-                    requires_grad=True)
-    q = torch.randn(1, 4, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(
+        1, 4, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(
+        1,
+        2,
+        3,
+        3,
+        3,
+        3,
+        generator=gen,
+        dtype=torch.float64,
+        requires_grad=True)
+    q = torch.randn(
+        1, 4, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     with library.use_backend(backend):
         assert torch.autograd.gradcheck(
             lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode), (x, w))
@@ -192,7 +218,8 @@ def test_gradcheck(backend, mode):
             lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode), (q, x))
         # Second order: the backward is made of the same differentiable ops.
         assert torch.autograd.gradgradcheck(
-            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode), (x, w), fast_mode=True)
+            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode), (x, w),
+            fast_mode=True)
         assert torch.autograd.gradgradcheck(
             lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode), (q, x),
             fast_mode=True)
@@ -201,7 +228,8 @@ def test_gradcheck(backend, mode):
             (q, x))
         assert torch.autograd.gradgradcheck(
             lambda a, b: local_attention_weights(a, b, 2, 3, 2, 2, 2, mode),
-            (q, x), fast_mode=True)
+            (q, x),
+            fast_mode=True)
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
@@ -219,21 +247,22 @@ def test_reduced_precision(dtype, mode):
         y = evolution_aggregate(xl, wl, 2, None, 1, mode)
         y.backward(gy.to(dtype))
         o = local_correlation(q.to(dtype), x.to(dtype), 2, 7, 2, None, 1, mode)
-        a = local_attention_weights(q.to(dtype) / 8, x.to(dtype), 2, 7, 2,
-                                    None, 1, mode)
+        a = local_attention_weights(
+            q.to(dtype) / 8, x.to(dtype), 2, 7, 2, None, 1, mode)
     xr, wr = leaf(x), leaf(w)
     y_ref = aggregate_reference(xr, wr, 2, 3, 1, mode)
     y_ref.backward(gy)
     o_ref = correlation_reference(q, x, 2, 7, 2, 3, 1, mode)
     a_ref = attention_weights_reference(q / 8, x, 2, 7, 2, 3, 1, mode)
     assert a.dtype == dtype
-    assert (a.float() - a_ref).abs().max() < (2e-2 if dtype == torch.bfloat16
-                                              else 3e-3)
+    assert (a.float() -
+            a_ref).abs().max() < (2e-2 if dtype == torch.bfloat16 else 3e-3)
     assert y.dtype == o.dtype == xl.grad.dtype == wl.grad.dtype == dtype
     # Rounding the inputs to bf16 (8 bits) dominates: tolerance relative to
     # the scale.
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
-    for got, ref in [(y, y_ref), (o, o_ref), (xl.grad, xr.grad), (wl.grad, wr.grad)]:
+    for got, ref in [(y, y_ref), (o, o_ref), (xl.grad, xr.grad),
+                     (wl.grad, wr.grad)]:
         err = (got.float() - ref).abs().max() / ref.abs().max()
         assert err < tol, (got.dtype, err)
 
@@ -243,7 +272,8 @@ def test_autocast_mixed_dtypes():
     bf16."""
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(2, 16, 7, 9, generator=gen, requires_grad=True)
-    w = torch.randn(2, 2, 3, 3, 7, 9, generator=gen).bfloat16().requires_grad_()
+    w = torch.randn(
+        2, 2, 3, 3, 7, 9, generator=gen).bfloat16().requires_grad_()
     key = torch.randn(2, 16, 7, 9, generator=gen).bfloat16()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         y = evolution_aggregate(x, w)
@@ -265,8 +295,10 @@ def test_reflect_is_reflection_pad(size, padding):
     if padding < min(size):
         xp = torch.nn.ReflectionPad2d(padding)(x)
     else:
-        xp = torch.from_numpy(np.pad(x.numpy(), [(0, 0), (0, 0)] + [(padding, padding)] * 2,
-                                     mode='reflect'))
+        xp = torch.from_numpy(
+            np.pad(
+                x.numpy(), [(0, 0), (0, 0)] + [(padding, padding)] * 2,
+                mode='reflect'))
     K = 3
     Ho, Wo = (output_size(n, K, 1, padding, 1) for n in size)
     w = torch.randn(1, 2, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
@@ -275,7 +307,8 @@ def test_reflect_is_reflection_pad(size, padding):
         y = evolution_aggregate(x, w, 1, padding, 1, 'reflect')
         o = local_correlation(q, x, 2, K, 1, padding, 1, 'reflect')
     torch.testing.assert_close(y, aggregate_reference(xp, w, 1, 0, 1, 'zeros'))
-    torch.testing.assert_close(o, correlation_reference(q, xp, 2, K, 1, 0, 1, 'zeros'))
+    torch.testing.assert_close(
+        o, correlation_reference(q, xp, 2, K, 1, 0, 1, 'zeros'))
 
 
 def test_backends_agree_bitwise_across_threads():
@@ -303,6 +336,7 @@ def test_backends_agree_bitwise_across_threads():
 def test_torch_compile_fullgraph():
     """The ops inside one torch.compile(fullgraph=True) graph, forward and
     backward."""
+
     def attention(q, k, v):
         logits = local_correlation(q, k, 2, 3, 1, None, 1, 'reflect')
         attn = logits.flatten(2, 3).softmax(2).view_as(logits)
@@ -324,10 +358,15 @@ def test_torch_compile_fullgraph():
 
 def test_ops_are_registered():
     """The torch.library names other code (FLOP counters) relies on."""
-    assert torch.ops.mmevo.evolution_aggregate.default._schema.arguments[2].name == 'stride'
-    assert [a.name for a in torch.ops.mmevo.local_correlation.default._schema.arguments] == [
-        'query', 'key', 'groups', 'kernel_size', 'stride', 'padding', 'dilation',
-        'padding_mode']
+    assert torch.ops.mmevo.evolution_aggregate.default._schema.arguments[
+        2].name == 'stride'
+    assert [
+        a.name
+        for a in torch.ops.mmevo.local_correlation.default._schema.arguments
+    ] == [
+        'query', 'key', 'groups', 'kernel_size', 'stride', 'padding',
+        'dilation', 'padding_mode'
+    ]
     x = torch.randn(1, 4, 5, 5)
     w = torch.randn(1, 2, 3, 3, 5, 5)
     torch.testing.assert_close(
@@ -342,8 +381,8 @@ def test_jit_trace_records_the_ops():
     w = torch.randn(1, 2, 3, 3, 5, 6)
 
     def f(x, w):
-        return evolution_aggregate(x, w) + local_correlation(
-            x, x, 2, 3).sum((2, 3)).repeat_interleave(4, 1)
+        return evolution_aggregate(x, w) + local_correlation(x, x, 2, 3).sum(
+            (2, 3)).repeat_interleave(4, 1)
 
     with pytest.warns(torch.jit.TracerWarning):
         traced = torch.jit.trace(f, (x, w))

@@ -34,4 +34,3 @@ def test_flop_handles_count_the_ops():
     assert flops['local_correlation'] == b * 16 * 7 * 9 * 5 * 5
     assert flops['local_attention_weights'] == b * 16 * 7 * 9 * 3 * 3
     assert not analyzer.unsupported_ops()
-

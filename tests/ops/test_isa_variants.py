@@ -49,14 +49,19 @@ print('ok')
 '''
 
 
-@pytest.mark.skipif(not cpp_backend.available(), reason='the C++ extension is not built')
+@pytest.mark.skipif(
+    not cpp_backend.available(), reason='the C++ extension is not built')
 @pytest.mark.parametrize('isa', ['avx2', 'base'])
 def test_narrower_isa_matches_reference(isa):
     from mmevo import _ext
     if isa == 'avx2' and _ext.isa() == 'base':
         pytest.skip('this CPU has no AVX2')
     env = dict(os.environ, MMEVO_CPU_ISA=isa, OMP_NUM_THREADS='2')
-    run = subprocess.run([sys.executable, '-c', SCRIPT.format(isa=isa)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, '-c', SCRIPT.format(isa=isa)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().endswith('ok')

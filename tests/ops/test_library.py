@@ -22,16 +22,18 @@ def test_use_backend_is_per_thread():
 
     def worker(name):
         try:
-            with (library.use_backend(name) if name else
-                  contextlib.nullcontext()):
+            with (library.use_backend(name)
+                  if name else contextlib.nullcontext()):
                 all_inside.wait(timeout=10)
                 seen[name] = library.primitives(torch.empty(0))
                 done.wait(timeout=10)
         except Exception as e:  # reported below, not lost in the thread
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(name, ))
-               for name in ('torch', 'cpp', None)]
+    threads = [
+        threading.Thread(target=worker, args=(name, ))
+        for name in ('torch', 'cpp', None)
+    ]
     for t in threads:
         t.start()
     with library.use_backend('torch'):
@@ -78,7 +80,8 @@ def test_backward_runs_on_the_forward_backend(monkeypatch):
 
 
 def test_unknown_backend():
-    with pytest.raises(ValueError, match=r"backend must be one of .*, got "
-                       r"'cuda'"):
+    with pytest.raises(
+            ValueError, match=r"backend must be one of .*, got "
+            r"'cuda'"):
         with library.use_backend('cuda'):
             pass

@@ -17,9 +17,10 @@ import torch
 
 INTERPRET = not torch.cuda.is_available()
 if INTERPRET:
-    assert 'triton' not in sys.modules or os.environ.get('TRITON_INTERPRET') == '1', (
-        'triton was imported before TRITON_INTERPRET=1 could be set: run '
-        'tests/ops/test_triton_interpret.py in its own process')
+    assert 'triton' not in sys.modules or os.environ.get(
+        'TRITON_INTERPRET') == '1', (
+            'triton was imported before TRITON_INTERPRET=1 could be set: run '
+            'tests/ops/test_triton_interpret.py in its own process')
     os.environ['TRITON_INTERPRET'] = '1'
 DEVICE = 'cpu' if INTERPRET else 'cuda'
 
@@ -35,7 +36,6 @@ from mmevo.ops.reference import (aggregate_reference,
 
 tk = importlib.import_module('mmevo.ops.triton_backend')
 
-
 # (B, C, G, H, W, K, stride, padding, dilation)
 GEOMETRIES = [
     (2, 16, 1, 7, 9, 3, 1, 1, 1),
@@ -44,7 +44,8 @@ GEOMETRIES = [
     (1, 4, 4, 2, 3, 7, 1, 3, 1),
     (1, 12, 3, 1, 1, 1, 1, 0, 1),
     (1, 8, 2, 11, 5, 3, 2, 3, 3),
-    (1, 40, 1, 5, 4, 3, 1, 1, 1),  # 40 channels in a group: several channel blocks
+    (1, 40, 1, 5, 4, 3, 1, 1,
+     1),  # 40 channels in a group: several channel blocks
 ]
 
 
@@ -55,13 +56,14 @@ def leaf(t):
 def run_primitives(x, w, q, gy, go, geom):
     """Triton forward and the three gradient products, computed directly."""
     _, _, G, H, W, K, s, p, d = geom
-    return dict(y=tk.aggregate(x, w, s, p, d),
-                gx=tk.aggregate_transpose(gy, w, (H, W), s, p, d),
-                gw=tk.correlate(gy, x, G, K, s, p, d),
-                o=tk.correlate(q, x, G, K, s, p, d),
-                gq=tk.aggregate(x, go, s, p, d),
-                gk=tk.aggregate_transpose(q, go, (H, W), s, p, d),
-                a=tk.correlate(q, x, G, K, s, p, d, softmax=True))
+    return dict(
+        y=tk.aggregate(x, w, s, p, d),
+        gx=tk.aggregate_transpose(gy, w, (H, W), s, p, d),
+        gw=tk.correlate(gy, x, G, K, s, p, d),
+        o=tk.correlate(q, x, G, K, s, p, d),
+        gq=tk.aggregate(x, go, s, p, d),
+        gk=tk.aggregate_transpose(q, go, (H, W), s, p, d),
+        a=tk.correlate(q, x, G, K, s, p, d, softmax=True))
 
 
 def reference_products(x, w, q, gy, go, geom):
@@ -73,16 +75,22 @@ def reference_products(x, w, q, gy, go, geom):
     qc, xc = leaf(q), leaf(x)
     o = correlation_reference(qc, xc, G, K, s, p, d, 'zeros')
     o.backward(go)
-    return dict(y=y, gx=xr.grad, gw=wr.grad, o=o, gq=qc.grad, gk=xc.grad,
-                a=attention_weights_reference(q, x, G, K, s, p, d, 'zeros'))
+    return dict(
+        y=y,
+        gx=xr.grad,
+        gw=wr.grad,
+        o=o,
+        gq=qc.grad,
+        gk=xc.grad,
+        a=attention_weights_reference(q, x, G, K, s, p, d, 'zeros'))
 
 
 def make_inputs(geom, dtype, seed):
     B, C, G, H, W, K, s, p, d = geom
     Ho, Wo = output_size(H, K, s, p, d), output_size(W, K, s, p, d)
     gen = torch.Generator().manual_seed(seed)
-    shapes = [(B, C, H, W), (B, G, K, K, Ho, Wo), (B, C, Ho, Wo), (B, C, Ho, Wo),
-              (B, G, K, K, Ho, Wo)]
+    shapes = [(B, C, H, W), (B, G, K, K, Ho, Wo), (B, C, Ho, Wo),
+              (B, C, Ho, Wo), (B, G, K, K, Ho, Wo)]
     return [torch.randn(*sh, generator=gen).to(DEVICE, dtype) for sh in shapes]
 
 
@@ -93,8 +101,8 @@ def test_triton_fp32(geom):
     ref = reference_products(*[t.double() for t in inputs], geom)
     for name in ref:
         assert got[name].dtype == torch.float32
-        torch.testing.assert_close(got[name].double(), ref[name], rtol=1e-5, atol=1e-5,
-                                   msg=name)
+        torch.testing.assert_close(
+            got[name].double(), ref[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize('geom', GEOMETRIES[:3])
@@ -114,8 +122,10 @@ def test_triton_bf16(geom):
 def test_triton_through_the_ops(mode):
     """The registered ops on the Triton backend: padding modes and autograd."""
     gen = torch.Generator().manual_seed(5)
-    x, w, q, gy = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE)
-                   for shape in [(1, 8, 4, 5), (1, 2, 5, 5, 4, 5), (1, 8, 4, 5), (1, 8, 4, 5)])
+    x, w, q, gy = (
+        torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE)
+        for shape in [(1, 8, 4, 5), (1, 2, 5, 5, 4, 5), (1, 8, 4,
+                                                         5), (1, 8, 4, 5)])
     results = []
     for triton_backend in (True, False):
         xa, wa, qa = leaf(x), leaf(w), leaf(q)

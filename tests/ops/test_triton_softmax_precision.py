@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+REPO = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = '''
 import torch
 from mmevo.ops import local_attention_weights
@@ -34,8 +34,12 @@ def test_attention_weights_bf16_logits_fp32():
     env = dict(os.environ, PYTHONPATH=REPO)
     if not torch.cuda.is_available():
         env['TRITON_INTERPRET'] = '1'
-    out = subprocess.run([sys.executable, '-c', SCRIPT], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, '-c', SCRIPT],
+                         env=env,
+                         cwd=REPO,
+                         capture_output=True,
+                         text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     # Weights are <= 1: one bf16 rounding of the result, 2**-8 at most.
     assert float(out.stdout.split()[-1]) <= 2**-8

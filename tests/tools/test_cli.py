@@ -12,6 +12,7 @@ import torch
 from mmdet.registry import MODELS
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
+
 from tool_utils import DEMO_DET, REPO, load_tool
 
 # The demo detector evaluated on the 4 validation images of tiny_coco.
@@ -39,8 +40,11 @@ def test_missing_config_is_one_line(tool, tmp_path, capsys):
 def test_exit_prints_one_line_on_rank_zero(tmp_path, capsys, monkeypatch,
                                            rank):
     monkeypatch.setenv('RANK', rank)
-    cfg = Config(dict(train_dataloader=dict(dataset=dict(
-        type='CocoDataset', data_root=str(tmp_path / 'none/')))))
+    cfg = Config(
+        dict(
+            train_dataloader=dict(
+                dataset=dict(
+                    type='CocoDataset', data_root=str(tmp_path / 'none/')))))
     with pytest.raises(SystemExit) as info:
         load_tool('_cli').exit_if_data_missing(cfg, ['train_dataloader'])
     assert info.value.code == 2
@@ -53,16 +57,27 @@ def test_exit_prints_one_line_on_rank_zero(tmp_path, capsys, monkeypatch,
 @pytest.mark.parametrize('tool', ['train', 'test'])
 def test_tools_stop_without_a_trace(tool, tmp_path):
     loader = f'{tool}_dataloader'
-    args = [sys.executable, os.path.join(REPO, 'tools', f'{tool}.py'),
-            DEMO_DET]
+    args = [
+        sys.executable,
+        os.path.join(REPO, 'tools', f'{tool}.py'), DEMO_DET
+    ]
     if tool == 'test':  # a checkpoint is there, the data is not
         torch.save({}, tmp_path / 'model.pth')
         args.append(str(tmp_path / 'model.pth'))
     # run from an empty directory: the relative data root is missing there
     out = subprocess.run(
-        args, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env=dict({k: v for k, v in os.environ.items()
-                  if k not in ('RANK', 'SLURM_PROCID')}, PYTHONPATH=REPO))
+        args,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(
+            {
+                k: v
+                for k, v in os.environ.items()
+                if k not in ('RANK', 'SLURM_PROCID')
+            },
+            PYTHONPATH=REPO))
     assert out.returncode == 2
     assert 'Traceback' not in out.stderr
     assert out.stderr.strip() == (
@@ -82,13 +97,23 @@ def test_train_stops_on_missing_pretrained_checkpoint(tmp_path):
     for f in ('instances_train2017.json', 'instances_val2017.json'):
         (root / 'annotations' / f).write_text('{}')
     config = os.path.join(REPO, 'configs', 'rednet50_fpn_coco.py')
-    out = subprocess.run(
-        [sys.executable, os.path.join(REPO, 'tools', 'train.py'), config,
-         '--cfg-options', f'train_dataloader.dataset.data_root={root}/',
-         f'val_dataloader.dataset.data_root={root}/'],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env=dict({k: v for k, v in os.environ.items()
-                  if k not in ('RANK', 'SLURM_PROCID')}, PYTHONPATH=REPO))
+    out = subprocess.run([
+        sys.executable,
+        os.path.join(REPO, 'tools', 'train.py'), config, '--cfg-options',
+        f'train_dataloader.dataset.data_root={root}/',
+        f'val_dataloader.dataset.data_root={root}/'
+    ],
+                         cwd=tmp_path,
+                         capture_output=True,
+                         text=True,
+                         timeout=300,
+                         env=dict(
+                             {
+                                 k: v
+                                 for k, v in os.environ.items()
+                                 if k not in ('RANK', 'SLURM_PROCID')
+                             },
+                             PYTHONPATH=REPO))
     assert out.returncode == 2, out.stderr[-2000:]
     assert 'Traceback' not in out.stderr
     assert out.stderr.strip().startswith(
@@ -108,15 +133,17 @@ def _mismatched_checkpoint(path):
     torch.save(dict(meta={}, state_dict=state), path)
 
 
-def test_checkpoint_that_does_not_fit_is_refused(
-        tiny_coco, tmp_path, capsys):  # noqa: F811
+def test_checkpoint_that_does_not_fit_is_refused(tiny_coco, tmp_path,
+                                                 capsys):  # noqa: F811
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(TEST_CONFIG.format(base=DEMO_DET, root=tiny_coco))
     ckpt = str(tmp_path / 'other.pth')
     _mismatched_checkpoint(ckpt)
-    argv = [str(cfg), ckpt, '--work-dir', str(tmp_path / 'work'),
-            '--cfg-options', 'experiment_name=strict',
-            'visualizer.name=strict']
+    argv = [
+        str(cfg), ckpt, '--work-dir',
+        str(tmp_path / 'work'), '--cfg-options', 'experiment_name=strict',
+        'visualizer.name=strict'
+    ]
     with pytest.raises(SystemExit) as info:
         load_tool('test').main(argv)
     assert info.value.code == 1
@@ -151,9 +178,9 @@ for a in "$@"; do printf '%s\\n' "$a"; done > "$ARGV_OUT"
 """
 
 
-@pytest.mark.parametrize('script', [
-    'dist_train.sh', 'dist_test.sh', 'slurm_train.sh', 'slurm_test.sh'
-])
+@pytest.mark.parametrize(
+    'script',
+    ['dist_train.sh', 'dist_test.sh', 'slurm_train.sh', 'slurm_test.sh'])
 def test_launch_scripts_keep_paths_with_spaces(script, tmp_path):
     fake = tmp_path / 'bin' / ('srun' if 'slurm' in script else 'python')
     fake.parent.mkdir()
@@ -164,15 +191,24 @@ def test_launch_scripts_keep_paths_with_spaces(script, tmp_path):
     ckpt = str(tmp_path / 'my ckpt.pth')
     tool = 'train' if 'train' in script else 'test'
     extra = ['--cfg-options', 'experiment_name=a b', '--out', 'x y.pkl']
-    head = {'dist_train.sh': [config, '2'],
-            'dist_test.sh': [config, ckpt, '2'],
-            'slurm_train.sh': ['part', 'job', config, work_dir],
-            'slurm_test.sh': ['part', 'job', config, ckpt]}[script]
-    env = dict(os.environ, ARGV_OUT=str(tmp_path / 'argv'),
-               PATH=f"{fake.parent}:{os.environ['PATH']}", PYTHON=str(fake),
-               SRUN_ARGS='--mem=1G --exclusive')
-    subprocess.run([os.path.join(REPO, 'tools', script)] + head + extra,
-                   env=env, check=True, timeout=60, capture_output=True)
+    head = {
+        'dist_train.sh': [config, '2'],
+        'dist_test.sh': [config, ckpt, '2'],
+        'slurm_train.sh': ['part', 'job', config, work_dir],
+        'slurm_test.sh': ['part', 'job', config, ckpt]
+    }[script]
+    env = dict(
+        os.environ,
+        ARGV_OUT=str(tmp_path / 'argv'),
+        PATH=f"{fake.parent}:{os.environ['PATH']}",
+        PYTHON=str(fake),
+        SRUN_ARGS='--mem=1G --exclusive')
+    subprocess.run(
+        [os.path.join(REPO, 'tools', script)] + head + extra,
+        env=env,
+        check=True,
+        timeout=60,
+        capture_output=True)
     argv = (tmp_path / 'argv').read_text().splitlines()
     script_path = os.path.join(REPO, 'tools', f'{tool}.py')
     rest = argv[argv.index(script_path) + 1:]
@@ -183,7 +219,6 @@ def test_launch_scripts_keep_paths_with_spaces(script, tmp_path):
     else:
         assert argv[argv.index(script_path) - 2:][:2] == [str(fake), '-u']
         assert '--mem=1G' in argv and '--exclusive' in argv
-        expected = [config] + (
-            [f'--work-dir={work_dir}'] if tool == 'train' else [ckpt]) + [
-                '--launcher=slurm'] + extra
+        expected = [config] + ([f'--work-dir={work_dir}'] if tool == 'train'
+                               else [ckpt]) + ['--launcher=slurm'] + extra
     assert rest == expected

@@ -4,6 +4,7 @@ IoUMetric), and tools/test.py reproducing it from the saved checkpoint."""
 import pickle
 
 import pytest
+
 from tool_utils import DEMO_DET, DEMO_SEG, load_tool
 
 DET_CONFIG = """
@@ -40,8 +41,7 @@ default_hooks = dict(checkpoint=dict(interval=2))
 
 
 @pytest.mark.parametrize('kind', ['det', 'seg'])
-def test_demo_train_then_test(kind, tiny_coco, tiny_cityscapes,
-                              tmp_path):
+def test_demo_train_then_test(kind, tiny_coco, tiny_cityscapes, tmp_path):
     if kind == 'det':
         text = DET_CONFIG.format(base=DEMO_DET, root=tiny_coco)
         metric, ckpt, num_val = 'coco/bbox_mAP', 'epoch_1.pth', 4
@@ -52,17 +52,20 @@ def test_demo_train_then_test(kind, tiny_coco, tiny_cityscapes,
     cfg.write_text(text)
     name = f'demo_{kind}'
     runner = load_tool('train').main([
-        str(cfg), '--work-dir', str(tmp_path / 'work'), '--cfg-options',
-        f'experiment_name={name}', f'visualizer.name={name}'
+        str(cfg), '--work-dir',
+        str(tmp_path / 'work'), '--cfg-options', f'experiment_name={name}',
+        f'visualizer.name={name}'
     ])
     val_score = runner.message_hub.get_scalar(f'val/{metric}').current()
     assert 0 <= val_score <= 100
 
     out = tmp_path / 'preds.pkl'
     metrics = load_tool('test').main([
-        str(cfg), str(tmp_path / 'work' / ckpt), '--work-dir',
-        str(tmp_path / 'test'), '--out', str(out), '--cfg-options',
-        f'experiment_name={name}_test', f'visualizer.name={name}_test'
+        str(cfg),
+        str(tmp_path / 'work' / ckpt), '--work-dir',
+        str(tmp_path / 'test'), '--out',
+        str(out), '--cfg-options', f'experiment_name={name}_test',
+        f'visualizer.name={name}_test'
     ])
     # the checkpoint holds the model that was validated after training
     assert metrics[metric] == pytest.approx(val_score)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import torch
+
 from tool_utils import DEMO_DET, REPO
 
 # Each rank saves its own model state after training (mmengine's checkpoint
@@ -64,12 +65,21 @@ def test_two_process_cpu_training(tiny_coco, tmp_path):
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(CONFIG.format(base=DEMO_DET, root=tiny_coco))
     work_dir = tmp_path / 'work dir'
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), PORT=str(_free_port()),
-               OMP_NUM_THREADS='1', PYTHON=sys.executable)
-    out = subprocess.run(
-        [os.path.join(REPO, 'tools', 'dist_train.sh'), str(cfg), '2',
-         '--work-dir', str(work_dir)],
-        env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(tmp_path),
+        PORT=str(_free_port()),
+        OMP_NUM_THREADS='1',
+        PYTHON=sys.executable)
+    out = subprocess.run([
+        os.path.join(REPO, 'tools', 'dist_train.sh'),
+        str(cfg), '2', '--work-dir',
+        str(work_dir)
+    ],
+                         env=env,
+                         capture_output=True,
+                         text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert 'SyncBN does not run on the CPU, using BN instead' in out.stderr
     assert (work_dir / 'epoch_1.pth').exists()
@@ -77,8 +87,10 @@ def test_two_process_cpu_training(tiny_coco, tmp_path):
     init = [torch.load(work_dir / f'init_rank{r}.pth') for r in (0, 1)]
     final = [torch.load(work_dir / f'final_rank{r}.pth') for r in (0, 1)]
     model = torch.load(work_dir / 'epoch_1.pth')['state_dict']
-    params = [k for k in final[0] if 'running_' not in k
-              and 'num_batches_tracked' not in k]
+    params = [
+        k for k in final[0]
+        if 'running_' not in k and 'num_batches_tracked' not in k
+    ]
     # DDP averaged the gradients: every parameter is bit-identical on both
     # ranks, and equal to the checkpoint rank 0 wrote ...
     for k in params:

@@ -24,8 +24,13 @@ def run_check(args, **env):
     """Run the one command; $OUT only if given in ``env``."""
     full = {k: v for k, v in os.environ.items() if k != 'OUT'}
     full.update(PY=sys.executable, **env)
-    return subprocess.run(['bash', SCRIPT] + args, cwd=REPO, env=full,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ['bash', SCRIPT] + args,
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=600)
 
 
 def load_gpu_check():
@@ -39,9 +44,10 @@ def load_gpu_check():
 def test_gpu_check_passes_on_cpu(tmp_path):
     out = tmp_path / 'out'
     res = run_check([
-        '--out', str(out), '--geometries', '2', '--sections', 'ops',
-        'double', 'determinism', 'layers', 'speed', '--layers',
-        'EvolutionConv', 'LocalSelfAttention'
+        '--out',
+        str(out), '--geometries', '2', '--sections', 'ops', 'double',
+        'determinism', 'layers', 'speed', '--layers', 'EvolutionConv',
+        'LocalSelfAttention'
     ])
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads((out / 'gpu_check.json').read_text())
@@ -53,8 +59,9 @@ def test_gpu_check_passes_on_cpu(tmp_path):
     # 2 geometries x 3 dtypes x 3 ops; forward and every input gradient.
     assert len(by_section['ops']) == 18
     assert all(len(c['errors']) == 3 for c in by_section['ops'])
-    assert {c['name'].split()[0] for c in by_section['double']} == {
-        'aggregate', 'correlation', 'attention'}
+    assert {c['name'].split()[0]
+            for c in by_section['double']
+            } == {'aggregate', 'correlation', 'attention'}
     assert len(by_section['determinism']) == 1
     assert len(by_section['layers']) == 4  # float64 and bf16 autocast
     expected_device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -69,14 +76,14 @@ def test_gpu_check_fails_on_a_mismatch(tmp_path):
     """A planted error of 1e-3 in one result: exit 1, recorded as failed,
     and the output goes to $OUT."""
     out = tmp_path / 'out'
-    res = run_check(['--sections', 'double'], OUT=str(out),
+    res = run_check(['--sections', 'double'],
+                    OUT=str(out),
                     MMEVO_GPU_CHECK_PERTURB='1e-3')
     assert res.returncode == 1, res.stdout + res.stderr
     result = json.loads((out / 'gpu_check.json').read_text())
     assert not result['passed']
     assert result['failures'] == ['aggregate second derivatives']
-    assert (out / 'gpu_check.md').read_text().startswith(
-        '# GPU check: FAILED')
+    assert (out / 'gpu_check.md').read_text().startswith('# GPU check: FAILED')
 
 
 def test_rel_err_and_layer_errors():
@@ -89,8 +96,7 @@ def test_rel_err_and_layer_errors():
     zero = torch.zeros(2, dtype=torch.float64)
     assert gc.rel_err(torch.tensor([0., 1e-9]), zero) == pytest.approx(1e-9)
     # A tensor that is zero in theory is compared at 1% of the largest.
-    got = {'out': ref.clone(), 'grad_b': torch.tensor([1e-5]),
-           'grad_c': None}
+    got = {'out': ref.clone(), 'grad_b': torch.tensor([1e-5]), 'grad_c': None}
     refs = {'out': ref, 'grad_b': torch.tensor([1e-17]), 'grad_c': None}
     errs = gc.layer_errors(got, refs, 'max')
     assert errs == {'out': 0., 'grad_b': pytest.approx(1e-5 / 0.04)}

@@ -24,13 +24,13 @@ def test_same_parameters_and_outputs_as_mmdet_and_mmevo():
     plain = load_plain_backbones()
     x = torch.rand(1, 3, 64, 64)
     for mine, theirs in ((plain.PlainResNet(50, involution=True),
-                          RedNet(depth=50)),
-                         (plain.PlainResNet(50), ResNet(50))):
-        assert (sum(p.numel() for p in mine.parameters()) ==
-                sum(p.numel() for p in theirs.parameters()))
+                          RedNet(depth=50)), (plain.PlainResNet(50),
+                                              ResNet(50))):
+        assert (sum(p.numel() for p in mine.parameters()) == sum(
+            p.numel() for p in theirs.parameters()))
         # The same parameter shapes, in the same order.
-        assert ([tuple(p.shape) for p in mine.parameters()] ==
-                [tuple(p.shape) for p in theirs.parameters()])
+        assert ([tuple(p.shape) for p in mine.parameters()
+                 ] == [tuple(p.shape) for p in theirs.parameters()])
         mine.eval()
         theirs.eval()  # mmdet's ResNet.train returns None
         with torch.no_grad():

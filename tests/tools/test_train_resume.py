@@ -7,6 +7,7 @@ import os.path as osp
 
 import pytest
 import torch
+
 from tool_utils import DEMO_DET, load_tool
 
 # The demo detector and its training pipeline (RandomFlip) on 8 images of
@@ -37,9 +38,11 @@ default_hooks = dict(
 
 
 def _train(train, cfg_file, work_dir, epochs, name, resume=None):
-    argv = [cfg_file, '--work-dir', work_dir, '--cfg-options',
-            f'train_cfg.max_epochs={epochs}', f'experiment_name={name}',
-            f'visualizer.name={name}']
+    argv = [
+        cfg_file, '--work-dir', work_dir, '--cfg-options',
+        f'train_cfg.max_epochs={epochs}', f'experiment_name={name}',
+        f'visualizer.name={name}'
+    ]
     if resume:
         argv += ['--resume'] + ([] if resume == 'auto' else [resume])
     train.main(argv)
@@ -69,8 +72,7 @@ def test_resume_is_bit_exact(tiny_coco, tmp_path):
     with open(osp.join(split, 'last_checkpoint'), 'w') as f:
         f.write(osp.join(split, 'epoch_3.pth'))
     with pytest.warns(UserWarning, match='cannot resume from .*epoch_3.pth'):
-        resumed = _train(train, cfg_file, split, 3, f'{tag}_c',
-                         resume='auto')
+        resumed = _train(train, cfg_file, split, 3, f'{tag}_c', resume='auto')
 
     assert resumed['meta']['epoch'] == 3 and resumed['meta']['iter'] == 6
     logs = ''.join(
@@ -89,8 +91,7 @@ def test_resume_is_bit_exact(tiny_coco, tmp_path):
         assert all(torch.equal(sa[i][k], sb[i][k]) for k in sa[i])
 
 
-def test_resume_from_a_corrupt_file_is_one_line(
-        tiny_coco, tmp_path, capsys):
+def test_resume_from_a_corrupt_file_is_one_line(tiny_coco, tmp_path, capsys):
     cfg_file = _write_cfg(tmp_path, tiny_coco)
     ckpt = tmp_path / 'epoch_1.pth'
     torch.save(dict(state_dict={}), ckpt)

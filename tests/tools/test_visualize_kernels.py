@@ -10,9 +10,9 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS, init_default_scope
 from PIL import Image
-from tool_utils import load_tool
 
 import mmevo  # noqa: F401  (registers RedNet, InvolutionFPN)
+from tool_utils import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / 'tools' / 'analysis' / 'visualize_kernels.py'
@@ -78,13 +78,22 @@ def test_writes_png_for_a_strided_backbone_involution(setup):
     name = next(n for n, m in layers.items()
                 if n.startswith('backbone.') and m.stride == 2)
     out = tmp / 'kernels.png'
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep +
-               os.environ.get('PYTHONPATH', ''))
-    result = subprocess.run(
-        [sys.executable, str(TOOL), str(config), str(checkpoint), str(image),
-         '--layer', name, '--points', '10,10', '45,64', '89,129',
-         '--out', str(out)],
-        env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    result = subprocess.run([
+        sys.executable,
+        str(TOOL),
+        str(config),
+        str(checkpoint),
+        str(image), '--layer', name, '--points', '10,10', '45,64', '89,129',
+        '--out',
+        str(out)
+    ],
+                            env=env,
+                            capture_output=True,
+                            text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert str(out) in result.stdout
     with Image.open(out) as png:
@@ -97,12 +106,12 @@ def test_writes_png_for_a_strided_backbone_involution(setup):
 def test_captured_kernel_and_point_mapping(setup):
     _, config, checkpoint, image, layers, tool = setup
     model = tool.build_model(str(config), str(checkpoint), 'cpu')
-    name = next(n for n in tool.evolution_layers(model)
-                if n.startswith('neck.'))
+    name = next(
+        n for n in tool.evolution_layers(model) if n.startswith('neck.'))
     inputs = tool.preprocess(model, np.zeros((90, 130, 3), np.uint8))
     assert inputs.shape == (1, 3, 96, 160)  # padded to 32
-    kernel = tool.capture_kernel(model, tool.evolution_layers(model)[name],
-                                 inputs)
+    kernel = tool.capture_kernel(model,
+                                 tool.evolution_layers(model)[name], inputs)
     layer = layers[name]
     assert kernel.shape[:3] == (layer.groups, 7, 7)
     assert kernel.shape[-2:] in {(12, 20), (6, 10), (3, 5)}
@@ -111,5 +120,8 @@ def test_captured_kernel_and_point_mapping(setup):
 def test_unknown_layer_lists_the_choices(setup):
     _, config, checkpoint, image, layers, tool = setup
     with pytest.raises(SystemExit, match='backbone.stem.1'):
-        tool.main([str(config), str(checkpoint), str(image), '--layer',
-                   'backbone.nope', '--points', '1,1'])
+        tool.main([
+            str(config),
+            str(checkpoint),
+            str(image), '--layer', 'backbone.nope', '--points', '1,1'
+        ])

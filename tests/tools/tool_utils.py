@@ -12,7 +12,6 @@ DEMO_SEG = osp.join(
     REPO, 'configs', 'demo',
     'fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py')
 
-
 # as when a tool runs as a script: its folder (tools/_cli.py) is importable
 if osp.join(REPO, 'tools') not in sys.path:
     sys.path.insert(0, osp.join(REPO, 'tools'))

@@ -4,8 +4,9 @@ One process, the same input for every model (default B4 x 3 x 224 x 224,
 fp32, CPU). A train step is forward + backward of the backbone (all four
 stage outputs, loss = sum of their means). Time: median over ``--iters``
 rounds after ``--warmup`` rounds; a round runs one step of every model in
-turn, so a load change on a shared machine hits all models alike. Peak memory: the largest amount of tensor
-memory allocated at once during one step, above what was allocated before
+turn, so a load change on a shared machine hits all models alike. Peak
+memory: the largest amount of tensor memory allocated at once during one
+step, above what was allocated before
 it (the weights), read from the PyTorch profiler's allocation events, so
 it covers every op, compiled extensions included. Ratios are to ResNet-50.
 
@@ -63,8 +64,8 @@ def time_steps(models, x, warmup, iters):
 def peak_memory(model, x):
     """Peak bytes allocated during one train step, above the start."""
     model.zero_grad(set_to_none=True)
-    with profile(activities=[ProfilerActivity.CPU],
-                 profile_memory=True) as prof:
+    with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         train_step(model, x)
     events = sorted((e.start_ns(), e.nbytes())
                     for e in prof.profiler.kineto_results.events()
@@ -99,7 +100,8 @@ def ops_backend():
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument(
-        '--models', nargs='+',
+        '--models',
+        nargs='+',
         default=['resnet50', 'rednet50', 'acmix_resnet50'],
         help='resnet50 (the reference for the ratios), rednet50, '
         'acmix_resnet50')
@@ -108,7 +110,8 @@ def parse_args():
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--iters', type=int, default=3)
     parser.add_argument(
-        '--profile', action='store_true',
+        '--profile',
+        action='store_true',
         help='also print the most expensive ops of each model')
     parser.add_argument('--rows', type=int, default=15)
     return parser.parse_args()
@@ -127,8 +130,9 @@ def main():
         params = sum(p.numel() for p in model.parameters()) / 1e6
         peak = peak_memory(model, x) / 2**20
         rows.append((name, params, seconds[name], peak))
-        print(f'{name}: {seconds[name]:.3f} s/step, peak {peak:.0f} MiB',
-              flush=True)
+        print(
+            f'{name}: {seconds[name]:.3f} s/step, peak {peak:.0f} MiB',
+            flush=True)
         if args.profile:
             print(op_profile(model, x, args.rows), flush=True)
     ref = {name: (t, m) for name, _, t, m in rows}.get('resnet50')

@@ -24,9 +24,9 @@ import torch
 
 from mmevo.deployment import OnnxModel, TensorOutputs, export_onnx
 
-DEMO = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
-                'configs', 'demo',
-                'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
+DEMO = osp.join(
+    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs',
+    'demo', 'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
 
 
 def build(name, size):
@@ -48,19 +48,19 @@ def build(name, size):
                          f', got {name!r}')
     backbone = builders[name]()
     backbone.eval()  # mmdet's ResNet.train returns None: no chaining
-    return (TensorOutputs(backbone, lambda m, x: m(x)),
-            torch.randn(1, 3, size, size))
+    return (TensorOutputs(backbone,
+                          lambda m, x: m(x)), torch.randn(1, 3, size, size))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--models', nargs='+',
-                        default=['resnet50', 'rednet50', 'demo'])
+    parser.add_argument(
+        '--models', nargs='+', default=['resnet50', 'rednet50', 'demo'])
     parser.add_argument('--size', type=int, default=224)
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--iters', type=int, default=10)
-    parser.add_argument('--exporter', choices=['dynamo', 'torchscript'],
-                        default='torchscript')
+    parser.add_argument(
+        '--exporter', choices=['dynamo', 'torchscript'], default='torchscript')
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     runs = {}
@@ -75,8 +75,10 @@ def main(argv=None):
                     model(x)
 
             session = OnnxModel(path)
-            runs[name] = {'torch': eager,
-                          'onnxruntime': lambda s=session, x=x: s(x)}
+            runs[name] = {
+                'torch': eager,
+                'onnxruntime': lambda s=session, x=x: s(x)
+            }
         times = {(n, r): [] for n in runs for r in runs[n]}
         for it in range(args.warmup + args.iters):
             for (name, runtime), samples in times.items():

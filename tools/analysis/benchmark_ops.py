@@ -54,8 +54,11 @@ def mmevo_aggregate(x, w):
 
 
 # name -> (function, backend of the mmevo ops during forward *and* backward).
-IMPLS = {'unfold': (unfold_aggregate, 'auto'), 'shift': (mmevo_aggregate, 'torch'),
-         'mmevo': (mmevo_aggregate, 'auto')}
+IMPLS = {
+    'unfold': (unfold_aggregate, 'auto'),
+    'shift': (mmevo_aggregate, 'torch'),
+    'mmevo': (mmevo_aggregate, 'auto')
+}
 
 
 def sync(device):
@@ -102,10 +105,12 @@ def peak_bytes(step, device):
         step()
         sync(device)
         return torch.cuda.max_memory_allocated(device) - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                profile_memory=True) as prof:
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            profile_memory=True) as prof:
         step()
-    records = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+    records = sorted((e.start_ns(), e.nbytes())
+                     for e in prof.profiler.kineto_results.events()
                      if e.name() == '[memory]')
     level = peak = 0
     for _, nbytes in records:
@@ -126,15 +131,22 @@ def forward_bandwidth(fn, x, w, device, repeat):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--device', default='cpu')
-    parser.add_argument('--dtype', default='float32',
-                        choices=['float32', 'float16', 'bfloat16'])
-    parser.add_argument('--repeat', type=int, default=5)
-    parser.add_argument('--impls', nargs='+', default=list(IMPLS), choices=list(IMPLS))
-    parser.add_argument('--peak-gbps', type=float, default=None,
-                        help='peak memory bandwidth of the GPU in GB/s (known: '
-                        + ', '.join(PEAK_BANDWIDTH) + ')')
     parser.add_argument(
-        '--cpu-time', action='store_true',
+        '--dtype',
+        default='float32',
+        choices=['float32', 'float16', 'bfloat16'])
+    parser.add_argument('--repeat', type=int, default=5)
+    parser.add_argument(
+        '--impls', nargs='+', default=list(IMPLS), choices=list(IMPLS))
+    parser.add_argument(
+        '--peak-gbps',
+        type=float,
+        default=None,
+        help='peak memory bandwidth of the GPU in GB/s (known: ' +
+        ', '.join(PEAK_BANDWIDTH) + ')')
+    parser.add_argument(
+        '--cpu-time',
+        action='store_true',
         help='time with the process CPU clock instead of the wall clock: '
         'with OMP_NUM_THREADS=1 it ignores other processes on a busy '
         'machine')
@@ -147,22 +159,33 @@ def main():
           f'threads={torch.get_num_threads()} '
           f'fwd+bwd median of {args.repeat} ({clock_name} time); '
           'peak = tensor bytes above the inputs')
-    header = '| shape (B·C·H²·K·G) |' + ''.join(
-        f' {n} ms | {n} MiB |' for n in args.impls)
-    ratios = [n for n in ('unfold', 'shift') if n in args.impls and n != 'mmevo']
+    header = '| shape (B·C·H²·K·G) |' + ''.join(f' {n} ms | {n} MiB |'
+                                                for n in args.impls)
+    ratios = [
+        n for n in ('unfold', 'shift') if n in args.impls and n != 'mmevo'
+    ]
     if 'mmevo' in args.impls:
-        header += ''.join(f' {n}/mmevo time |' for n in ratios) + (
-            ' unfold/mmevo mem |' if 'unfold' in args.impls else '')
+        header += ''.join(f' {n}/mmevo time |'
+                          for n in ratios) + (' unfold/mmevo mem |' if 'unfold'
+                                              in args.impls else '')
     print(header)
     print('|' + '---|' * (header.count('|') - 1))
     bandwidth_rows = []
     for B, C, H, G in STAGES:
-        x = torch.randn(B, C, H, H, device=device, dtype=dtype, requires_grad=True)
-        w = (torch.randn(B, G, K, K, H, H, device=device, dtype=dtype) / K).requires_grad_()
+        x = torch.randn(
+            B, C, H, H, device=device, dtype=dtype, requires_grad=True)
+        w = (torch.randn(B, G, K, K, H, H, device=device, dtype=dtype) /
+             K).requires_grad_()
         gy = torch.randn(B, C, H, H, device=device, dtype=dtype)
-        steps = {name: lambda fn=IMPLS[name]: fwd_bwd(fn, x, w, gy) for name in args.impls}
-        ms = time_ms({name: lambda step=step: (reset_grads(x, w), step())
-                      for name, step in steps.items()}, device, args.repeat, clock)
+        steps = {
+            name: lambda fn=IMPLS[name]: fwd_bwd(fn, x, w, gy)
+            for name in args.impls
+        }
+        ms = time_ms(
+            {
+                name: lambda step=step: (reset_grads(x, w), step())
+                for name, step in steps.items()
+            }, device, args.repeat, clock)
         res = {}
         for name, step in steps.items():
             reset_grads(x, w)  # freed outside the measured step
@@ -171,20 +194,22 @@ def main():
         row = f'| {B}·{C}·{H}²·{K}·{G} |' + ''.join(
             f' {res[n][0]:.1f} | {res[n][1]:.1f} |' for n in args.impls)
         if 'mmevo' in res:
-            row += ''.join(f' {res[n][0] / res["mmevo"][0]:.1f}× |' for n in ratios)
+            row += ''.join(f' {res[n][0] / res["mmevo"][0]:.1f}× |'
+                           for n in ratios)
             if 'unfold' in res:
                 mem = res['unfold'][1] / max(res['mmevo'][1], 1e-9)
                 row += f' {mem:.1f}× |'
         print(row, flush=True)
         if device.type == 'cuda' and 'mmevo' in res:
-            bw, fwd_ms = forward_bandwidth(mmevo_aggregate, x.detach(), w.detach(), device,
-                                           args.repeat)
+            bw, fwd_ms = forward_bandwidth(mmevo_aggregate, x.detach(),
+                                           w.detach(), device, args.repeat)
             bandwidth_rows.append((f'{B}·{C}·{H}²·{K}·{G}', fwd_ms, bw))
     if bandwidth_rows:
         name = torch.cuda.get_device_name(device)
         peak = args.peak_gbps * 1e9 if args.peak_gbps else next(
             (v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
-        print(f'\nmmevo forward on {name} (bytes = read x and kernel, write y):')
+        print(
+            f'\nmmevo forward on {name} (bytes = read x and kernel, write y):')
         print('| shape | fwd ms | GB/s | of peak |\n|---|---|---|---|')
         for shape, ms, bw in bandwidth_rows:
             frac = f'{bw / peak:.0%}' if peak else 'n/a'

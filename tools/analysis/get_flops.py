@@ -160,11 +160,16 @@ def parse_args():
         description='Parameters and FLOPs of a detector or segmentor')
     parser.add_argument('config', help='config file')
     parser.add_argument(
-        '--shape', type=int, nargs=2, metavar=('H', 'W'),
+        '--shape',
+        type=int,
+        nargs=2,
+        metavar=('H', 'W'),
         help='input height and width (default: 1280 800 for detection, '
         '2048 1024 for segmentation, as mmdet 2.x / mmseg 0.x get_flops)')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
         help='override config values, key=value (as tools/train.py)')
     return parser.parse_args()
 
@@ -187,8 +192,8 @@ def main():
     print(f'FLOPs: {total / 1e9:.1f} G ({(total - in_ops) / 1e9:.1f} G '
           f'without mmevo ops, which the published counter did not see; '
           f'{in_ops / 1e9:.2f} G in mmevo ops)')
-    print('FLOPs by operator (G): ' + ', '.join(
-        f'{op} {n / 1e9:.2f}' for op, n in flops.most_common()))
+    print('FLOPs by operator (G): ' +
+          ', '.join(f'{op} {n / 1e9:.2f}' for op, n in flops.most_common()))
 
 
 if __name__ == '__main__':

@@ -122,20 +122,34 @@ class Report:
             self.perturbed = True
         worst = max(errors.values()) if errors else 0.
         ok = bool(errors) and worst <= tol
-        rec = dict(section=section, name=name, passed=ok, tol=tol,
-                   worst=worst, errors=errors, **info)
+        rec = dict(
+            section=section,
+            name=name,
+            passed=ok,
+            tol=tol,
+            worst=worst,
+            errors=errors,
+            **info)
         self.checks.append(rec)
         if not ok:
-            print(f'FAIL {section}: {name} worst={worst:.2e} tol={tol:.0e} '
-                  + ' '.join(f'{k}={v:.2e}' for k, v in errors.items()),
-                  flush=True)
+            print(
+                f'FAIL {section}: {name} worst={worst:.2e} tol={tol:.0e} ' +
+                ' '.join(f'{k}={v:.2e}' for k, v in errors.items()),
+                flush=True)
         return ok
 
     def error(self, section, name, exc):
         """Record a check that raised."""
         msg = f'{type(exc).__name__}: {exc}'
-        self.checks.append(dict(section=section, name=name, passed=False,
-                                tol=None, worst=None, errors={}, error=msg))
+        self.checks.append(
+            dict(
+                section=section,
+                name=name,
+                passed=False,
+                tol=None,
+                worst=None,
+                errors={},
+                error=msg))
         print(f'FAIL {section}: {name} raised {msg}', flush=True)
         traceback.print_exc()
 
@@ -143,8 +157,10 @@ class Report:
         recs = [c for c in self.checks if c['section'] == section]
         bad = [c for c in recs if not c['passed']]
         status = 'FAIL' if bad else 'ok  '
-        print(f'{status} {section}: {len(recs)} checks, {len(bad)} failed '
-              f'({seconds:.0f} s)', flush=True)
+        print(
+            f'{status} {section}: {len(recs)} checks, {len(bad)} failed '
+            f'({seconds:.0f} s)',
+            flush=True)
 
     @property
     def passed(self):
@@ -178,14 +194,50 @@ def make_geometries(n, seed, max_signatures, small):
     """
     rng = random.Random(seed)
     fixed = [
-        dict(B=1, C=4, G=2, H=1, W=1, K=3, stride=1, dilation=1, padding=1,
-             mode='zeros'),
-        dict(B=2, C=6, G=3, H=2, W=3, K=3, stride=2, dilation=1, padding=1,
-             mode='reflect'),
-        dict(B=1, C=3, G=1, H=2, W=3, K=5, stride=1, dilation=2, padding=4,
-             mode='reflect'),
-        dict(B=3, C=5, G=5, H=1, W=1, K=1, stride=3, dilation=3, padding=0,
-             mode='zeros'),
+        dict(
+            B=1,
+            C=4,
+            G=2,
+            H=1,
+            W=1,
+            K=3,
+            stride=1,
+            dilation=1,
+            padding=1,
+            mode='zeros'),
+        dict(
+            B=2,
+            C=6,
+            G=3,
+            H=2,
+            W=3,
+            K=3,
+            stride=2,
+            dilation=1,
+            padding=1,
+            mode='reflect'),
+        dict(
+            B=1,
+            C=3,
+            G=1,
+            H=2,
+            W=3,
+            K=5,
+            stride=1,
+            dilation=2,
+            padding=4,
+            mode='reflect'),
+        dict(
+            B=3,
+            C=5,
+            G=5,
+            H=1,
+            W=1,
+            K=1,
+            stride=3,
+            dilation=3,
+            padding=0,
+            mode='zeros'),
     ]
     geoms, sigs = [], {}
     while len(geoms) < n:
@@ -196,11 +248,16 @@ def make_geometries(n, seed, max_signatures, small):
             Cg = rng.choice((1, 2, 3, 5) if small else (1, 2, 3, 7, 16, 20))
             G = rng.choice((1, 2, 3) if small else (1, 2, 3, 4, 5))
             d = rng.randint(1, 3)
-            g = dict(B=rng.randint(1, 2 if small else 4), C=Cg * G, G=G,
-                     H=rng.randint(1, 7 if small else 23),
-                     W=rng.randint(1, 7 if small else 23), K=K,
-                     stride=rng.randint(1, 3), dilation=d,
-                     mode=rng.choice(('zeros', 'reflect')))
+            g = dict(
+                B=rng.randint(1, 2 if small else 4),
+                C=Cg * G,
+                G=G,
+                H=rng.randint(1, 7 if small else 23),
+                W=rng.randint(1, 7 if small else 23),
+                K=K,
+                stride=rng.randint(1, 3),
+                dilation=d,
+                mode=rng.choice(('zeros', 'reflect')))
             same = d * (K - 1) // 2
             g['padding'] = same if rng.random() < .7 else rng.randint(
                 0, same + 1)
@@ -250,10 +307,9 @@ def _op_calls(g):
         'aggregate':
         (lambda x, w: evolution_aggregate(x, w, *win),
          lambda x, w: aggregate_reference(x, w, *win), ('x', 'w'), 'gy'),
-        'correlation':
-        (lambda q, x: local_correlation(q, x, *grp, *win),
-         lambda q, x: correlation_reference(q, x, *grp, *win), ('q', 'x'),
-         'go'),
+        'correlation': (lambda q, x: local_correlation(q, x, *grp, *win),
+                        lambda q, x: correlation_reference(q, x, *grp, *win),
+                        ('q', 'x'), 'go'),
         'attention':
         (lambda q, x: local_attention_weights(q, x, *grp, *win),
          lambda q, x: attention_weights_reference(q, x, *grp, *win),
@@ -297,10 +353,17 @@ def sweep(geoms, dtype_names, device):
                 got = op_results(g, DTYPES[dname], device)
             for op, tensors in got.items():
                 names = ['out'] + [f'grad_{a}' for a in _op_calls(g)[op][2]]
-                errs = {n: rel_err(a, b)
-                        for n, a, b in zip(names, tensors, ref[op])}
-                out.append(dict(op=op, dtype=dname, geometry=_describe(g),
-                                config=cfg, errors=errs))
+                errs = {
+                    n: rel_err(a, b)
+                    for n, a, b in zip(names, tensors, ref[op])
+                }
+                out.append(
+                    dict(
+                        op=op,
+                        dtype=dname,
+                        geometry=_describe(g),
+                        config=cfg,
+                        errors=errs))
     return out
 
 
@@ -330,27 +393,31 @@ def run_ops(report, device, n, workers, dtype_names):
         for gs in sorted(by_sig.values(), key=len, reverse=True):
             min(shards, key=len).extend(gs)
         ctx = multiprocessing.get_context('spawn')
-        with concurrent.futures.ProcessPoolExecutor(workers,
-                                                    mp_context=ctx) as pool:
-            parts = pool.map(_sweep_task,
-                             [(s, dtype_names, device.type)
-                              for s in shards if s])
+        with concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=ctx) as pool:
+            parts = pool.map(_sweep_task, [(s, dtype_names, device.type)
+                                           for s in shards if s])
             records = [r for part in parts for r in part]
     else:
         records = sweep(geoms, dtype_names, device)
     for dname in dtype_names:
         recs = [r for r in records if r['dtype'] == dname]
         for r in recs:
-            report.check('ops', f'{r["op"]} {r["dtype"]} {r["geometry"]}',
-                         r['errors'], TOL[dname], config=r['config'])
+            report.check(
+                'ops',
+                f'{r["op"]} {r["dtype"]} {r["geometry"]}',
+                r['errors'],
+                TOL[dname],
+                config=r['config'])
         worst = {}
         for r in recs:
             for k, v in r['errors'].items():
                 key = f'{r["op"]}.{k}'
                 worst[key] = max(worst.get(key, 0.), v)
-        print(f'     {dname}: {len(geoms)} geometries, tol {TOL[dname]:.0e},'
-              ' worst ' + ' '.join(f'{k}={v:.1e}' for k, v in worst.items()),
-              flush=True)
+        print(
+            f'     {dname}: {len(geoms)} geometries, tol {TOL[dname]:.0e},'
+            ' worst ' + ' '.join(f'{k}={v:.1e}' for k, v in worst.items()),
+            flush=True)
 
 
 # ----------------------------------------------------------- double, det
@@ -363,8 +430,18 @@ def run_double(report, device):
 
 
 def _double(report, device):
-    g = dict(B=2, C=6, G=3, H=5, W=4, K=3, stride=2, dilation=1, padding=1,
-             mode='reflect', seed=7)
+    g = dict(
+        B=2,
+        C=6,
+        G=3,
+        H=5,
+        W=4,
+        K=3,
+        stride=2,
+        dilation=1,
+        padding=1,
+        mode='reflect',
+        seed=7)
     t = _inputs(g, torch.float64, device)
     for name, (fn, ref, args, gout) in _op_calls(g).items():
         results = []
@@ -372,23 +449,34 @@ def _double(report, device):
             inputs = [t[a].clone().requires_grad_() for a in args]
             with use_backend(backend):
                 out = f(*inputs)
-                grads = torch.autograd.grad(out, inputs, t[gout],
-                                            create_graph=True)
+                grads = torch.autograd.grad(
+                    out, inputs, t[gout], create_graph=True)
                 vs = [
-                    torch.randn(gr.shape, generator=torch.Generator().
-                                manual_seed(i), dtype=torch.float64).to(device)
+                    torch.randn(
+                        gr.shape,
+                        generator=torch.Generator().manual_seed(i),
+                        dtype=torch.float64).to(device)
                     for i, gr in enumerate(grads)
                 ]
                 total = sum((gr * v).sum() for gr, v in zip(grads, vs))
                 results.append(torch.autograd.grad(total, inputs))
-        report.check('double', f'{name} second derivatives',
-                     {f'd2_{a}': rel_err(a_, b_)
-                      for a, a_, b_ in zip(args, *results)}, TOL['float64'])
+        report.check('double', f'{name} second derivatives', {
+            f'd2_{a}': rel_err(a_, b_)
+            for a, a_, b_ in zip(args, *results)
+        }, TOL['float64'])
     if device.type == 'cuda':
-        x = torch.randn(1, 4, 5, 4, device=device, dtype=torch.float64,
-                        requires_grad=True)
-        w = torch.randn(1, 2, 3, 3, 3, 2, device=device, dtype=torch.float64,
-                        requires_grad=True)
+        x = torch.randn(
+            1, 4, 5, 4, device=device, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(
+            1,
+            2,
+            3,
+            3,
+            3,
+            2,
+            device=device,
+            dtype=torch.float64,
+            requires_grad=True)
         with use_backend('triton'):
             ok = torch.autograd.gradgradcheck(
                 lambda a, b: evolution_aggregate(a, b, 2, 1, 1, 'reflect'),
@@ -406,8 +494,7 @@ def run_determinism(report, device, dtype_names):
         for dname in dtype_names:
             with triton_mod.fixed_config(g['signature'] %
                                          len(triton_mod.CONFIGS)):
-                a, b = (op_results(g, DTYPES[dname], device)
-                        for _ in range(2))
+                a, b = (op_results(g, DTYPES[dname], device) for _ in range(2))
             diff = {
                 op: float(not all(map(torch.equal, a[op], b[op])))
                 for op in a
@@ -430,8 +517,10 @@ def run_large(report, device):
     ys = aggregate_reference(xs, w.double(), 1, 1, 1, 'zeros')
     (gxs, ) = torch.autograd.grad(ys, xs, gy[:, -2:].double())
     report.check('large', f'aggregate fp16 {B}x{C}x{H}x{W} (> 2**31 elements)',
-                 {'out': rel_err(y[:, -2:], ys),
-                  'grad_x': rel_err(gx[:, -2:], gxs)}, TOL['float16'])
+                 {
+                     'out': rel_err(y[:, -2:], ys),
+                     'grad_x': rel_err(gx[:, -2:], gxs)
+                 }, TOL['float16'])
 
 
 # ----------------------------------------------------------------- layers
@@ -456,14 +545,17 @@ def _layer_run(layer, x, backend, autocast=None):
     layer.zero_grad(set_to_none=True)
     x = x.clone().requires_grad_()
     with use_backend(backend), torch.autocast(
-            x.device.type, dtype=autocast or torch.float32,
+            x.device.type,
+            dtype=autocast or torch.float32,
             enabled=autocast is not None):
         out = layer(x)
     params = [p for p in layer.parameters() if p.requires_grad]
-    gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3),
-                       dtype=torch.float64).to(x.device)
-    grads = torch.autograd.grad(out, [x] + params, gout.to(out.dtype),
-                                allow_unused=True)
+    gout = torch.randn(
+        out.shape,
+        generator=torch.Generator().manual_seed(3),
+        dtype=torch.float64).to(x.device)
+    grads = torch.autograd.grad(
+        out, [x] + params, gout.to(out.dtype), allow_unused=True)
     # A compiled module prefixes the names of the layer's parameters.
     names = ['out', 'grad_input'] + [
         'grad_' + n.removeprefix('_orig_mod.')
@@ -510,8 +602,12 @@ def layer_errors(got, ref, norm):
     (ACmix's positional-encoding bias: the softmax cancels it) holds only
     rounding noise, relative to which any difference is huge."""
     present = [k for k in ref if ref[k] is not None]
-    size = {k: float(ref[k].detach().abs().max() if norm == 'max' else
-                     ref[k].detach().norm()) for k in present}
+    size = {
+        k:
+        float(ref[k].detach().abs().max() if norm ==
+              'max' else ref[k].detach().norm())
+        for k in present
+    }
     floor = 1e-2 * max(size.values())
     return {
         k: rel_err(got[k], ref[k], norm, floor)
@@ -530,7 +626,8 @@ def run_compile(report, device):
         compiled = torch.compile(layer, fullgraph=True)
         got = _layer_run(compiled, x, 'auto')
     report.check('compile', 'Involution torch.compile(fullgraph) vs eager',
-                 {k: rel_err(got[k], eager[k]) for k in eager}, COMPILE_TOL)
+                 {k: rel_err(got[k], eager[k])
+                  for k in eager}, COMPILE_TOL)
 
 
 # ------------------------------------------------------------------ speed
@@ -558,6 +655,7 @@ def unfold_aggregate(x, w):
 
 
 def _aggregate_fwd_bwd(fn, backend, x, w, gy):
+
     def step():
         x.grad = w.grad = None
         with use_backend(backend):
@@ -574,11 +672,12 @@ def speed_bandwidth(report, repeat):
     bw = 2 * n * 4 / (ms * 1e-3)
     name = torch.cuda.get_device_name()
     nominal = next((v for k, v in HBM_NOMINAL.items() if k in name), None)
-    report.speed['copy'] = dict(device=name, gbps=bw / 1e9,
-                                nominal_gbps=nominal and nominal / 1e9)
-    print(f'     device-to-device copy: {bw / 1e9:.0f} GB/s'
-          + (f' (nominal {nominal / 1e9:.0f})' if nominal else ''),
-          flush=True)
+    report.speed['copy'] = dict(
+        device=name, gbps=bw / 1e9, nominal_gbps=nominal and nominal / 1e9)
+    print(
+        f'     device-to-device copy: {bw / 1e9:.0f} GB/s' +
+        (f' (nominal {nominal / 1e9:.0f})' if nominal else ''),
+        flush=True)
     return bw
 
 
@@ -589,8 +688,8 @@ def speed_aggregation(report, batch, repeat, copy_bw):
         for C, H in STAGES:
             G, K = C // 16, 7
             x = torch.randn(batch, C, H, H, device='cuda', dtype=dtype)
-            w = torch.randn(batch, G, K, K, H, H, device='cuda',
-                            dtype=dtype) / K
+            w = torch.randn(
+                batch, G, K, K, H, H, device='cuda', dtype=dtype) / K
             gy = torch.randn_like(x)
             # The autotuned configs must be right too: against the
             # shift-add formulation in float64.
@@ -608,8 +707,8 @@ def speed_aggregation(report, batch, repeat, copy_bw):
             x.requires_grad_()
             w.requires_grad_()
             ms = {
-                impl: time_ms(_aggregate_fwd_bwd(fn, backend, x, w, gy),
-                              repeat)
+                impl:
+                time_ms(_aggregate_fwd_bwd(fn, backend, x, w, gy), repeat)
                 for impl, (fn, backend) in {
                     'unfold': (unfold_aggregate, 'torch'),
                     'shift': (evolution_aggregate, 'torch'),
@@ -620,14 +719,21 @@ def speed_aggregation(report, batch, repeat, copy_bw):
             # gy, x -> gw): 6 maps of x's size and 3 of w's.
             nbytes = (6 * x.numel() + 3 * w.numel()) * x.element_size()
             gbps = nbytes / (ms['mmevo'] * 1e-3) / 1e9
-            row = dict(dtype=dname, C=C, H=H, G=G, batch=batch,
-                       ms=ms, gbps=gbps,
-                       of_copy=gbps * 1e9 / copy_bw)
+            row = dict(
+                dtype=dname,
+                C=C,
+                H=H,
+                G=G,
+                batch=batch,
+                ms=ms,
+                gbps=gbps,
+                of_copy=gbps * 1e9 / copy_bw)
             rows.append(row)
-            print(f'     aggregate {dname:8s} {batch}x{C}x{H}x{H} G{G}: '
-                  + ' '.join(f'{k} {v:.2f} ms' for k, v in ms.items())
-                  + f', mmevo {gbps:.0f} GB/s ({row["of_copy"]:.0%} of copy)',
-                  flush=True)
+            print(
+                f'     aggregate {dname:8s} {batch}x{C}x{H}x{H} G{G}: ' +
+                ' '.join(f'{k} {v:.2f} ms' for k, v in ms.items()) +
+                f', mmevo {gbps:.0f} GB/s ({row["of_copy"]:.0%} of copy)',
+                flush=True)
             del x, w, gy
     report.speed['aggregation'] = rows
 
@@ -643,18 +749,23 @@ def speed_involution(report, batch, repeat):
             x = torch.randn(batch, C, H, H, device='cuda', requires_grad=True)
             ms = {}
             for name, mod in (('involution', inv), ('depthwise', conv)):
+
                 def step(mod=mod):
                     x.grad = None
-                    with torch.autocast('cuda', dtype=torch.bfloat16,
-                                        enabled=dname == 'bfloat16'):
+                    with torch.autocast(
+                            'cuda',
+                            dtype=torch.bfloat16,
+                            enabled=dname == 'bfloat16'):
                         y = mod(x)
                     y.float().sum().backward()
 
                 ms[name] = time_ms(step, repeat)
             rows.append(dict(dtype=dname, C=C, H=H, batch=batch, ms=ms))
-            print(f'     Involution-7 vs depthwise-7 {dname:8s} '
-                  f'{batch}x{C}x{H}x{H}: {ms["involution"]:.2f} vs '
-                  f'{ms["depthwise"]:.2f} ms', flush=True)
+            print(
+                f'     Involution-7 vs depthwise-7 {dname:8s} '
+                f'{batch}x{C}x{H}x{H}: {ms["involution"]:.2f} vs '
+                f'{ms["depthwise"]:.2f} ms',
+                flush=True)
     report.speed['involution'] = rows
 
 
@@ -716,12 +827,19 @@ def speed_train_step(report, batch, repeat):
         if res is None:
             raise RuntimeError(f'{name}: out of memory at batch {b}')
         ms, peak = res
-        rows.append(dict(model=name, batch=b, ms=ms, images_per_s=b / ms * 1e3,
-                         peak_gib=peak, builder=builder))
-        print(f'     train step {name} bf16 {b}x3x{IMAGE_SIZE}²: '
-              f'{ms:.1f} ms, {b / ms * 1e3:.0f} img/s, peak {peak:.1f} GiB '
-              f'({builder})',
-              flush=True)
+        rows.append(
+            dict(
+                model=name,
+                batch=b,
+                ms=ms,
+                images_per_s=b / ms * 1e3,
+                peak_gib=peak,
+                builder=builder))
+        print(
+            f'     train step {name} bf16 {b}x3x{IMAGE_SIZE}²: '
+            f'{ms:.1f} ms, {b / ms * 1e3:.0f} img/s, peak {peak:.1f} GiB '
+            f'({builder})',
+            flush=True)
         model.cpu()
         torch.cuda.empty_cache()
     report.speed['train_step'] = rows
@@ -745,8 +863,8 @@ def _warm_task(index):
         for C, H, s, dname in _speed_shapes():
             Ho = output_size(H, 7, s, 3, 1)
             x = torch.randn(1, C, H, H, device='cuda', dtype=DTYPES[dname])
-            w = torch.randn(1, C // 16, 7, 7, Ho, Ho, device='cuda',
-                            dtype=DTYPES[dname])
+            w = torch.randn(
+                1, C // 16, 7, 7, Ho, Ho, device='cuda', dtype=DTYPES[dname])
             gy = torch.randn(1, C, Ho, Ho, device='cuda', dtype=DTYPES[dname])
             _forward_backward(lambda a, b: evolution_aggregate(a, b, s),
                               [x, w], gy, DTYPES[dname])
@@ -774,16 +892,18 @@ def _fmt(v):
 
 def write_outputs(report, out_dir, meta):
     os.makedirs(out_dir, exist_ok=True)
-    result = dict(meta, passed=report.passed, checks=report.checks,
-                  speed=report.speed,
-                  failures=[c['name'] for c in report.checks
-                            if not c['passed']])
+    result = dict(
+        meta,
+        passed=report.passed,
+        checks=report.checks,
+        speed=report.speed,
+        failures=[c['name'] for c in report.checks if not c['passed']])
     with open(osp.join(out_dir, 'gpu_check.json'), 'w') as f:
         json.dump(result, f, indent=1)
     lines = [
         f'# GPU check: {"PASSED" if report.passed else "FAILED"}', '',
-        ', '.join(f'{k}: {v}' for k, v in meta.items() if k != 'sections'),
-        '', '| section | checks | failed | worst error | tolerance |',
+        ', '.join(f'{k}: {v}' for k, v in meta.items() if k != 'sections'), '',
+        '| section | checks | failed | worst error | tolerance |',
         '|---|---|---|---|---|'
     ]
     for s in meta['sections']:
@@ -792,14 +912,18 @@ def write_outputs(report, out_dir, meta):
             lines.append(f'| {s} | not run (needs CUDA) | | | |')
             continue
         bad = sum(not c['passed'] for c in recs)
-        ratio = max(recs, key=lambda c: (c['worst'] or 0) /
-                    (c['tol'] or 1) if c['worst'] is not None else math.inf)
+        ratio = max(
+            recs,
+            key=lambda c: (c['worst'] or 0) / (c['tol'] or 1)
+            if c['worst'] is not None else math.inf)
         lines.append(f'| {s} | {len(recs)} | {bad} | {_fmt(ratio["worst"])} '
                      f'| {_fmt(ratio["tol"])} |')
     sp = report.speed
     if 'copy' in sp:
-        lines += ['', f'Device-to-device copy: {sp["copy"]["gbps"]:.0f} GB/s '
-                  f'on {sp["copy"]["device"]}.']
+        lines += [
+            '', f'Device-to-device copy: {sp["copy"]["gbps"]:.0f} GB/s '
+            f'on {sp["copy"]["device"]}.'
+        ]
     if 'aggregation' in sp:
         lines += [
             '', 'Aggregation fwd+bwd (ms), K=7, G=C/16:', '',
@@ -813,19 +937,22 @@ def write_outputs(report, out_dir, meta):
             f'{r["of_copy"]:.0%} |' for r in sp['aggregation']
         ]
     if 'involution' in sp:
-        lines += ['', 'Involution-7 vs cuDNN depthwise 7x7, fwd+bwd (ms):', '',
-                  '| dtype | B·C·H² | involution | depthwise |',
-                  '|---|---|---|---|']
+        lines += [
+            '', 'Involution-7 vs cuDNN depthwise 7x7, fwd+bwd (ms):', '',
+            '| dtype | B·C·H² | involution | depthwise |', '|---|---|---|---|'
+        ]
         lines += [
             f'| {r["dtype"]} | {r["batch"]}·{r["C"]}·{r["H"]}² | '
             f'{r["ms"]["involution"]:.2f} | {r["ms"]["depthwise"]:.2f} |'
             for r in sp['involution']
         ]
     if 'train_step' in sp:
-        lines += ['', f'Train step (fwd+bwd+SGD), bf16 autocast, '
-                  f'{IMAGE_SIZE}²:', '',
-                  '| model | batch | ms | images/s | peak GiB | built by |',
-                  '|---|---|---|---|---|---|']
+        lines += [
+            '', f'Train step (fwd+bwd+SGD), bf16 autocast, '
+            f'{IMAGE_SIZE}²:', '',
+            '| model | batch | ms | images/s | peak GiB | built by |',
+            '|---|---|---|---|---|---|'
+        ]
         lines += [
             f'| {r["model"]} | {r["batch"]} | {r["ms"]:.1f} | '
             f'{r["images_per_s"]:.0f} | {r["peak_gib"]:.1f} | '
@@ -840,19 +967,30 @@ def write_outputs(report, out_dir, meta):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--out', default='work_dirs/gpu_check',
-                        help='output folder ($OUT wins when set)')
-    parser.add_argument('--sections', nargs='+', default=list(SECTIONS),
-                        choices=SECTIONS)
-    parser.add_argument('--geometries', type=int, default=None,
-                        help='random geometries of the ops sweep '
-                        '(default 160 on CUDA, 6 on CPU)')
-    parser.add_argument('--workers', type=int, default=None,
-                        help='processes of the ops sweep and of the warm-up '
-                        'compilation (compiling the kernel variants is '
-                        'their cost; default 8 on CUDA, 1 on CPU)')
-    parser.add_argument('--layers', nargs='+', default=None,
-                        help='layers to check (default: all)')
+    parser.add_argument(
+        '--out',
+        default='work_dirs/gpu_check',
+        help='output folder ($OUT wins when set)')
+    parser.add_argument(
+        '--sections', nargs='+', default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument(
+        '--geometries',
+        type=int,
+        default=None,
+        help='random geometries of the ops sweep '
+        '(default 160 on CUDA, 6 on CPU)')
+    parser.add_argument(
+        '--workers',
+        type=int,
+        default=None,
+        help='processes of the ops sweep and of the warm-up '
+        'compilation (compiling the kernel variants is '
+        'their cost; default 8 on CUDA, 1 on CPU)')
+    parser.add_argument(
+        '--layers',
+        nargs='+',
+        default=None,
+        help='layers to check (default: all)')
     parser.add_argument('--batch', type=int, default=64)
     parser.add_argument('--repeat', type=int, default=5)
     return parser.parse_args(argv)
@@ -872,10 +1010,14 @@ def main(argv=None):
     meta = dict(
         device_kind='cuda' if cuda else 'cpu (TRITON_INTERPRET=1)',
         device=torch.cuda.get_device_name() if cuda else platform.machine(),
-        torch=torch.__version__, triton=triton.__version__,
-        python=platform.python_version(), sections=args.sections)
-    print('gpu_check: ' + ', '.join(f'{k}={v}' for k, v in meta.items()
-                                    if k != 'sections'), flush=True)
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        sections=args.sections)
+    print(
+        'gpu_check: ' + ', '.join(f'{k}={v}'
+                                  for k, v in meta.items() if k != 'sections'),
+        flush=True)
     n = args.geometries or (160 if cuda else 6)
     if args.workers is None:
         args.workers = min(8, os.cpu_count() or 1) if cuda else 1
@@ -892,8 +1034,9 @@ def main(argv=None):
             elif section == 'double':
                 run_double(report, device)
             elif section == 'determinism':
-                run_determinism(report, device, ['float32', 'bfloat16']
-                                if cuda else ['float32'])
+                run_determinism(
+                    report, device,
+                    ['float32', 'bfloat16'] if cuda else ['float32'])
             elif section == 'large':
                 run_large(report, device)
             elif section == 'layers':
@@ -911,10 +1054,12 @@ def main(argv=None):
             torch.cuda.empty_cache()
     out_dir = os.environ.get('OUT') or args.out
     write_outputs(report, out_dir, meta)
-    print(f'{"PASSED" if report.passed else "FAILED"}: '
-          f'{sum(not c["passed"] for c in report.checks)} of '
-          f'{len(report.checks)} checks failed; '
-          f'{osp.join(out_dir, "gpu_check.md")}', flush=True)
+    print(
+        f'{"PASSED" if report.passed else "FAILED"}: '
+        f'{sum(not c["passed"] for c in report.checks)} of '
+        f'{len(report.checks)} checks failed; '
+        f'{osp.join(out_dir, "gpu_check.md")}',
+        flush=True)
     return 0 if report.passed else 1
 
 

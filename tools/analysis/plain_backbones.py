@@ -23,8 +23,9 @@ STAGE_BLOCKS = {26: (1, 2, 4, 1), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
 def _conv_bn_relu(cin, cout, kernel_size, stride=1):
     return nn.Sequential(
-        nn.Conv2d(cin, cout, kernel_size, stride, kernel_size // 2,
-                  bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+        nn.Conv2d(
+            cin, cout, kernel_size, stride, kernel_size // 2, bias=False),
+        nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
 
 
 class Bottleneck(nn.Module):
@@ -99,4 +100,3 @@ class PlainResNet(nn.Module):
             x = stage(x)
             outs.append(x)
         return tuple(outs)
-

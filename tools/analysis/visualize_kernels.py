@@ -49,23 +49,43 @@ def parse_args(argv=None):
     parser.add_argument('config', help='mmdet / mmseg config file')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('image', help='image file')
-    parser.add_argument('--layer', help='module name of an evolution layer, '
-                        'e.g. backbone.layer1.0.conv2 (see --list-layers)')
-    parser.add_argument('--points', nargs='+', type=parse_point, default=[],
-                        metavar='Y,X', help='pixels (row,column) of the '
-                        'original image whose kernels are drawn')
-    parser.add_argument('--out', help='output PNG (default: '
-                        '<image>_<layer>_kernels.png beside the image)')
-    parser.add_argument('--max-groups', type=int, default=8,
-                        help='draw at most this many kernel groups per point')
-    parser.add_argument('--max-size', type=int, default=800,
-                        help='rescale the image so its longer side is at most '
-                        'this (0: keep)')
+    parser.add_argument(
+        '--layer',
+        help='module name of an evolution layer, '
+        'e.g. backbone.layer1.0.conv2 (see --list-layers)')
+    parser.add_argument(
+        '--points',
+        nargs='+',
+        type=parse_point,
+        default=[],
+        metavar='Y,X',
+        help='pixels (row,column) of the '
+        'original image whose kernels are drawn')
+    parser.add_argument(
+        '--out',
+        help='output PNG (default: '
+        '<image>_<layer>_kernels.png beside the image)')
+    parser.add_argument(
+        '--max-groups',
+        type=int,
+        default=8,
+        help='draw at most this many kernel groups per point')
+    parser.add_argument(
+        '--max-size',
+        type=int,
+        default=800,
+        help='rescale the image so its longer side is at most '
+        'this (0: keep)')
     parser.add_argument('--device', default='cpu')
-    parser.add_argument('--list-layers', action='store_true',
-                        help='print the drawable layers and exit')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, key=value')
+    parser.add_argument(
+        '--list-layers',
+        action='store_true',
+        help='print the drawable layers and exit')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config settings, key=value')
     args = parser.parse_args(argv)
     if not args.list_layers and (args.layer is None or not args.points):
         parser.error('--layer and --points are required (or --list-layers)')
@@ -87,8 +107,10 @@ def build_model(config, checkpoint, device, cfg_options=None):
 
 def evolution_layers(model):
     """``{name: layer}`` of every evolution layer in ``model``."""
-    return {name: m for name, m in model.named_modules()
-            if isinstance(m, EvolutionLayer)}
+    return {
+        name: m
+        for name, m in model.named_modules() if isinstance(m, EvolutionLayer)
+    }
 
 
 def preprocess(model, image):
@@ -131,17 +153,22 @@ def draw(image_rgb, points, kernel, positions, max_groups, title):
     rows = len(points)
     # Kernels are unit squares; the image spans all rows at its own aspect.
     image_width = rows * image_rgb.shape[1] / image_rgb.shape[0]
-    fig = plt.figure(figsize=(1.4 * (image_width + 0.2 + groups),
-                              1.4 * rows + 0.8))
-    grid = fig.add_gridspec(rows, groups + 2,
-                            width_ratios=[image_width, 0.2] + [1] * groups)
+    fig = plt.figure(
+        figsize=(1.4 * (image_width + 0.2 + groups), 1.4 * rows + 0.8))
+    grid = fig.add_gridspec(
+        rows, groups + 2, width_ratios=[image_width, 0.2] + [1] * groups)
     ax = fig.add_subplot(grid[:, 0])
     ax.imshow(image_rgb)
     colors = plt.cm.tab10(np.arange(rows) % 10)
     for n, ((y, x), color) in enumerate(zip(points, colors)):
         ax.scatter([x], [y], s=60, color=color, edgecolors='white')
-        ax.annotate(str(n), (x, y), xytext=(4, 4), textcoords='offset points',
-                    color='white', fontsize=9, weight='bold')
+        ax.annotate(
+            str(n), (x, y),
+            xytext=(4, 4),
+            textcoords='offset points',
+            color='white',
+            fontsize=9,
+            weight='bold')
     ax.axis('off')
     for n, (i, j) in enumerate(positions):
         for g in range(groups):
@@ -201,8 +228,8 @@ def main(argv=None):
              f'{kernel.shape[0]} groups, K={kernel.shape[1]}, '
              f'kernel grid {H_out}x{W_out})')
     points = [(y * scale, x * scale) for y, x in args.points]
-    fig = draw(mmcv.bgr2rgb(image), points, kernel, positions,
-               args.max_groups, title)
+    fig = draw(
+        mmcv.bgr2rgb(image), points, kernel, positions, args.max_groups, title)
     out = args.out or osp.splitext(args.image)[0] + \
         f'_{args.layer.replace(".", "-")}_kernels.png'
     fig.savefig(out, dpi=100)

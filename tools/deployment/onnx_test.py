@@ -17,19 +17,21 @@ import warnings
 # as in tools/train.py: mmengine's pkg_resources import warns on every start
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-import torch  # noqa: E402
-from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.registry import RUNNERS  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
+import torch
+from mmengine.config import DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
 
-import mmevo  # noqa: F401,E402  (registers mmevo's modules in mmengine)
-from mmevo.deployment import OnnxModel  # noqa: E402
+import mmevo  # noqa: F401  (registers mmevo's modules in mmengine)
+from mmevo.deployment import OnnxModel
 
 # tools/_cli.py and the exporter beside this script
-sys.path[:0] = [osp.dirname(osp.dirname(osp.abspath(__file__))),
-                osp.dirname(osp.abspath(__file__))]
-from _cli import exit_if_data_missing, fail, load_config  # noqa: E402
-from pytorch2onnx import model_kind  # noqa: E402
+sys.path[:0] = [
+    osp.dirname(osp.dirname(osp.abspath(__file__))),
+    osp.dirname(osp.abspath(__file__))
+]
+from _cli import exit_if_data_missing, fail, load_config
+from pytorch2onnx import model_kind
 
 
 def onnx_predict(model, session):
@@ -64,7 +66,9 @@ def parse_args(argv=None):
     parser.add_argument(
         '--out', help='also dump the raw predictions to this pickle file')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
         help='override config settings, key=value')
     return parser.parse_args(argv)
 
@@ -89,8 +93,9 @@ def main(argv=None):
             dict(type='DumpResults', out_file_path=args.out)
         ]
     exit_if_data_missing(cfg, ['test_dataloader'])
-    runner = (Runner.from_cfg(cfg)
-              if 'runner_type' not in cfg else RUNNERS.build(cfg))
+    runner = (
+        Runner.from_cfg(cfg)
+        if 'runner_type' not in cfg else RUNNERS.build(cfg))
     model = runner.model
     model.predict = onnx_predict(model, OnnxModel(args.model))
     return runner.test()

@@ -18,17 +18,16 @@ import warnings
 # as in tools/train.py: mmengine's pkg_resources import warns on every start
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-import torch  # noqa: E402
-from mmengine.registry import init_default_scope  # noqa: E402
-from mmengine.runner import load_checkpoint  # noqa: E402
+import torch
+from mmengine.registry import init_default_scope
+from mmengine.runner import load_checkpoint
 
-from mmevo.deployment import (OnnxModel, TensorOutputs,  # noqa: E402
-                              export_onnx)
-from mmevo.registry import MODELS  # noqa: E402
+from mmevo.deployment import OnnxModel, TensorOutputs, export_onnx
+from mmevo.registry import MODELS
 
 # tools/_cli.py, one folder up
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-from _cli import check_checkpoint_fits, fail, load_config  # noqa: E402
+from _cli import check_checkpoint_fits, fail, load_config
 
 
 def build_model(config, checkpoint=None):
@@ -53,7 +52,7 @@ def model_kind(model):
     if hasattr(model, 'decode_head'):
         return 'seg'
     fail(f'only single-stage detectors and encoder-decoder '
-             f'segmentors can be exported, got {type(model).__name__}')
+         f'segmentors can be exported, got {type(model).__name__}')
 
 
 def parse_args(argv=None):
@@ -62,13 +61,20 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out', required=True, help='the .onnx file')
     parser.add_argument(
-        '--shape', type=int, nargs=2, default=[128, 128],
-        metavar=('H', 'W'), help='example input size (default: 128 128)')
+        '--shape',
+        type=int,
+        nargs=2,
+        default=[128, 128],
+        metavar=('H', 'W'),
+        help='example input size (default: 128 128)')
     parser.add_argument(
-        '--dynamic', action='store_true',
+        '--dynamic',
+        action='store_true',
         help='dynamic height and width (one export for every size)')
     parser.add_argument(
-        '--exporter', choices=['dynamo', 'torchscript'], default='dynamo',
+        '--exporter',
+        choices=['dynamo', 'torchscript'],
+        default='dynamo',
         help="torch.onnx.export's exporter (default: dynamo, torch's)")
     return parser.parse_args(argv)
 
@@ -81,13 +87,18 @@ def main(argv=None):
     model_kind(model)
     model = TensorOutputs(model)
     x = torch.randn(1, 3, *args.shape)
-    export_onnx(model, x, args.out, dynamic=args.dynamic,
-                dynamo=args.exporter == 'dynamo')
+    export_onnx(
+        model,
+        x,
+        args.out,
+        dynamic=args.dynamic,
+        dynamo=args.exporter == 'dynamo')
     with torch.no_grad():
         expected = model(x)
     outputs = OnnxModel(args.out)(x)
-    err = max(float((o - r).abs().max() / r.abs().max().clamp(min=1e-6))
-              for o, r in zip(outputs, expected))
+    err = max(
+        float((o - r).abs().max() / r.abs().max().clamp(min=1e-6))
+        for o, r in zip(outputs, expected))
     print(f'[export] {args.out}: {len(outputs)} outputs, onnxruntime vs '
           f'PyTorch max relative difference {err:.1e}')
     if err > 1e-4:

@@ -11,8 +11,8 @@ import warnings
 # as in tools/train.py: mmengine's pkg_resources import warns on every start
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-from mmevo.datasets import (make_synthetic_cityscapes,  # noqa: E402
-                            make_synthetic_coco)
+from mmevo.datasets import make_synthetic_cityscapes  # noqa: E402
+from mmevo.datasets import make_synthetic_coco
 
 MAKERS = dict(
     det=(make_synthetic_coco, 'data/synthetic_coco'),
@@ -33,7 +33,8 @@ def parse_args(argv=None):
     parser.add_argument('--num-val', type=int, help='validation images')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument(
-        '--if-missing', action='store_true',
+        '--if-missing',
+        action='store_true',
         help='skip a set already complete with the same arguments')
     args = parser.parse_args(argv)
     if args.out_dir and args.which == 'all':
@@ -51,8 +52,11 @@ def main(argv=None):
     for which in (['det', 'seg'] if args.which == 'all' else [args.which]):
         maker, default_dir = MAKERS[which]
         start = time.time()
-        maker(args.out_dir or default_dir, seed=args.seed,
-              skip_if_ready=args.if_missing, **sizes)
+        maker(
+            args.out_dir or default_dir,
+            seed=args.seed,
+            skip_if_ready=args.if_missing,
+            **sizes)
         print(f'[data] {args.out_dir or default_dir} ready '
               f'({time.time() - start:.1f} s)')
 

@@ -117,8 +117,8 @@ class ACmixResNet(DynamicResNet):
             return
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode='fan_out',
-                                        nonlinearity='relu')
+                nn.init.kaiming_normal_(
+                    m.weight, mode='fan_out', nonlinearity='relu')
             elif isinstance(m, (_BatchNorm, nn.GroupNorm)) and m.affine:
                 nn.init.constant_(m.weight, 1)
                 nn.init.constant_(m.bias, 0)
@@ -133,8 +133,14 @@ class ACmixResNet(DynamicResNet):
 
     def build_middle_layer(self, planes, stride, dilation):
         """The ACmix layer of a bottleneck (width -> width)."""
-        return ACmix(planes, planes, self.kernel_att, self.head,
-                     self.kernel_conv, stride=stride, dilation=dilation)
+        return ACmix(
+            planes,
+            planes,
+            self.kernel_att,
+            self.head,
+            self.kernel_conv,
+            stride=stride,
+            dilation=dilation)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The published checkpoints are whole classifiers; a backbone has no

@@ -66,9 +66,11 @@ class MiddleLayerBottleneck(Bottleneck):
         """
         if self.with_cp and x.requires_grad:
             return checkpoint(
-                self._forward_without_cp, x, use_reentrant=False,
-                context_fn=lambda: (contextlib.nullcontext(),
-                                    _running_stats_kept(self)))
+                self._forward_without_cp,
+                x,
+                use_reentrant=False,
+                context_fn=lambda:
+                (contextlib.nullcontext(), _running_stats_kept(self)))
         if cpu_fastpath.enabled(x) and not self.with_plugins:
             return cpu_fastpath.bottleneck_forward(self, x)
         return super().forward(x)
@@ -251,15 +253,23 @@ class DynamicResNet(ResNet):
         Returns:
             Sequential: the stage (``layer{i}``).
         """
-        kwargs.update(middle_layer=self.build_middle_layer,
-                      init_cfg=self._block_init_cfg)
+        kwargs.update(
+            middle_layer=self.build_middle_layer,
+            init_cfg=self._block_init_cfg)
         dilation, num_blocks = kwargs['dilation'], kwargs['num_blocks']
         if not (self.contract_dilation and dilation > 1):
             return ResLayer(**kwargs)
-        blocks = list(ResLayer(**{**kwargs, 'num_blocks': 1,
-                                  'dilation': dilation // 2}))
+        blocks = list(
+            ResLayer(**{
+                **kwargs, 'num_blocks': 1,
+                'dilation': dilation // 2
+            }))
         if num_blocks > 1:
             width = kwargs['planes'] * kwargs['block'].expansion
-            blocks += ResLayer(**{**kwargs, 'num_blocks': num_blocks - 1,
-                                  'inplanes': width, 'stride': 1})
+            blocks += ResLayer(
+                **{
+                    **kwargs, 'num_blocks': num_blocks - 1,
+                    'inplanes': width,
+                    'stride': 1
+                })
         return Sequential(*blocks)

@@ -110,12 +110,22 @@ class RedNet(DynamicResNet):
     def _make_stem_layer(self, in_channels, stem_channels):
         half = stem_channels // 2
         self.stem = nn.Sequential(
-            ConvModule(in_channels, half, 3, stride=2, padding=1,
-                       norm_cfg=self.norm_cfg, inplace=True),
-            Involution(half, self.stem_kernel_size, 1,
-                       norm_cfg=self.norm_cfg),
-            build_norm_layer(self.norm_cfg, half)[1],
-            nn.ReLU(inplace=True),
-            ConvModule(half, stem_channels, 3, stride=1, padding=1,
-                       norm_cfg=self.norm_cfg, inplace=True))
+            ConvModule(
+                in_channels,
+                half,
+                3,
+                stride=2,
+                padding=1,
+                norm_cfg=self.norm_cfg,
+                inplace=True),
+            Involution(half, self.stem_kernel_size, 1, norm_cfg=self.norm_cfg),
+            build_norm_layer(self.norm_cfg, half)[1], nn.ReLU(inplace=True),
+            ConvModule(
+                half,
+                stem_channels,
+                3,
+                stride=1,
+                padding=1,
+                norm_cfg=self.norm_cfg,
+                inplace=True))
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)

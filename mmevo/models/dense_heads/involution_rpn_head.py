@@ -53,7 +53,9 @@ class InvolutionRPNHead(RPNHead):
                 f'feat_channels={feat_channels}')
         self.involution_cfg = {'kernel_size': 7, **(involution_cfg or {})}
         super().__init__(
-            in_channels, feat_channels=feat_channels, init_cfg=init_cfg,
+            in_channels,
+            feat_channels=feat_channels,
+            init_cfg=init_cfg,
             **kwargs)
 
     def _init_layers(self):
@@ -61,8 +63,10 @@ class InvolutionRPNHead(RPNHead):
         super()._init_layers()
         layers = []
         for _ in range(self.num_convs):
-            layers += [Involution(self.in_channels, **self.involution_cfg),
-                       nn.ReLU(inplace=True)]
+            layers += [
+                Involution(self.in_channels, **self.involution_cfg),
+                nn.ReLU(inplace=True)
+            ]
         # forward_single applies the last ReLU itself.
         layers = layers[:-1]
         self.rpn_conv = layers[0] if len(layers) == 1 else nn.Sequential(
