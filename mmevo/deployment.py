@@ -12,7 +12,11 @@ Example:
     >>> export_onnx(model, torch.randn(1, 3, 128, 128), 'det.onnx')
     >>> outputs = OnnxModel('det.onnx')(torch.randn(1, 3, 96, 160))
 """
+import sys
+
 import torch
+import torch.onnx.operators
+from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -157,3 +161,198 @@ class OnnxModel:
         outs = self.session.run(None,
                                 {self.input_name: x.detach().cpu().numpy()})
         return tuple(torch.from_numpy(o) for o in outs)
+
+
+class _NMS(torch.autograd.Function):
+    """The indices NMS keeps, by descending score: mmcv's ``nms`` in
+    PyTorch, ONNX's standard ``NonMaxSuppression`` in the TorchScript
+    export (mmcv's own NMS has no ONNX symbolic)."""
+
+    @staticmethod
+    def forward(ctx, boxes, scores, iou_threshold):
+        from mmcv.ops import nms
+        return nms(boxes, scores, iou_threshold)[1]
+
+    @staticmethod
+    def symbolic(g, boxes, scores, iou_threshold):
+
+        def const(value, dtype=torch.long):
+            return g.op('Constant', value_t=torch.tensor(value, dtype=dtype))
+
+        selected = g.op('NonMaxSuppression',
+                        g.op('Unsqueeze', boxes, const([0])),
+                        g.op('Unsqueeze', scores, const([0, 1])),
+                        const([sys.maxsize]),
+                        const([iou_threshold], torch.float))
+        # (batch, class, box) rows: the box column
+        return g.op('Gather', selected, const(2), axis_i=1)
+
+
+class _RoIAlign(torch.autograd.Function):
+    """mmcv's ``roi_align`` in PyTorch, ONNX's ``RoiAlign`` in the
+    TorchScript export with the coordinate mode of ``aligned`` (mmcv's
+    symbolic shifts the boxes itself for opset 10, which opset 16's
+    default ``half_pixel`` would shift again)."""
+
+    @staticmethod
+    def forward(ctx, feats, rois, output_size, spatial_scale, sampling_ratio,
+                aligned):
+        from mmcv.ops import roi_align
+        return roi_align(feats, rois, output_size, spatial_scale,
+                         sampling_ratio, 'avg', aligned)
+
+    @staticmethod
+    def symbolic(g, feats, rois, output_size, spatial_scale, sampling_ratio,
+                 aligned):
+
+        def const(value):
+            return g.op('Constant', value_t=torch.tensor(value))
+
+        batch = g.op(
+            'Cast',
+            g.op('Gather', rois, const(0), axis_i=1),
+            to_i=torch.onnx.TensorProtoDataType.INT64)
+        return g.op(
+            'RoiAlign',
+            feats,
+            g.op('Gather', rois, const([1, 2, 3, 4]), axis_i=1),
+            batch,
+            coordinate_transformation_mode_s='half_pixel'
+            if aligned else 'output_half_pixel',
+            mode_s='avg',
+            output_height_i=output_size[0],
+            output_width_i=output_size[1],
+            sampling_ratio_i=max(0, sampling_ratio),
+            spatial_scale_f=spatial_scale)
+
+
+def _roi_align(layer, feats, rois):
+    if layer.pool_mode != 'avg':
+        raise ValueError(f"RoIAlign pool_mode must be 'avg' to export (ONNX "
+                         f"RoiAlign's max differs), got {layer.pool_mode!r}")
+    return _RoIAlign.apply(feats, rois, tuple(layer.output_size),
+                           float(layer.spatial_scale),
+                           int(layer.sampling_ratio), bool(layer.aligned))
+
+
+def _roi_features(extractor, feats, rois):
+    """``SingleRoIExtractor(feats, rois)`` without its data-dependent
+    branches: every RoI through every level's RoIAlign, masked to its own
+    level (as exact: the other levels add zeros)."""
+    feats = feats[:extractor.num_inputs]
+    if len(feats) == 1:
+        return _roi_align(extractor.roi_layers[0], feats[0], rois)
+    levels = extractor.map_roi_levels(rois, len(feats))
+    out = 0
+    for i, layer in enumerate(extractor.roi_layers[:len(feats)]):
+        mask = (levels == i).to(rois.dtype).view(-1, 1, 1, 1)
+        out = out + _roi_align(layer, feats[i], rois) * mask
+    return out
+
+
+def _proposals(rpn_head, scores, deltas, size):
+    """``RPNHead.predict_by_feat`` for one image, the branches on data
+    (level sizes against ``nms_pre``, empty results) taken the same way for
+    every input: top-k by a sort and a slice, small boxes dropped by a mask,
+    the levels' NMS as one NMS on boxes offset by level."""
+    cfg = rpn_head.test_cfg
+    coder = rpn_head.bbox_coder
+    if type(coder).__name__ != 'DeltaXYWHBBoxCoder':
+        raise ValueError(f'the RPN box coder must be DeltaXYWHBBoxCoder to '
+                         f'export, got {type(coder).__name__}')
+    nms_cfg = dict(cfg.nms)
+    if nms_cfg.pop('type', 'nms') != 'nms' or nms_cfg.get('offset', 0):
+        raise ValueError(f'the RPN NMS must be plain nms (offset 0) to '
+                         f'export, got {cfg.nms}')
+    priors = rpn_head.prior_generator.grid_priors(
+        [s.shape[-2:] for s in scores], scores[0].dtype, scores[0].device)
+    nms_pre = cfg.get('nms_pre', -1)
+    level_scores, level_boxes, level_priors, level_ids = [], [], [], []
+    for level, (score, delta, prior) in enumerate(zip(scores, deltas, priors)):
+        score = score.permute(1, 2, 0).reshape(-1, rpn_head.cls_out_channels)
+        score = (
+            score.sigmoid()
+            if rpn_head.use_sigmoid_cls else score.softmax(-1)[:, :-1])
+        score = score.reshape(-1)
+        delta = delta.permute(1, 2, 0).reshape(-1, 4)
+        if nms_pre > 0:
+            score, order = score.sort(descending=True)
+            score, order = score[:nms_pre], order[:nms_pre]
+            delta, prior = delta[order], prior[order]
+        level_scores.append(score)
+        level_boxes.append(delta)
+        level_priors.append(prior)
+        level_ids.append(torch.full_like(score, level))
+    score = torch.cat(level_scores)
+    boxes = delta2bbox(
+        torch.cat(level_priors),
+        torch.cat(level_boxes),
+        coder.means,
+        coder.stds,
+        add_ctr_clamp=coder.add_ctr_clamp,
+        ctr_clamp=coder.ctr_clamp)
+    if coder.clip_border:
+        # the input's size (a tensor in the graph, so H and W stay dynamic)
+        limit = size.flip(0).repeat(2).to(boxes)
+        boxes = torch.min(boxes.clamp(min=0), limit)
+    ids = torch.cat(level_ids)
+    if cfg.get('min_bbox_size', -1) >= 0:
+        wh = boxes[:, 2:] - boxes[:, :2]
+        valid = (wh > cfg.min_bbox_size).all(1)
+        boxes, score, ids = boxes[valid], score[valid], ids[valid]
+    offset = 0 if nms_cfg.get('class_agnostic') else ids[:, None] * (
+        boxes.max() + 1)
+    keep = _NMS.apply(boxes + offset, score, float(nms_cfg['iou_threshold']))
+    return boxes[keep][:cfg.max_per_img]
+
+
+def two_stage_forward(model, x):
+    """The tensor outputs of a two-stage detector (Faster / Mask R-CNN),
+    exportable end to end with the TorchScript exporter.
+
+    What ``model(x, mode='tensor')`` computes with each image's
+    ``img_shape`` the input's height and width, rewritten so that one graph
+    holds for every input: the RPN's proposals (top-k, decoding, NMS),
+    RoIAlign and the box (and mask) head.
+
+    Args:
+        model (nn.Module): an mmdet ``TwoStageDetector`` with a
+            ``StandardRoIHead``, in eval mode.
+        x (Tensor): the preprocessed images (B, 3, H, W).
+
+    Returns:
+        tuple[Tensor]: ``rois`` (N, 5: image index, x1, y1, x2, y2, the
+        proposals), ``cls_score`` (N, classes + 1), ``bbox_pred`` (N, 4 *
+        classes) and with a mask head ``mask_preds`` of the first 100 RoIs
+        (as ``mode='tensor'``).
+
+    Example:
+        >>> model = TensorOutputs(detector.eval(), two_stage_forward)
+        >>> export_onnx(model, x, 'faster-rcnn.onnx', dynamo=False)
+    """
+    feats = model.extract_feat(x)
+    scores, deltas = model.rpn_head(feats)
+    size = torch.onnx.operators.shape_as_tensor(x)[2:]
+    rois = []
+    for i in range(len(x)):
+        boxes = _proposals(model.rpn_head, [s[i] for s in scores],
+                           [d[i] for d in deltas], size)
+        rois.append(torch.cat([torch.full_like(boxes[:, :1], i), boxes], 1))
+    rois = torch.cat(rois)
+    head = model.roi_head
+    roi_feats = _roi_features(head.bbox_roi_extractor, feats, rois)
+    if head.with_shared_head:
+        roi_feats = head.shared_head(roi_feats)
+    outs = (rois, *head.bbox_head(roi_feats))
+    if head.with_mask:
+        mask_rois = rois[:100]
+        if head.share_roi_extractor:
+            mask_feats = _roi_features(head.bbox_roi_extractor, feats,
+                                       mask_rois)
+        else:
+            mask_feats = _roi_features(head.mask_roi_extractor, feats,
+                                       mask_rois)
+        if head.with_shared_head:
+            mask_feats = head.shared_head(mask_feats)
+        outs = outs + (head.mask_head(mask_feats), )
+    return outs
