@@ -14,6 +14,7 @@ Example:
 """
 import sys
 
+import numpy as np
 import torch
 import torch.onnx.operators
 from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
@@ -32,12 +33,15 @@ class TensorOutputs(nn.Module):
         model (nn.Module): an OpenMMLab model (called with ``mode='tensor'``)
             or any module when ``forward`` is given.
         forward (callable, optional): ``forward(model, x)`` instead of
-            ``model(x, mode='tensor')``.
+            ``model(x, mode='tensor')`` (two-stage detectors: default
+            :func:`two_stage_forward`).
     """
 
     def __init__(self, model, forward=None):
         super().__init__()
         self.model = model
+        if forward is None and hasattr(model, 'roi_head'):
+            forward = two_stage_forward
         self._forward = forward
         # the model's mode: exporters restore the wrapper's mode afterwards
         self.train(model.training)
@@ -355,4 +359,30 @@ def two_stage_forward(model, x):
         if head.with_shared_head:
             mask_feats = head.shared_head(mask_feats)
         outs = outs + (head.mask_head(mask_feats), )
+    return outs
+
+
+def sort_by_rois(outputs):
+    """:func:`two_stage_forward`'s outputs with the RoIs in one order (by
+    their coordinates), so that two runs compare row by row: proposals of
+    equal score leave NMS in either order (mmcv's and onnxruntime's sorts
+    differ on ties).
+
+    Args:
+        outputs (tuple[Tensor]): ``(rois, cls_score, bbox_pred[,
+            mask_preds])`` of one image.
+
+    Returns:
+        tuple[Tensor]: the same rows reordered (the mask predictions, of
+        the first RoIs, among themselves).
+    """
+    rois = outputs[0].detach().cpu().numpy()
+
+    def order(n):
+        return torch.from_numpy(np.lexsort(rois[:n, ::-1].T).copy())
+
+    rows = order(len(rois))
+    outs = tuple(t[rows] for t in outputs[:3])
+    if len(outputs) > 3:
+        outs = outs + (outputs[3][order(len(outputs[3]))], )
     return outs

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from mmengine.config import Config
 
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 
@@ -15,6 +16,13 @@ sys.path.insert(
     0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools'))
 from tool_utils import DEMO_DET, DEMO_SEG, load_tool
 
+FASTER_RCNN = 'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py'
+NARROW = dict(
+    depth=26,
+    stem_channels=32,
+    base_channels=16,
+    init_cfg=None,
+    norm_cfg=dict(type='BN', requires_grad=True))
 SEG_CONFIG = """
 _base_ = '{base}'
 data_root = '{root}/'
@@ -158,3 +166,74 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
             ref['seg_logits']['data'],
             rtol=1e-4,
             atol=1e-4)
+
+
+def test_two_stage_export_then_evaluate_matches_pytorch(setup):
+    """A narrow Faster R-CNN on the tiny set: the ONNX graph's proposals,
+    class scores and box deltas through the config's box head give
+    tools/test.py's detections and metrics."""
+    tmp, det_cfg, _, export = setup
+    cfg = Config.fromfile(FASTER_RCNN)
+    demo = Config.fromfile(det_cfg)
+    cfg.merge_from_dict({
+        'model.backbone': NARROW,
+        'model.neck.in_channels': [64, 128, 256, 512],
+        'model.roi_head.bbox_head.num_classes': 3,
+        'model.test_cfg.rcnn.score_thr': 0.0,
+    })
+    cfg.test_dataloader = demo.test_dataloader
+    cfg.test_evaluator = demo.test_evaluator
+    path = str(tmp / 'frcnn_cfg.py')
+    cfg.dump(path)
+    torch.manual_seed(0)
+    _, model = export.build_model(path)
+    model.init_weights()  # mmdet's: small deltas, stable NMS decisions
+    ckpt, onnx = str(tmp / 'frcnn.pth'), str(tmp / 'frcnn.onnx')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    export.main([path, ckpt, '--out', onnx, '--shape', '128', '128'])
+    metrics = load_tool('deployment/onnx_test').main([
+        path, onnx, '--work-dir',
+        str(tmp / 'frcnn_onnx'), '--out',
+        str(tmp / 'frcnn_onnx.pkl'), '--cfg-options',
+        'experiment_name=frcnn_onnx', 'visualizer.name=frcnn_onnx'
+    ])
+    reference = load_tool('test').main([
+        path, ckpt, '--work-dir',
+        str(tmp / 'frcnn_test'), '--out',
+        str(tmp / 'frcnn_torch.pkl'), '--cfg-options',
+        'experiment_name=frcnn_torch', 'visualizer.name=frcnn_torch'
+    ])
+    assert metrics.keys() == reference.keys()
+    for key, value in reference.items():
+        assert metrics[key] == pytest.approx(value, abs=2e-3), key
+    preds = [
+        pickle.load(open(tmp / f'frcnn_{n}.pkl', 'rb'))
+        for n in ('onnx', 'torch')
+    ]
+    assert len(preds[0]) == len(preds[1]) == 3
+    for ours, ref in zip(*preds):
+        ours, ref = ours['pred_instances'], ref['pred_instances']
+        assert len(ref['scores']) > 0
+        torch.testing.assert_close(
+            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3)
+
+
+def test_dynamo_export_of_two_stage_is_refused(setup, capsys):
+    tmp, _, _, export = setup
+    cfg = Config.fromfile(FASTER_RCNN)
+    cfg.merge_from_dict({
+        'model.backbone': NARROW,
+        'model.neck.in_channels': [64, 128, 256, 512]
+    })
+    path = str(tmp / 'frcnn_refused.py')
+    cfg.dump(path)
+    ckpt = str(tmp / 'frcnn_refused.pth')
+    torch.save({'state_dict': export.build_model(path)[1].state_dict()}, ckpt)
+    with pytest.raises(SystemExit):
+        load_tool('deployment/pytorch2onnx').main(
+            [path, ckpt, '--out',
+             str(tmp / 'x.onnx'), '--exporter', 'dynamo'])
+    assert 'torchscript only' in capsys.readouterr().err
+    assert not (tmp / 'x.onnx').exists()

@@ -38,11 +38,26 @@ def onnx_predict(model, session):
     """``model.predict`` on ``session``'s outputs, image by image (the
     graph has batch 1), post-processed by ``model``'s own head."""
     kind = model_kind(model)
+    if kind == 'two-stage' and model.roi_head.with_mask:
+        fail('Mask R-CNN is not evaluated from ONNX: its mask head runs on '
+             'the final detections, which the graph does not hold')
 
     def predict(inputs, data_samples, rescale=True):
         outs = [session(inputs[i:i + 1]) for i in range(len(inputs))]
-        outs = [torch.cat(level) for level in zip(*outs)]
         metas = [s.metainfo for s in data_samples]
+        if kind == 'two-stage':
+            rois = [o[0] for o in outs]
+            for i, r in enumerate(rois):  # each graph run saw one image
+                r[:, 0] = i
+            results = model.roi_head.bbox_head.predict_by_feat(
+                rois=tuple(rois),
+                cls_scores=tuple(o[1] for o in outs),
+                bbox_preds=tuple(o[2] for o in outs),
+                batch_img_metas=metas,
+                rcnn_test_cfg=model.roi_head.test_cfg,
+                rescale=rescale)
+            return model.add_pred_to_datasample(data_samples, results)
+        outs = [torch.cat(level) for level in zip(*outs)]
         if kind == 'seg':
             logits = model.decode_head.predict_by_feat(outs[0], metas)
             return model.postprocess_result(logits, data_samples)
