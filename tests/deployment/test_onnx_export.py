@@ -173,6 +173,8 @@ def test_two_stage_export(config, tmp_path):
         config, **{
             'model.backbone': NARROW,
             'model.neck.in_channels': [64, 128, 256, 512],
+            # fewer RoIs for the heads (the mask head is the slow part)
+            'model.test_cfg.rpn.max_per_img': 60,
         })
     # mmdet's initialisation: small box deltas, so that no NMS decision
     # hangs on a float rounding (random deltas of 10+ make borderline IoUs)
@@ -186,7 +188,7 @@ def test_two_stage_export(config, tmp_path):
         with torch.no_grad():
             ours = wrapped(x)
             ref = pytree.tree_leaves(model(x, [sample], mode='tensor'))
-        assert len(ours) == len(ref) + 1 and len(ours[0]) > 100
+        assert len(ours) == len(ref) + 1 and len(ours[0]) == 60
         assert ours[0][:, 1:].min() >= 0
         for out, expected in zip(ours[1:], ref):
             # the same rows; proposals of equal score in either order
