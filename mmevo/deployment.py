@@ -5,7 +5,9 @@ The evolution ops need no special argument to export (while
 ``torch.onnx.export`` runs they are standard ONNX operators, see
 :mod:`mmevo.ops.export`); these helpers only choose the dynamic axes and
 flatten the nested outputs of OpenMMLab models, e.g. the per-level lists of
-``model(x, mode='tensor')``, into a tuple of tensors.
+``model(x, mode='tensor')``, into a tuple of tensors. Two-stage detectors
+export whole with the TorchScript exporter through
+:func:`two_stage_forward` (NMS and RoIAlign as standard ONNX operators).
 
 Example:
     >>> model = TensorOutputs(detector.eval())   # mode='tensor', flattened
@@ -331,7 +333,7 @@ def two_stage_forward(model, x):
         (as ``mode='tensor'``).
 
     Example:
-        >>> model = TensorOutputs(detector.eval(), two_stage_forward)
+        >>> model = TensorOutputs(faster_rcnn.eval())  # two_stage_forward
         >>> export_onnx(model, x, 'faster-rcnn.onnx', dynamo=False)
     """
     feats = model.extract_feat(x)

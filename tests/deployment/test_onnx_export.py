@@ -170,7 +170,8 @@ def test_two_stage_export(config, tmp_path):
     to PyTorch in onnxruntime at the export size and another one."""
     torch.manual_seed(0)
     model = build(
-        config, **{
+        config,
+        **{
             'model.backbone': NARROW,
             'model.neck.in_channels': [64, 128, 256, 512],
             # fewer RoIs for the heads (the mask head is the slow part)
