@@ -16,7 +16,6 @@ Example:
 """
 import sys
 
-import numpy as np
 import torch
 import torch.onnx.operators
 from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
@@ -256,6 +255,40 @@ def _roi_features(extractor, feats, rois):
     return out
 
 
+def _decode(coder, priors, deltas, size):
+    """``coder.decode(priors, deltas, max_shape=size)`` with the size a
+    tensor of the graph (H and W stay dynamic)."""
+    if type(coder).__name__ != 'DeltaXYWHBBoxCoder':
+        raise ValueError(f'the box coder must be DeltaXYWHBBoxCoder to '
+                         f'export, got {type(coder).__name__}')
+    boxes = delta2bbox(
+        priors,
+        deltas,
+        coder.means,
+        coder.stds,
+        add_ctr_clamp=coder.add_ctr_clamp,
+        ctr_clamp=coder.ctr_clamp)
+    if coder.clip_border:
+        limit = size.flip(0).repeat(2).to(boxes)
+        boxes = torch.min(boxes.clamp(min=0), limit)
+    return boxes
+
+
+def _batched_nms(boxes, scores, ids, nms_cfg):
+    """mmcv's ``batched_nms`` indices: one NMS on the boxes offset by id
+    (what mmcv does below ``split_thr`` boxes, the same result above)."""
+    nms_cfg = dict(nms_cfg)
+    if nms_cfg.pop('type', 'nms') != 'nms' or nms_cfg.get('offset', 0):
+        raise ValueError(f'the NMS must be plain nms (offset 0) to export, '
+                         f'got {nms_cfg}')
+    offset = 0
+    if not nms_cfg.get('class_agnostic'):
+        # a zero added: no error on no boxes (clipped boxes are >= 0)
+        top = torch.cat([boxes.reshape(-1), boxes.new_zeros(1)]).max()
+        offset = ids[:, None].to(boxes) * (top + 1)
+    return _NMS.apply(boxes + offset, scores, float(nms_cfg['iou_threshold']))
+
+
 def _proposals(rpn_head, scores, deltas, size):
     """``RPNHead.predict_by_feat`` for one image, the branches on data
     (level sizes against ``nms_pre``, empty results) taken the same way for
@@ -263,13 +296,7 @@ def _proposals(rpn_head, scores, deltas, size):
     the levels' NMS as one NMS on boxes offset by level."""
     cfg = rpn_head.test_cfg
     coder = rpn_head.bbox_coder
-    if type(coder).__name__ != 'DeltaXYWHBBoxCoder':
-        raise ValueError(f'the RPN box coder must be DeltaXYWHBBoxCoder to '
-                         f'export, got {type(coder).__name__}')
-    nms_cfg = dict(cfg.nms)
-    if nms_cfg.pop('type', 'nms') != 'nms' or nms_cfg.get('offset', 0):
-        raise ValueError(f'the RPN NMS must be plain nms (offset 0) to '
-                         f'export, got {cfg.nms}')
+    nms_cfg = cfg.nms
     priors = rpn_head.prior_generator.grid_priors(
         [s.shape[-2:] for s in scores], scores[0].dtype, scores[0].device)
     nms_pre = cfg.get('nms_pre', -1)
@@ -290,25 +317,14 @@ def _proposals(rpn_head, scores, deltas, size):
         level_priors.append(prior)
         level_ids.append(torch.full_like(score, level))
     score = torch.cat(level_scores)
-    boxes = delta2bbox(
-        torch.cat(level_priors),
-        torch.cat(level_boxes),
-        coder.means,
-        coder.stds,
-        add_ctr_clamp=coder.add_ctr_clamp,
-        ctr_clamp=coder.ctr_clamp)
-    if coder.clip_border:
-        # the input's size (a tensor in the graph, so H and W stay dynamic)
-        limit = size.flip(0).repeat(2).to(boxes)
-        boxes = torch.min(boxes.clamp(min=0), limit)
+    boxes = _decode(coder, torch.cat(level_priors), torch.cat(level_boxes),
+                    size)
     ids = torch.cat(level_ids)
     if cfg.get('min_bbox_size', -1) >= 0:
         wh = boxes[:, 2:] - boxes[:, :2]
         valid = (wh > cfg.min_bbox_size).all(1)
         boxes, score, ids = boxes[valid], score[valid], ids[valid]
-    offset = 0 if nms_cfg.get('class_agnostic') else ids[:, None] * (
-        boxes.max() + 1)
-    keep = _NMS.apply(boxes + offset, score, float(nms_cfg['iou_threshold']))
+    keep = _batched_nms(boxes, score, ids, nms_cfg)
     return boxes[keep][:cfg.max_per_img]
 
 
@@ -337,6 +353,15 @@ def two_stage_forward(model, x):
         >>> export_onnx(model, x, 'faster-rcnn.onnx', dynamo=False)
     """
     feats = model.extract_feat(x)
+    rois = _rois(model, feats, x)
+    head = model.roi_head
+    outs = (rois, *_bbox_forward(head, feats, rois))
+    if head.with_mask:
+        outs = outs + (_mask_forward(head, feats, rois[:100]), )
+    return outs
+
+
+def _rois(model, feats, x):
     scores, deltas = model.rpn_head(feats)
     size = torch.onnx.operators.shape_as_tensor(x)[2:]
     rois = []
@@ -344,47 +369,124 @@ def two_stage_forward(model, x):
         boxes = _proposals(model.rpn_head, [s[i] for s in scores],
                            [d[i] for d in deltas], size)
         rois.append(torch.cat([torch.full_like(boxes[:, :1], i), boxes], 1))
-    rois = torch.cat(rois)
-    head = model.roi_head
+    return torch.cat(rois)
+
+
+def _bbox_forward(head, feats, rois):
     roi_feats = _roi_features(head.bbox_roi_extractor, feats, rois)
     if head.with_shared_head:
         roi_feats = head.shared_head(roi_feats)
-    outs = (rois, *head.bbox_head(roi_feats))
-    if head.with_mask:
-        mask_rois = rois[:100]
-        if head.share_roi_extractor:
-            mask_feats = _roi_features(head.bbox_roi_extractor, feats,
-                                       mask_rois)
-        else:
-            mask_feats = _roi_features(head.mask_roi_extractor, feats,
-                                       mask_rois)
-        if head.with_shared_head:
-            mask_feats = head.shared_head(mask_feats)
-        outs = outs + (head.mask_head(mask_feats), )
-    return outs
+    return head.bbox_head(roi_feats)
 
 
-def sort_by_rois(outputs):
-    """:func:`two_stage_forward`'s outputs with the RoIs in one order (by
-    their coordinates), so that two runs compare row by row: proposals of
-    equal score leave NMS in either order (mmcv's and onnxruntime's sorts
-    differ on ties).
+def _mask_forward(head, feats, rois):
+    extractor = (
+        head.bbox_roi_extractor
+        if head.share_roi_extractor else head.mask_roi_extractor)
+    mask_feats = _roi_features(extractor, feats, rois)
+    if head.with_shared_head:
+        mask_feats = head.shared_head(mask_feats)
+    return head.mask_head(mask_feats)
+
+
+def _detections(bbox_head, rois, cls_score, bbox_pred, size, cfg):
+    """``bbox_head.predict_by_feat`` of one image (no rescaling):
+    decoding, the score threshold and the class-wise NMS."""
+    if bbox_head.custom_cls_channels:
+        raise ValueError('a box head with custom class channels does not '
+                         'export')
+    classes = bbox_head.num_classes
+    per_class = 1 if bbox_head.reg_class_agnostic else classes
+    priors = rois[:, None, 1:].expand(-1, per_class, 4).reshape(-1, 4)
+    boxes = _decode(bbox_head.bbox_coder, priors, bbox_pred.reshape(-1, 4),
+                    size)
+    scores = cls_score.softmax(-1)[:, :-1]
+    boxes = boxes.reshape(-1, per_class, 4).expand(-1, classes,
+                                                   4).reshape(-1, 4)
+    labels = torch.zeros_like(
+        scores, dtype=torch.long) + torch.arange(
+            classes, device=scores.device)
+    scores, labels = scores.reshape(-1), labels.reshape(-1)
+    valid = scores > cfg.score_thr
+    boxes, scores, labels = boxes[valid], scores[valid], labels[valid]
+    keep = _batched_nms(boxes, scores, labels, cfg.nms)
+    if cfg.max_per_img > 0:
+        keep = keep[:cfg.max_per_img]
+    return boxes[keep], scores[keep], labels[keep]
+
+
+def two_stage_detections(model, x):
+    """A two-stage detector's detections, post-processing in the graph.
+
+    :func:`two_stage_forward` continued with the box head's
+    ``predict_by_feat`` (decoding, ``score_thr``, class-wise NMS,
+    ``max_per_img``; boxes in the input's coordinates) and, with a mask
+    head, the mask head on the detections, as ``roi_head.predict`` does:
+    the masks are then pasted into the image by the mask head's
+    ``predict_by_feat`` outside the graph.
 
     Args:
-        outputs (tuple[Tensor]): ``(rois, cls_score, bbox_pred[,
-            mask_preds])`` of one image.
+        model (nn.Module): an mmdet ``TwoStageDetector`` with a
+            ``StandardRoIHead``, in eval mode.
+        x (Tensor): the preprocessed images (B, 3, H, W).
 
     Returns:
-        tuple[Tensor]: the same rows reordered (the mask predictions, of
-        the first RoIs, among themselves).
+        tuple[Tensor]: ``dets`` (K, 5: image index, x1, y1, x2, y2),
+        ``scores`` (K, ), ``labels`` (K, ) and with a mask head
+        ``mask_preds`` (K, classes, h, w).
+
+    Example:
+        >>> model = TensorOutputs(mask_rcnn.eval(), two_stage_detections)
+        >>> export_onnx(model, x, 'mask-rcnn.onnx', dynamo=False)
     """
-    rois = outputs[0].detach().cpu().numpy()
+    feats = model.extract_feat(x)
+    rois = _rois(model, feats, x)
+    head = model.roi_head
+    cls_score, bbox_pred = _bbox_forward(head, feats, rois)
+    size = torch.onnx.operators.shape_as_tensor(x)[2:]
+    dets, scores, labels = [], [], []
+    for i in range(len(x)):
+        mine = rois[:, 0] == i
+        boxes, score, label = _detections(head.bbox_head, rois[mine],
+                                          cls_score[mine], bbox_pred[mine],
+                                          size, head.test_cfg)
+        dets.append(torch.cat([torch.full_like(boxes[:, :1], i), boxes], 1))
+        scores.append(score)
+        labels.append(label)
+    dets = torch.cat(dets)
+    outs = (dets, torch.cat(scores), torch.cat(labels))
+    if head.with_mask:
+        outs = outs + (_mask_forward(head, feats, dets), )
+    return outs
+
+
+def match_rows(outputs, reference):
+    """:func:`two_stage_forward`'s or :func:`two_stage_detections`'
+    ``outputs`` with their boxes in the order of ``reference``'s, so that
+    two runs compare row by row: boxes of equal score leave NMS in either
+    order (mmcv's and onnxruntime's sorts differ on ties). Each reference
+    box takes the nearest box (coordinates, score or class scores, class).
+
+    Args:
+        outputs (tuple[Tensor]): of one image; the first holds the boxes
+            (N, 5), the others a row per box (or per first box).
+        reference (tuple[Tensor]): the same from the other run.
+
+    Returns:
+        tuple[Tensor]: ``outputs``' rows reordered.
+
+    Example:
+        >>> ours = match_rows(OnnxModel(path)(x), expected)
+    """
+
+    def keys(outs, n):
+        keys = [outs[0][:n, 1:], outs[1][:n].reshape(n, -1)]
+        if not outs[2].is_floating_point():  # detections: a class apart
+            keys.append(outs[2][:n, None] * 1e6)
+        return torch.cat([k.double() for k in keys], 1)
 
     def order(n):
-        return torch.from_numpy(np.lexsort(rois[:n, ::-1].T).copy())
+        n = min(n, len(outputs[0]))
+        return torch.cdist(keys(reference, n), keys(outputs, n)).argmin(1)
 
-    rows = order(len(rois))
-    outs = tuple(t[rows] for t in outputs[:3])
-    if len(outputs) > 3:
-        outs = outs + (outputs[3][order(len(outputs[3]))], )
-    return outs
+    return tuple(t[order(len(t))] for t in outputs)

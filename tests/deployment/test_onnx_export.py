@@ -10,6 +10,7 @@ from mmengine.registry import init_default_scope
 from torch.utils import _pytree as pytree
 
 from mmevo.deployment import (OnnxModel, TensorOutputs, export_onnx,
+                              match_rows, two_stage_detections,
                               two_stage_forward)
 from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
                           Involution, LocalSelfAttention)
@@ -19,13 +20,17 @@ from mmevo.models.necks.involution_fpn import InvolutionFPN
 from mmevo.registry import MODELS
 
 
-def assert_parity(model, path, inputs):
-    """onnxruntime == PyTorch within 1e-4 of the output's largest value."""
+def assert_parity(model, path, inputs, match=None):
+    """onnxruntime == PyTorch within 1e-4 of the output's largest value
+    (onnxruntime's rows in PyTorch's order by ``match(outputs, expected)``
+    where given)."""
     session = OnnxModel(str(path))
     for x in inputs:
         with torch.no_grad():
             expected = model(x)
         outputs = session(x)
+        if match is not None:
+            outputs = match(outputs, expected)
         assert len(outputs) == len(expected)
         for out, ref in zip(outputs, expected):
             assert out.shape == ref.shape, tuple(x.shape)
@@ -160,14 +165,18 @@ def _rows(t):
     return sorted(map(tuple, t.tolist()))
 
 
-@pytest.mark.parametrize('config', [
-    'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py',
-    'configs/rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco.py',
+@pytest.mark.parametrize('config,graph', [
+    ('configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py',
+     two_stage_forward),
+    ('configs/rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco.py',
+     two_stage_detections),
 ])
-def test_two_stage_export(config, tmp_path):
+def test_two_stage_export(config, graph, tmp_path):
     """The whole detector (RPN proposals with NMS, RoIAlign, box and mask
-    heads) in one graph, equal to mmdet's ``mode='tensor'`` in PyTorch and
-    to PyTorch in onnxruntime at the export size and another one."""
+    heads[, the box head's post-processing]) in one graph: in PyTorch equal
+    to mmdet's ``mode='tensor'`` and ``predict``, in onnxruntime to PyTorch
+    at the export size and another one. Boxes of equal score leave NMS in
+    either order: compared as sets of rows."""
     torch.manual_seed(0)
     model = build(
         config,
@@ -176,6 +185,8 @@ def test_two_stage_export(config, tmp_path):
             'model.neck.in_channels': [64, 128, 256, 512],
             # fewer RoIs for the heads (the mask head is the slow part)
             'model.test_cfg.rpn.max_per_img': 60,
+            # a random box head scores about 1 / 81: keep its boxes
+            'model.test_cfg.rcnn.score_thr': 0.0,
         })
     # mmdet's initialisation: small box deltas, so that no NMS decision
     # hangs on a float rounding (random deltas of 10+ make borderline IoUs)
@@ -183,20 +194,29 @@ def test_two_stage_export(config, tmp_path):
     model.eval()
     sizes = [(128, 128), (160, 128)]
     inputs = [torch.randn(1, 3, *hw) for hw in sizes]
-    wrapped = TensorOutputs(model, two_stage_forward)
     for x in inputs:
-        sample = DetDataSample(metainfo=dict(img_shape=tuple(x.shape[2:])))
+        sample = DetDataSample(
+            metainfo=dict(
+                img_shape=tuple(x.shape[2:]),
+                ori_shape=tuple(x.shape[2:]),
+                scale_factor=(1., 1.)))
         with torch.no_grad():
-            ours = wrapped(x)
+            ours = two_stage_forward(model, x)
             ref = pytree.tree_leaves(model(x, [sample], mode='tensor'))
+            dets = two_stage_detections(model, x)
+            pred = model.predict(x, [sample], rescale=False)[0].pred_instances
         assert len(ours) == len(ref) + 1 and len(ours[0]) == 60
         assert ours[0][:, 1:].min() >= 0
         for out, expected in zip(ours[1:], ref):
-            # the same rows; proposals of equal score in either order
             assert _rows(out) == _rows(expected)
+        assert len(pred) == len(dets[0]) > 0
+        assert _rows(torch.cat([dets[0][:, 1:], dets[1][:, None]], 1)) == \
+            _rows(torch.cat([pred.bboxes, pred.scores[:, None]], 1))
+        assert sorted(dets[2].tolist()) == sorted(pred.labels.tolist())
+    wrapped = TensorOutputs(model, graph)
     path = tmp_path / 'model.onnx'
     export_onnx(wrapped, inputs[0], str(path), dynamo=False)
-    assert_parity(wrapped, path, inputs)
+    assert_parity(wrapped, path, inputs, match_rows)
 
 
 @pytest.mark.parametrize('config,options,dynamic', [

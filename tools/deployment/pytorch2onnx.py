@@ -3,8 +3,8 @@
 Plain ``torch.onnx.export`` (the evolution ops lower to standard ONNX
 operators by themselves): the graph holds the preprocessed image -> raw head
 outputs (per-level class scores and boxes of a single-stage detector; the
-proposals, class scores and box deltas of a two-stage one; the logits of a
-segmentor); ``tools/deployment/onnx_test.py`` post-processes them
+detections of a two-stage one, with the mask head's outputs on them; the
+logits of a segmentor); ``tools/deployment/onnx_test.py`` post-processes them
 with the config's own heads. The export is checked in onnxruntime.
 
 Example:
@@ -24,7 +24,7 @@ from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
 from mmevo.deployment import (OnnxModel, TensorOutputs, export_onnx,
-                              sort_by_rois)
+                              match_rows, two_stage_detections)
 from mmevo.registry import MODELS
 
 # tools/_cli.py, one folder up
@@ -94,7 +94,8 @@ def main(argv=None):
              '(their NMS and RoIAlign have TorchScript ONNX symbolics)')
     exporter = args.exporter or ('torchscript'
                                  if kind == 'two-stage' else 'dynamo')
-    model = TensorOutputs(model)
+    model = TensorOutputs(
+        model, two_stage_detections if kind == 'two-stage' else None)
     x = torch.randn(1, 3, *args.shape)
     export_onnx(
         model, x, args.out, dynamic=args.dynamic, dynamo=exporter == 'dynamo')
@@ -105,15 +106,24 @@ def main(argv=None):
     if shapes != [tuple(t.shape) for t in expected]:
         fail(f'onnxruntime gives outputs of shapes {shapes}, PyTorch '
              f'{[tuple(t.shape) for t in expected]}')
+    tolerance = 1e-4
     if kind == 'two-stage':
-        outputs, expected = sort_by_rois(outputs), sort_by_rois(expected)
-    err = max(
-        float((o - r).abs().max() / r.abs().max().clamp(min=1e-6))
-        for o, r in zip(outputs, expected))
+        outputs = match_rows(outputs, expected)
+        # NMS is no continuous function: of two overlapping proposals
+        # whose scores differ by a float rounding either may stay, the
+        # detections then differ by about the gap between the two
+        tolerance = 1e-2
+    errs = [
+        float((o - r).abs().max() /
+              r.abs().max().clamp(min=1e-6)) if o.numel() else 0.
+        for o, r in zip(outputs, expected)
+    ]
+    err = max(errs)
     print(f'[export] {args.out}: {len(outputs)} outputs, onnxruntime vs '
           f'PyTorch max relative difference {err:.1e}')
-    if err > 1e-4:
-        fail(f'onnxruntime differs from PyTorch by {err:.1e}')
+    if err > tolerance:
+        fail(f'onnxruntime differs from PyTorch by {err:.1e} (output '
+             f'{errs.index(err)} of {len(errs)})')
     return args.out
 
 
