@@ -4,7 +4,9 @@ test set, scored by the config's own metric (``test_evaluator``).
 The ONNX model (from ``tools/deployment/pytorch2onnx.py``) gives the raw
 head outputs; the model built from the config turns them into predictions
 with its own head's ``predict_by_feat`` (boxes, NMS, rescaling / logits
-resized), exactly as ``tools/test.py`` does with the PyTorch model.
+resized; a two-stage detector's graph ends in the detections, which its
+mask head pastes into the image), exactly as ``tools/test.py`` does with the
+PyTorch model.
 
 Example:
     python tools/deployment/onnx_test.py CONFIG work_dirs/demo/model.onnx

@@ -47,7 +47,7 @@ def build_model(config, checkpoint=None):
 
 def model_kind(model):
     """'det' (single-stage detector), 'two-stage' (RPN + RoI head, see
-    :func:`mmevo.deployment.two_stage_forward`) or 'seg' (encoder-decoder);
+    :func:`mmevo.deployment.two_stage_detections`) or 'seg' (encoder-decoder);
     exits with a one-line error for the others."""
     if hasattr(model, 'rpn_head') and hasattr(model, 'roi_head'):
         return 'two-stage'
