@@ -277,10 +277,9 @@ def _decode(coder, priors, deltas, size):
 def _batched_nms(boxes, scores, ids, nms_cfg):
     """mmcv's ``batched_nms`` indices: one NMS on the boxes offset by id
     (what mmcv does below ``split_thr`` boxes, the same result above)."""
-    nms_cfg = dict(nms_cfg)
-    if nms_cfg.pop('type', 'nms') != 'nms' or nms_cfg.get('offset', 0):
+    if nms_cfg.get('type', 'nms') != 'nms' or nms_cfg.get('offset', 0):
         raise ValueError(f'the NMS must be plain nms (offset 0) to export, '
-                         f'got {nms_cfg}')
+                         f'got {dict(nms_cfg)}')
     offset = 0
     if not nms_cfg.get('class_agnostic'):
         # a zero added: no error on no boxes (clipped boxes are >= 0)

@@ -219,6 +219,23 @@ def test_two_stage_export(config, graph, tmp_path):
     assert_parity(wrapped, path, inputs, match_rows)
 
 
+@pytest.mark.parametrize('option,value,message', [
+    ('model.test_cfg.rpn.nms', dict(type='soft_nms', iou_threshold=0.7),
+     "the NMS must be plain nms .*'soft_nms'"),
+    ('model.roi_head.bbox_roi_extractor.roi_layer.pool_mode', 'max',
+     "pool_mode must be 'avg' to export .*'max'"),
+])
+def test_two_stage_unsupported_settings_are_named(option, value, message):
+    model = build(
+        'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py', **{
+            'model.backbone': NARROW,
+            'model.neck.in_channels': [64, 128, 256, 512],
+            option: value
+        })
+    with pytest.raises(ValueError, match=message), torch.no_grad():
+        two_stage_forward(model.eval(), torch.randn(1, 3, 64, 64))
+
+
 @pytest.mark.parametrize('config,options,dynamic', [
     (DEMO_SEG, {}, True),
     ('configs/rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024.py', {
