@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from mmengine.config import Config
 
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 
@@ -15,6 +16,14 @@ sys.path.insert(
     0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools'))
 from tool_utils import DEMO_DET, DEMO_SEG, load_tool
 
+FASTER_RCNN = 'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py'
+MASK_RCNN = 'configs/rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco.py'
+NARROW = dict(
+    depth=26,
+    stem_channels=32,
+    base_channels=16,
+    init_cfg=None,
+    norm_cfg=dict(type='BN', requires_grad=True))
 SEG_CONFIG = """
 _base_ = '{base}'
 data_root = '{root}/'
@@ -158,3 +167,113 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
             ref['seg_logits']['data'],
             rtol=1e-4,
             atol=1e-4)
+
+
+def settle(model):
+    """mmdet's initialisation and batch-norm statistics from one batch,
+    as a trained model has: moderate features, so RPN scores that no float
+    rounding reorders (a random RedNet's features reach 50 or more at some
+    seeds: saturated, tied scores leave NMS in either order)."""
+    model.init_weights()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # the batch's own statistics
+    model.train()
+    with torch.no_grad():
+        model.extract_feat(torch.randn(2, 3, 128, 128))
+    model.eval()
+
+
+@pytest.mark.parametrize('config,metric', [
+    (FASTER_RCNN, 'bbox'),
+    (MASK_RCNN, ['bbox', 'segm']),
+])
+def test_two_stage_export_then_evaluate_matches_pytorch(config, metric, setup):
+    """A narrow Faster / Mask R-CNN on the tiny set: the ONNX graph's
+    detections (and mask head outputs) through the config's own mask head
+    give tools/test.py's detections and metrics."""
+    tmp, det_cfg, _, export = setup
+    name = osp.basename(config).split('_')[0]
+    cfg = Config.fromfile(config)
+    demo = Config.fromfile(det_cfg)
+    cfg.merge_from_dict({
+        'model.backbone': NARROW,
+        'model.neck.in_channels': [64, 128, 256, 512],
+        'model.roi_head.bbox_head.num_classes': 3,
+        # fewer candidates (3 a proposal) than max_per_img: no cut among
+        # the near-equal scores of a random box head
+        'model.test_cfg.rpn.max_per_img': 20,
+        'model.test_cfg.rcnn.score_thr': 0.0,
+    })
+    if 'segm' in metric:
+        cfg.model.roi_head.mask_head.num_classes = 3
+    cfg.test_dataloader = demo.test_dataloader
+    cfg.test_evaluator = demo.test_evaluator
+    cfg.test_evaluator.metric = metric
+    path = str(tmp / f'{name}_cfg.py')
+    cfg.dump(path)
+    torch.manual_seed(0)
+    _, model = export.build_model(path)
+    settle(model)
+    ckpt, onnx = str(tmp / f'{name}.pth'), str(tmp / f'{name}.onnx')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    export.main([path, ckpt, '--out', onnx, '--shape', '128', '128'])
+    metrics = load_tool('deployment/onnx_test').main([
+        path, onnx, '--work-dir',
+        str(tmp / f'{name}_onnx'), '--out',
+        str(tmp / f'{name}_onnx.pkl'), '--cfg-options',
+        f'experiment_name={name}_onnx', f'visualizer.name={name}_onnx'
+    ])
+    reference = load_tool('test').main([
+        path, ckpt, '--work-dir',
+        str(tmp / f'{name}_test'), '--out',
+        str(tmp / f'{name}_torch.pkl'), '--cfg-options',
+        f'experiment_name={name}_torch', f'visualizer.name={name}_torch'
+    ])
+    assert metrics.keys() == reference.keys()
+    for key, value in reference.items():
+        assert metrics[key] == pytest.approx(value, abs=2e-3), key
+    preds = [
+        pickle.load(open(tmp / f'{name}_{n}.pkl', 'rb'))
+        for n in ('onnx', 'torch')
+    ]
+    assert len(preds[0]) == len(preds[1]) == 3
+    for ours, ref in zip(*preds):
+        ours, ref = ours['pred_instances'], ref['pred_instances']
+        assert len(ref['scores']) > 0
+        # each PyTorch detection has its ONNX one; of two overlapping
+        # boxes of near-equal score NMS may keep either (a few may differ)
+        keys = [
+            torch.cat([
+                p['bboxes'], p['scores'][:, None] * 100,
+                p['labels'][:, None] * 1e6
+            ], 1).double() for p in (ours, ref)
+        ]
+        dist, match = torch.cdist(keys[1], keys[0]).min(1)
+        same = dist < 0.05
+        assert abs(len(keys[0]) - len(keys[1])) <= 0.05 * len(keys[1])
+        assert same.float().mean() >= 0.9, dist
+        if 'segm' in metric:
+            masks = ours['masks'][match[same]], ref['masks'][same]
+            # a pixel on the 0.5 threshold may round either way
+            assert (masks[0] == masks[1]).float().mean() > 0.999
+
+
+def test_dynamo_export_of_two_stage_is_refused(setup, capsys):
+    tmp, _, _, export = setup
+    cfg = Config.fromfile(FASTER_RCNN)
+    cfg.merge_from_dict({
+        'model.backbone': NARROW,
+        'model.neck.in_channels': [64, 128, 256, 512]
+    })
+    path = str(tmp / 'frcnn_refused.py')
+    cfg.dump(path)
+    ckpt = str(tmp / 'frcnn_refused.pth')
+    torch.save({'state_dict': export.build_model(path)[1].state_dict()}, ckpt)
+    with pytest.raises(SystemExit):
+        load_tool('deployment/pytorch2onnx').main(
+            [path, ckpt, '--out',
+             str(tmp / 'x.onnx'), '--exporter', 'dynamo'])
+    assert 'torchscript only' in capsys.readouterr().err
+    assert not (tmp / 'x.onnx').exists()

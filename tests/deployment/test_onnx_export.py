@@ -4,10 +4,14 @@ onnxruntime against PyTorch at the export size and at other sizes."""
 import onnxruntime  # noqa: F401  (the deploy extra: missing fails, not skips)
 import pytest
 import torch
+from mmdet.structures import DetDataSample
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
+from torch.utils import _pytree as pytree
 
-from mmevo.deployment import OnnxModel, TensorOutputs, export_onnx
+from mmevo.deployment import (OnnxModel, TensorOutputs, export_onnx,
+                              match_rows, two_stage_detections,
+                              two_stage_forward)
 from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
                           Involution, LocalSelfAttention)
 from mmevo.models.backbones.acmix_resnet import ACmixResNet
@@ -16,13 +20,17 @@ from mmevo.models.necks.involution_fpn import InvolutionFPN
 from mmevo.registry import MODELS
 
 
-def assert_parity(model, path, inputs):
-    """onnxruntime == PyTorch within 1e-4 of the output's largest value."""
+def assert_parity(model, path, inputs, match=None):
+    """onnxruntime == PyTorch within 1e-4 of the output's largest value
+    (onnxruntime's rows in PyTorch's order by ``match(outputs, expected)``
+    where given)."""
     session = OnnxModel(str(path))
     for x in inputs:
         with torch.no_grad():
             expected = model(x)
         outputs = session(x)
+        if match is not None:
+            outputs = match(outputs, expected)
         assert len(outputs) == len(expected)
         for out, ref in zip(outputs, expected):
             assert out.shape == ref.shape, tuple(x.shape)
@@ -151,31 +159,81 @@ def test_demo_retinanet_export(tmp_path):
         forward=lambda m, x: m(x, mode='tensor'))
 
 
-def _two_stage_forward(model, x):
-    # the box and mask heads run on RoIs after NMS, which is no part of
-    # the graph: backbone, neck and RPN outputs
-    feats = model.extract_feat(x)
-    return feats, model.rpn_head(feats)
+def _rows(t):
+    # masks (N, classes, 28, 28) by their per-class sums: the sort is slow
+    t = t.flatten(2).sum(2) if t.dim() > 2 else t
+    return sorted(map(tuple, t.tolist()))
 
 
-@pytest.mark.parametrize('config', [
-    'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py',
-    'configs/rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco.py',
+@pytest.mark.parametrize('config,graph', [
+    ('configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py',
+     two_stage_forward),
+    ('configs/rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco.py',
+     two_stage_detections),
 ])
-def test_two_stage_export(config, tmp_path):
+def test_two_stage_export(config, graph, tmp_path):
+    """The whole detector (RPN proposals with NMS, RoIAlign, box and mask
+    heads[, the box head's post-processing]) in one graph: in PyTorch equal
+    to mmdet's ``mode='tensor'`` and ``predict``, in onnxruntime to PyTorch
+    at the export size and another one. Boxes of equal score leave NMS in
+    either order: compared as sets of rows."""
+    torch.manual_seed(0)
     model = build(
-        config, **{
+        config,
+        **{
             'model.backbone': NARROW,
             'model.neck.in_channels': [64, 128, 256, 512],
+            # fewer RoIs for the heads (the mask head is the slow part)
+            'model.test_cfg.rpn.max_per_img': 60,
+            # a random box head scores about 1 / 81: keep its boxes
+            'model.test_cfg.rcnn.score_thr': 0.0,
         })
-    check_export(
-        model,
-        torch.randn(1, 3, 64, 64), [torch.randn(1, 3, 96, 64)],
-        tmp_path,
-        forward=_two_stage_forward)
-    if hasattr(model.roi_head, 'mask_head'):
-        rois = torch.randn(2, 256, 14, 14)
-        check_export(model.roi_head.mask_head, rois, [], tmp_path)
+    # mmdet's initialisation: small box deltas, so that no NMS decision
+    # hangs on a float rounding (random deltas of 10+ make borderline IoUs)
+    model.init_weights()
+    model.eval()
+    sizes = [(128, 128), (160, 128)]
+    inputs = [torch.randn(1, 3, *hw) for hw in sizes]
+    for x in inputs:
+        sample = DetDataSample(
+            metainfo=dict(
+                img_shape=tuple(x.shape[2:]),
+                ori_shape=tuple(x.shape[2:]),
+                scale_factor=(1., 1.)))
+        with torch.no_grad():
+            ours = two_stage_forward(model, x)
+            ref = pytree.tree_leaves(model(x, [sample], mode='tensor'))
+            dets = two_stage_detections(model, x)
+            pred = model.predict(x, [sample], rescale=False)[0].pred_instances
+        assert len(ours) == len(ref) + 1 and len(ours[0]) == 60
+        assert ours[0][:, 1:].min() >= 0
+        for out, expected in zip(ours[1:], ref):
+            assert _rows(out) == _rows(expected)
+        assert len(pred) == len(dets[0]) > 0
+        assert _rows(torch.cat([dets[0][:, 1:], dets[1][:, None]], 1)) == \
+            _rows(torch.cat([pred.bboxes, pred.scores[:, None]], 1))
+        assert sorted(dets[2].tolist()) == sorted(pred.labels.tolist())
+    wrapped = TensorOutputs(model, graph)
+    path = tmp_path / 'model.onnx'
+    export_onnx(wrapped, inputs[0], str(path), dynamo=False)
+    assert_parity(wrapped, path, inputs, match_rows)
+
+
+@pytest.mark.parametrize('option,value,message', [
+    ('model.test_cfg.rpn.nms', dict(type='soft_nms', iou_threshold=0.7),
+     "the NMS must be plain nms .*'soft_nms'"),
+    ('model.roi_head.bbox_roi_extractor.roi_layer.pool_mode', 'max',
+     "pool_mode must be 'avg' to export .*'max'"),
+])
+def test_two_stage_unsupported_settings_are_named(option, value, message):
+    model = build(
+        'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py', **{
+            'model.backbone': NARROW,
+            'model.neck.in_channels': [64, 128, 256, 512],
+            option: value
+        })
+    with pytest.raises(ValueError, match=message), torch.no_grad():
+        two_stage_forward(model.eval(), torch.randn(1, 3, 64, 64))
 
 
 @pytest.mark.parametrize('config,options,dynamic', [

@@ -4,7 +4,9 @@ test set, scored by the config's own metric (``test_evaluator``).
 The ONNX model (from ``tools/deployment/pytorch2onnx.py``) gives the raw
 head outputs; the model built from the config turns them into predictions
 with its own head's ``predict_by_feat`` (boxes, NMS, rescaling / logits
-resized), exactly as ``tools/test.py`` does with the PyTorch model.
+resized; a two-stage detector's graph ends in the detections, which its
+mask head pastes into the image), exactly as ``tools/test.py`` does with the
+PyTorch model.
 
 Example:
     python tools/deployment/onnx_test.py CONFIG work_dirs/demo/model.onnx
@@ -18,9 +20,11 @@ import warnings
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 import torch
+from mmdet.structures.bbox import scale_boxes
 from mmengine.config import DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
+from mmengine.structures import InstanceData
 
 import mmevo  # noqa: F401  (registers mmevo's modules in mmengine)
 from mmevo.deployment import OnnxModel
@@ -34,6 +38,28 @@ from _cli import exit_if_data_missing, fail, load_config
 from pytorch2onnx import model_kind
 
 
+def two_stage_results(model, outs, metas, rescale):
+    """``roi_head.predict``'s results from the graph's detections
+    (:func:`mmevo.deployment.two_stage_detections`, one image a run):
+    boxes rescaled, masks pasted by the config's own mask head."""
+    results = []
+    for out, meta in zip(outs, metas):
+        res = InstanceData(bboxes=out[0][:, 1:], scores=out[1], labels=out[2])
+        if rescale and not model.roi_head.with_mask:
+            res.bboxes = scale_boxes(res.bboxes,
+                                     [1 / s for s in meta['scale_factor']])
+        results.append(res)
+    if model.roi_head.with_mask:
+        # rescales the boxes too, as in roi_head.predict
+        results = model.roi_head.mask_head.predict_by_feat(
+            mask_preds=tuple(out[3] for out in outs),
+            results_list=results,
+            batch_img_metas=metas,
+            rcnn_test_cfg=model.roi_head.test_cfg,
+            rescale=rescale)
+    return results
+
+
 def onnx_predict(model, session):
     """``model.predict`` on ``session``'s outputs, image by image (the
     graph has batch 1), post-processed by ``model``'s own head."""
@@ -41,8 +67,11 @@ def onnx_predict(model, session):
 
     def predict(inputs, data_samples, rescale=True):
         outs = [session(inputs[i:i + 1]) for i in range(len(inputs))]
-        outs = [torch.cat(level) for level in zip(*outs)]
         metas = [s.metainfo for s in data_samples]
+        if kind == 'two-stage':
+            return model.add_pred_to_datasample(
+                data_samples, two_stage_results(model, outs, metas, rescale))
+        outs = [torch.cat(level) for level in zip(*outs)]
         if kind == 'seg':
             logits = model.decode_head.predict_by_feat(outs[0], metas)
             return model.postprocess_result(logits, data_samples)
