@@ -108,3 +108,19 @@ def check_checkpoint_fits(model, checkpoint, hint):
     if problems:
         fail(f"checkpoint '{checkpoint}' does not fit the model: "
              f"{'; '.join(problems)}; {hint}")
+
+
+def dump_results(cfg, out):
+    """Make ``cfg``'s test run also dump the raw predictions to ``out``
+    (mmengine's ``DumpResults``: generic, mmdet and mmseg alike).
+
+    Args:
+        cfg (mmengine.Config): The config; its ``test_evaluator`` grows.
+        out (str): The pickle file.
+    """
+    evaluators = cfg.test_evaluator
+    if not isinstance(evaluators, (list, tuple)):
+        evaluators = [evaluators]
+    cfg.test_evaluator = list(evaluators) + [
+        dict(type='DumpResults', out_file_path=out)
+    ]

@@ -19,7 +19,8 @@ import warnings
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 # tools/_cli.py (the tool's folder is on the path of a script)
-from _cli import check_checkpoint_fits, exit_if_data_missing, fail, load_config
+from _cli import (check_checkpoint_fits, dump_results, exit_if_data_missing,
+                  fail, load_config)
 from mmengine.config import DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
@@ -78,13 +79,7 @@ def main(argv=None):
             fail(f"checkpoint '{args.checkpoint}' cannot be loaded: {reason}")
     cfg.load_from = args.checkpoint
     if args.out is not None:
-        evaluators = cfg.test_evaluator
-        if not isinstance(evaluators, (list, tuple)):
-            evaluators = [evaluators]
-        # mmengine's DumpResults: generic, works for mmdet and mmseg alike
-        cfg.test_evaluator = list(evaluators) + [
-            dict(type='DumpResults', out_file_path=args.out)
-        ]
+        dump_results(cfg, args.out)
     exit_if_data_missing(cfg, ['test_dataloader'])
     setup_cpu_distributed(cfg, args.launcher)
     runner = (

@@ -34,7 +34,7 @@ sys.path[:0] = [
     osp.dirname(osp.dirname(osp.abspath(__file__))),
     osp.dirname(osp.abspath(__file__))
 ]
-from _cli import exit_if_data_missing, fail, load_config
+from _cli import dump_results, exit_if_data_missing, fail, load_config
 from pytorch2onnx import model_kind
 
 
@@ -114,13 +114,7 @@ def main(argv=None):
         osp.splitext(osp.basename(args.config))[0] + '_onnx')
     cfg.load_from = None
     if args.out is not None:
-        evaluators = cfg.test_evaluator
-        if not isinstance(evaluators, (list, tuple)):
-            evaluators = [evaluators]
-        # as tools/test.py --out: mmengine's DumpResults
-        cfg.test_evaluator = list(evaluators) + [
-            dict(type='DumpResults', out_file_path=args.out)
-        ]
+        dump_results(cfg, args.out)
     exit_if_data_missing(cfg, ['test_dataloader'])
     runner = (
         Runner.from_cfg(cfg)
