@@ -8,15 +8,21 @@ flatten the nested outputs of OpenMMLab models, e.g. the per-level lists of
 ``model(x, mode='tensor')``, into a tuple of tensors. Two-stage detectors
 export whole with the TorchScript exporter through
 :func:`two_stage_forward` (NMS and RoIAlign as standard ONNX operators).
+mmseg's ``Upsample`` by a scale factor is exported with that scale factor
+(:func:`_symbolic_upsample`), not the Python-int size it computes, so
+Semantic FPN heads export with dynamic H and W too.
 
 Example:
     >>> model = TensorOutputs(detector.eval())   # mode='tensor', flattened
     >>> export_onnx(model, torch.randn(1, 3, 128, 128), 'det.onnx')
     >>> outputs = OnnxModel('det.onnx')(torch.randn(1, 3, 96, 160))
 """
+import contextlib
+import importlib.util
 import sys
 
 import torch
+import torch.nn.functional as F
 import torch.onnx.operators
 from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
 from torch import nn
@@ -100,7 +106,7 @@ def export_onnx(model,
             kwargs['dynamic_shapes'] = ({2: dim, 3: dim}, )
         elif dynamic:
             kwargs = _dynamic_axes(model, x)
-        with torch.no_grad():
+        with torch.no_grad(), _symbolic_upsample():
             torch.onnx.export(
                 model, (x, ),
                 path,
@@ -119,6 +125,36 @@ def export_onnx(model,
     finally:
         for h in handles:
             h.remove()
+
+
+@contextlib.contextmanager
+def _symbolic_upsample():
+    """While exporting, mmseg's ``Upsample(scale_factor=s)`` interpolates
+    by ``s`` itself: its own forward turns ``H * s`` into a Python int,
+    which the exporters freeze into the graph. The same numbers for an
+    integer ``s`` (output size and sampling grid are then those of the
+    size); any other ``Upsample`` runs as it is."""
+    if importlib.util.find_spec('mmseg') is None:
+        yield
+        return
+    from mmseg.models.utils import Upsample
+    stock = Upsample.forward
+
+    def forward(self, x):
+        s = self.scale_factor
+        if self.size or not isinstance(s, float) or not s.is_integer():
+            return stock(self, x)
+        return F.interpolate(
+            x,
+            scale_factor=s,
+            mode=self.mode,
+            align_corners=self.align_corners)
+
+    Upsample.forward = forward
+    try:
+        yield
+    finally:
+        Upsample.forward = stock
 
 
 def _dynamic_axes(model, x):

@@ -248,14 +248,16 @@ def test_two_stage_unsupported_settings_are_named(option, value, message):
     }, False),
 ])
 def test_segmentor_export(config, options, dynamic, tmp_path):
-    """Export size only: mmseg's heads resize to sizes cast to Python ints,
-    frozen into the graph by both exporters. UPerNet static and with dynamo:
-    its pyramid pooling's adaptive_avg_pool2d needs static input sizes,
-    which the TorchScript graph does not hold."""
+    """Semantic FPN with dynamic H and W, checked at another size too.
+    UPerNet static and with dynamo: its pyramid pooling's
+    adaptive_avg_pool2d needs static input sizes, which the TorchScript
+    graph does not hold."""
     model = build(config, **options)
+    others = [torch.randn(1, 3, 96, 160)] if dynamic else []
     check_export(
         model,
-        torch.randn(1, 3, 64, 128), [],
+        torch.randn(1, 3, 64, 128),
+        others,
         tmp_path,
         forward=lambda m, x: m(x, mode='tensor'),
         dynamic=dynamic,
