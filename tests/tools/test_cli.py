@@ -26,6 +26,21 @@ test_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
 """
 
 
+def _run_as_rank0(args, cwd):
+    """Run a tool as a fresh, undistributed process (rank 0 prints)."""
+    env = {
+        k: v
+        for k, v in os.environ.items() if k not in ('RANK', 'SLURM_PROCID')
+    }
+    return subprocess.run(
+        args,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(env, PYTHONPATH=REPO))
+
+
 @pytest.mark.parametrize('tool', ['train', 'test'])
 def test_missing_config_is_one_line(tool, tmp_path, capsys):
     argv = ['x.py'] + (['model.pth'] if tool == 'test' else [])
@@ -65,19 +80,7 @@ def test_tools_stop_without_a_trace(tool, tmp_path):
         torch.save({}, tmp_path / 'model.pth')
         args.append(str(tmp_path / 'model.pth'))
     # run from an empty directory: the relative data root is missing there
-    out = subprocess.run(
-        args,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(
-            {
-                k: v
-                for k, v in os.environ.items()
-                if k not in ('RANK', 'SLURM_PROCID')
-            },
-            PYTHONPATH=REPO))
+    out = _run_as_rank0(args, tmp_path)
     assert out.returncode == 2
     assert 'Traceback' not in out.stderr
     assert out.stderr.strip() == (
@@ -97,23 +100,12 @@ def test_train_stops_on_missing_pretrained_checkpoint(tmp_path):
     for f in ('instances_train2017.json', 'instances_val2017.json'):
         (root / 'annotations' / f).write_text('{}')
     config = os.path.join(REPO, 'configs', 'rednet50_fpn_coco.py')
-    out = subprocess.run([
+    out = _run_as_rank0([
         sys.executable,
         os.path.join(REPO, 'tools', 'train.py'), config, '--cfg-options',
         f'train_dataloader.dataset.data_root={root}/',
         f'val_dataloader.dataset.data_root={root}/'
-    ],
-                         cwd=tmp_path,
-                         capture_output=True,
-                         text=True,
-                         timeout=300,
-                         env=dict(
-                             {
-                                 k: v
-                                 for k, v in os.environ.items()
-                                 if k not in ('RANK', 'SLURM_PROCID')
-                             },
-                             PYTHONPATH=REPO))
+    ], tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     assert 'Traceback' not in out.stderr
     assert out.stderr.strip().startswith(
