@@ -1,5 +1,6 @@
 """RedNet / ACmix-ResNet: shapes, mmdet ResNet knobs, registry."""
 import copy
+import threading
 import warnings
 
 import pytest
@@ -332,6 +333,30 @@ def test_with_cp_flag_reaches_blocks():
     model = RedNet(26, with_cp=True, **TINY_RED)
     assert all(
         b.with_cp for i in range(1, 5) for b in getattr(model, f'layer{i}'))
+
+
+def test_with_cp_seen_by_other_threads_during_a_checkpointed_forward():
+    """A block running inside its own checkpoint still reports
+    ``with_cp=True`` to another thread (which may run the same block), and
+    its checkpoint still runs: no flag flipped for everyone mid-forward."""
+    model = RedNet(26, with_cp=True, **TINY_RED)
+    model.train()
+    block = model.layer1[0]
+    seen, recomputed = [], []
+
+    def hook(module, args):
+        recomputed.append(torch.is_grad_enabled())
+        other = threading.Thread(target=lambda: seen.append(block.with_cp))
+        other.start()
+        other.join()
+
+    block.conv1.register_forward_pre_hook(hook)
+    out = model(torch.rand(2, 3, 64, 64, requires_grad=True))
+    sum(o.sum() for o in out).backward()
+    # forward and checkpoint recomputation: conv1 ran twice
+    assert len(recomputed) == 2
+    assert seen == [True, True]
+    assert block.with_cp
 
 
 @pytest.mark.parametrize('zero_init', [True, False])

@@ -9,6 +9,7 @@ of the published checkpoints (``layer{i}.{j}.conv1/bn1/conv2/bn2/conv3/bn3``,
 """
 import contextlib
 import inspect
+import threading
 
 import torch
 from mmdet.models.backbones.resnet import Bottleneck, ResNet
@@ -18,6 +19,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from mmevo.ops import cpu_fastpath
+
+# The blocks whose forward this thread runs inside their own checkpoint.
+_RECOMPUTING = threading.local()
 
 # Blocks per stage of the bottleneck ResNets (and of RedNet / ACmix-ResNet).
 STAGE_BLOCKS = {
@@ -52,6 +56,18 @@ class MiddleLayerBottleneck(Bottleneck):
         super().__init__(inplanes, planes, **kwargs)
         self.conv2 = middle_layer(planes, self.conv2_stride, self.dilation)
 
+    @property
+    def with_cp(self):
+        # False for mmdet's forward inside the block's own checkpoint, in
+        # that thread only: other threads running the same block still see
+        # the setting.
+        inside = getattr(_RECOMPUTING, 'blocks', ())
+        return self._with_cp and not any(b is self for b in inside)
+
+    @with_cp.setter
+    def with_cp(self, value):
+        self._with_cp = value
+
     def forward(self, x):
         """mmdet's forward; with ``with_cp``, its BN statistics kept once;
         on CPU, without plugins or checkpointing, the same block with its 1x1
@@ -76,11 +92,13 @@ class MiddleLayerBottleneck(Bottleneck):
         return super().forward(x)
 
     def _forward_without_cp(self, x):
-        self.with_cp = False  # mmdet's forward, minus its own checkpoint
+        # mmdet's forward, minus its own checkpoint
+        blocks = getattr(_RECOMPUTING, 'blocks', ())
+        _RECOMPUTING.blocks = blocks + (self, )
         try:
             return super().forward(x)
         finally:
-            self.with_cp = True
+            _RECOMPUTING.blocks = blocks
 
 
 @contextlib.contextmanager
