@@ -4,8 +4,8 @@ While a model is exported to ONNX (``torch.onnx.is_in_onnx_export()``, True
 under both the dynamo and the TorchScript exporter), the public entries of
 :mod:`mmevo.ops.evolution` run these functions instead of the
 ``torch.ops.mmevo`` operators, so the ONNX graph holds only standard
-operators (Pad, Gather, Slice, Concat, Mul, ReduceSum, Softmax) and needs no
-custom domain. Sizes stay symbolic (never ``int()``), so one export serves
+operators (Pad, Gather, Slice, Concat, Mul, ReduceSum, Add, Softmax) and
+needs no custom domain. Sizes stay symbolic (never ``int()``), so one export serves
 every input size. Not on ``torch.compiler.is_exporting()``: a plain
 ``torch.export`` (e.g. for AOTInductor) keeps the fast ``torch.ops.mmevo``
 operators, which it can trace (they have fake kernels).
@@ -42,25 +42,36 @@ def pad(x, padding, padding_mode):
         3, reflect_index(x, 3, padding))
 
 
-def unfold(xp, groups, kernel_size, stride, dilation):
-    """The windows of the padded map ``xp`` (B, C, H_p, W_p) as one tensor
-    (B, G, C // G, K, K, H_out, W_out).
+def row_windows(xp, groups, kernel_size, stride, dilation):
+    """The rows under each kernel row: (B, G, C // G, K, H_out, W_p) from
+    the padded map ``xp`` (B, C, H_p, W_p).
 
-    K row slices concatenated, then K column slices of that: 2K slices and
-    two concats whatever K, rather than K^2 small ops per window op (which
-    make the exported graph slow to optimise and to run).
+    K row slices and one Concat; each kernel column then takes its column
+    slice of this (:func:`column_windows`). The K^2 windows are never one
+    tensor: that Concat of K slices K times the map's size each cost
+    onnxruntime more than the window sum itself.
     """
     span = dilation * (kernel_size - 1)
     # Stride-1 windows (a slice of length size - span fits, provably for
     # torch.export, whatever the size), subsampled by an open-ended strided
     # slice: exact lengths, not min(...) expressions it cannot equate with
     # the kernel's H_out and W_out.
-    rows, cols = (n - span for n in xp.shape[-2:])
-    offsets = [u * dilation for u in range(kernel_size)]
+    rows = xp.shape[-2] - span
     x = xp.unflatten(1, (groups, -1)).unsqueeze(3)
-    x = torch.cat([x[..., o:o + rows, :] for o in offsets], 3)
-    x = x[..., ::stride, :].unsqueeze(4)
-    return torch.cat([x[..., o:o + cols] for o in offsets], 4)[..., ::stride]
+    x = torch.cat([
+        x[..., u * dilation:u * dilation + rows, :] for u in range(kernel_size)
+    ], 3)
+    return x[..., ::stride, :]
+
+
+def column_windows(rows, kernel_size, stride, dilation):
+    """For each kernel column v, the windows' pixels in that column:
+    (B, G, C // G, K, H_out, W_out) slices of :func:`row_windows`."""
+    cols = rows.shape[-1] - dilation * (kernel_size - 1)
+    return [
+        rows[..., v * dilation:v * dilation + cols][..., ::stride]
+        for v in range(kernel_size)
+    ]
 
 
 def aggregate(input, kernel, stride, padding, dilation, padding_mode):
@@ -72,10 +83,15 @@ def aggregate(input, kernel, stride, padding, dilation, padding_mode):
         torch.Size([1, 4, 5, 5])
     """
     groups, kernel_size = int(kernel.shape[1]), int(kernel.shape[2])
-    windows = unfold(
+    rows = row_windows(
         pad(input, padding, padding_mode), groups, kernel_size, stride,
         dilation)
-    return (windows * kernel.unsqueeze(2)).sum((3, 4)).flatten(1, 2)
+    out = 0
+    for v, windows in enumerate(
+            column_windows(rows, kernel_size, stride, dilation)):
+        # (B, G, 1, K, H_out, W_out): the kernel's column v
+        out = out + (windows * kernel[:, :, None, :, v]).sum(3)
+    return out.flatten(1, 2)
 
 
 def correlation(query,
@@ -95,10 +111,13 @@ def correlation(query,
         >>> correlation(q, k, 2, 3, 2, 1, 1, 'zeros').shape
         torch.Size([1, 2, 3, 3, 3, 3])
     """
-    windows = unfold(
+    rows = row_windows(
         pad(key, padding, padding_mode), groups, kernel_size, stride, dilation)
-    q = query.unflatten(1, (groups, -1))[:, :, :, None, None]
-    logits = (windows * q).sum(2)
+    q = query.unflatten(1, (groups, -1)).unsqueeze(3)
+    logits = torch.stack(
+        [(windows * q).sum(2)
+         for windows in column_windows(rows, kernel_size, stride, dilation)],
+        3)
     if softmax:
         logits = logits.flatten(2, 3).softmax(2).unflatten(
             2, (kernel_size, kernel_size))
