@@ -8,9 +8,11 @@ flatten the nested outputs of OpenMMLab models, e.g. the per-level lists of
 ``model(x, mode='tensor')``, into a tuple of tensors. Two-stage detectors
 export whole with the TorchScript exporter through
 :func:`two_stage_forward` (NMS and RoIAlign as standard ONNX operators).
-mmseg's ``Upsample`` by a scale factor is exported with that scale factor
-(:func:`_symbolic_upsample`), not the Python-int size it computes, so
-Semantic FPN heads export with dynamic H and W too.
+While exporting, the modules whose stock graph would hold the example's
+sizes run as the same numbers on symbolic sizes (:func:`_export_rewrites`):
+mmseg's ``Upsample`` by its scale factor, not the Python-int size it
+computes, and ``nn.AdaptiveAvgPool2d`` as :func:`adaptive_avg_pool2d`, so
+Semantic FPN and UPerNet (pyramid pooling) export with dynamic H and W too.
 
 Example:
     >>> model = TensorOutputs(detector.eval())   # mode='tensor', flattened
@@ -18,6 +20,7 @@ Example:
     >>> outputs = OnnxModel('det.onnx')(torch.randn(1, 3, 96, 160))
 """
 import contextlib
+import functools
 import importlib.util
 import sys
 
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 import torch.onnx.operators
 from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
 from torch import nn
+from torch.nn.modules.utils import _pair
 from torch.utils import _pytree as pytree
 
 from mmevo.layers.base import EvolutionLayer
@@ -106,7 +110,7 @@ def export_onnx(model,
             kwargs['dynamic_shapes'] = ({2: dim, 3: dim}, )
         elif dynamic:
             kwargs = _dynamic_axes(model, x)
-        with torch.no_grad(), _symbolic_upsample():
+        with torch.no_grad(), _export_rewrites():
             torch.onnx.export(
                 model, (x, ),
                 path,
@@ -127,34 +131,102 @@ def export_onnx(model,
             h.remove()
 
 
+def adaptive_avg_pool2d(x, output_size):
+    """``F.adaptive_avg_pool2d(x, output_size)`` in standard operators on
+    the symbolic input size, for a graph that serves every size.
+
+    PyTorch's bins (row ``i`` of ``o`` averages rows ``floor(i * H / o)``
+    to ``ceil((i + 1) * H / o)``, overlapping when ``H`` is not a multiple
+    of ``o``, repeated when ``H < o``) as 0/1 matrices built in the graph
+    from ``arange`` of the input size: two MatMuls sum the bins, one Div
+    by the bin areas averages them. The exporters' own adaptive pooling
+    needs the example's sizes: the TorchScript one refuses dynamic ones,
+    the dynamo one keeps the example's bins (wrong numbers at other sizes).
+
+    Args:
+        x (Tensor): (B, C, H, W) or (C, H, W).
+        output_size (int | tuple[int | None, int | None]): the output's
+            (h, w); ``None`` keeps the input's size.
+
+    Returns:
+        Tensor: (B, C, h, w) or (C, h, w).
+
+    Example:
+        >>> x = torch.randn(1, 8, 13, 7)
+        >>> torch.allclose(adaptive_avg_pool2d(x, 6),
+        ...                F.adaptive_avg_pool2d(x, 6), atol=1e-6)
+        True
+    """
+    out_h, out_w = _pair(output_size)
+    if not all(
+            o is None or isinstance(o, int) and o >= 1
+            for o in (out_h, out_w)):
+        raise ValueError(f'output_size must be a positive int, None or a '
+                         f'pair of them, got {output_size!r}')
+    sums, area = x, 1
+    if out_h is not None:
+        rows, counts = _bins(x.shape[-2], out_h, x)
+        sums, area = rows @ sums, counts[:, None]
+    if out_w is not None:
+        cols, counts = _bins(x.shape[-1], out_w, x)
+        sums, area = sums @ cols.transpose(0, 1), area * counts
+    return sums / area
+
+
+def _bins(size, out, like):
+    """(out, size) 0/1 matrix of the input rows in each of the ``out``
+    adaptive pooling bins, and the bins' lengths."""
+    i = torch.arange(out, device=like.device)
+    start = torch.div(i * size, out, rounding_mode='floor')
+    end = torch.div((i + 1) * size + out - 1, out, rounding_mode='floor')
+    pos = torch.arange(size, device=like.device)
+    inside = (pos >= start[:, None]) & (pos < end[:, None])
+    return inside.to(like.dtype), (end - start).to(like.dtype)
+
+
+def _pool(self, x, stock):
+    """``nn.AdaptiveAvgPool2d`` while exporting: :func:`adaptive_avg_pool2d`
+    (e.g. mmseg's pyramid pooling, 2, 3 and 6 bins); 1 x 1 stays the stock
+    global average, which exports for any size. The module, not mmseg's
+    ``PPM``: every head that pools with it (PPM, PSPHead, ...) exports with
+    dynamic sizes, and ``F.adaptive_avg_pool2d`` itself stays stock."""
+    if _pair(self.output_size) == (1, 1):
+        return stock(self, x)
+    return adaptive_avg_pool2d(x, self.output_size)
+
+
+def _upsample(self, x, stock):
+    """mmseg's ``Upsample(scale_factor=s)`` while exporting: interpolates by
+    ``s`` itself, as its own forward turns ``H * s`` into a Python int. The
+    same numbers for an integer ``s`` (output size and sampling grid are
+    then those of the size); any other ``Upsample`` stock."""
+    s = self.scale_factor
+    if self.size or not isinstance(s, float) or not s.is_integer():
+        return stock(self, x)
+    return F.interpolate(
+        x, scale_factor=s, mode=self.mode, align_corners=self.align_corners)
+
+
 @contextlib.contextmanager
-def _symbolic_upsample():
-    """While exporting, mmseg's ``Upsample(scale_factor=s)`` interpolates
-    by ``s`` itself: its own forward turns ``H * s`` into a Python int,
-    which the exporters freeze into the graph. The same numbers for an
-    integer ``s`` (output size and sampling grid are then those of the
-    size); any other ``Upsample`` runs as it is."""
-    if importlib.util.find_spec('mmseg') is None:
-        yield
-        return
-    from mmseg.models.utils import Upsample
-    stock = Upsample.forward
-
-    def forward(self, x):
-        s = self.scale_factor
-        if self.size or not isinstance(s, float) or not s.is_integer():
-            return stock(self, x)
-        return F.interpolate(
-            x,
-            scale_factor=s,
-            mode=self.mode,
-            align_corners=self.align_corners)
-
-    Upsample.forward = forward
+def _export_rewrites():
+    """While exporting, module forwards whose stock graph would hold the
+    example's sizes (Python ints the exporters freeze, or ops they export
+    for static sizes only) run as the same numbers on symbolic sizes:
+    ``nn.AdaptiveAvgPool2d`` (:func:`_pool`) and mmseg's ``Upsample``
+    (:func:`_upsample`). Patched on the classes for the export only: eager
+    models run their stock forwards."""
+    rewrites = {nn.AdaptiveAvgPool2d: _pool}
+    if importlib.util.find_spec('mmseg') is not None:
+        from mmseg.models.utils import Upsample
+        rewrites[Upsample] = _upsample
+    stock = {cls: cls.forward for cls in rewrites}
+    for cls, rewrite in rewrites.items():
+        cls.forward = functools.partialmethod(rewrite, stock=stock[cls])
     try:
         yield
     finally:
-        Upsample.forward = stock
+        for cls, forward in stock.items():
+            cls.forward = forward
 
 
 def _dynamic_axes(model, x):

@@ -10,6 +10,7 @@ import torch
 from mmengine.config import Config
 
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
+from mmevo.deployment import OnnxModel
 
 # the tool tests' helpers (tests/tools/tool_utils.py)
 sys.path.insert(
@@ -277,3 +278,38 @@ def test_dynamo_export_of_two_stage_is_refused(setup, capsys):
              str(tmp / 'x.onnx'), '--exporter', 'dynamo'])
     assert 'torchscript only' in capsys.readouterr().err
     assert not (tmp / 'x.onnx').exists()
+
+
+def test_upernet_exports_with_dynamic_sizes(setup):
+    """``--dynamic`` UPerNet: one export serves other sizes (the tool checks
+    the export size)."""
+    tmp, _, _, export = setup
+    bn = dict(type='BN', requires_grad=True)
+    cfg = Config.fromfile(
+        'configs/rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024.py')
+    cfg.merge_from_dict({
+        'model.backbone': NARROW,
+        'model.decode_head.in_channels': [64, 128, 256, 512],
+        'model.decode_head.channels': 32,
+        'model.decode_head.norm_cfg': bn,
+        'model.auxiliary_head.in_channels': 256,
+        'model.auxiliary_head.channels': 32,
+        'model.auxiliary_head.norm_cfg': bn,
+    })
+    path = str(tmp / 'upernet.py')
+    cfg.dump(path)
+    torch.manual_seed(0)
+    _, model = export.build_model(path)
+    ckpt, onnx = str(tmp / 'upernet.pth'), str(tmp / 'upernet.onnx')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    export.main([
+        path, ckpt, '--out', onnx, '--shape', '64', '128', '--dynamic',
+        '--exporter', 'torchscript'
+    ])
+    session = OnnxModel(onnx)
+    for hw in [(96, 160), (65, 97)]:
+        x = torch.randn(1, 3, *hw)
+        with torch.no_grad():
+            expected = model(x, mode='tensor')
+        torch.testing.assert_close(
+            session(x)[0], expected, rtol=1e-4, atol=1e-4)

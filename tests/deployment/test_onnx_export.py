@@ -1,16 +1,19 @@
 """Plain ``torch.onnx.export`` of the evolution layers and the mmevo models
 (dynamo and TorchScript exporters, dynamic H and W), checked in
 onnxruntime against PyTorch at the export size and at other sizes."""
+import itertools
+
 import onnxruntime  # noqa: F401  (the deploy extra: missing fails, not skips)
 import pytest
 import torch
+import torch.nn.functional as F
 from mmdet.structures import DetDataSample
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from torch.utils import _pytree as pytree
 
-from mmevo.deployment import (OnnxModel, TensorOutputs, export_onnx,
-                              match_rows, two_stage_detections,
+from mmevo.deployment import (OnnxModel, TensorOutputs, adaptive_avg_pool2d,
+                              export_onnx, match_rows, two_stage_detections,
                               two_stage_forward)
 from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
                           Involution, LocalSelfAttention)
@@ -236,32 +239,105 @@ def test_two_stage_unsupported_settings_are_named(option, value, message):
         two_stage_forward(model.eval(), torch.randn(1, 3, 64, 64))
 
 
-@pytest.mark.parametrize('config,options,dynamic', [
-    (DEMO_SEG, {}, True),
-    ('configs/rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024.py', {
-        'model.backbone': NARROW,
-        'norm_cfg': dict(type='BN', requires_grad=True),
-        'model.decode_head.in_channels': [64, 128, 256, 512],
-        'model.decode_head.channels': 32,
-        'model.decode_head.norm_cfg': dict(type='BN', requires_grad=True),
-        'model.auxiliary_head.norm_cfg': dict(type='BN', requires_grad=True),
-    }, False),
-])
-def test_segmentor_export(config, options, dynamic, tmp_path):
-    """Semantic FPN with dynamic H and W, checked at another size too.
-    UPerNet static and with dynamo: its pyramid pooling's
-    adaptive_avg_pool2d needs static input sizes, which the TorchScript
-    graph does not hold."""
+UPERNET = 'configs/rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024.py'
+BN = dict(type='BN', requires_grad=True)
+NARROW_UPERNET = {
+    'norm_cfg': BN,
+    'model.backbone': NARROW,
+    'model.decode_head.in_channels': [64, 128, 256, 512],
+    'model.decode_head.channels': 32,
+    'model.decode_head.norm_cfg': BN,
+    'model.auxiliary_head.norm_cfg': BN,
+}
+# odd sizes, another aspect; the smallest pyramid level (3 x 4) is smaller
+# than the pyramid pooling's 6 bins
+UPERNET_SIZES = [(96, 160), (72, 136), (65, 97)]
+
+
+@pytest.mark.parametrize(
+    'config,options,dynamo,sizes',
+    [
+        pytest.param(DEMO_SEG, {}, False, [(96, 160)], id='SemanticFPN'),
+        pytest.param(
+            UPERNET,
+            NARROW_UPERNET,
+            False,
+            UPERNET_SIZES,
+            id='UPerNet-RedNet-torchscript'),
+        # the dynamo exporter with a small ResNet: with dynamic sizes it takes
+        # RedNet-26 20 s alone (test_backbone_export)
+        pytest.param(
+            UPERNET, {
+                **NARROW_UPERNET,
+                'model.backbone':
+                dict(
+                    _delete_=True,
+                    type='mmseg.ResNetV1c',
+                    depth=18,
+                    stem_channels=16,
+                    base_channels=8,
+                    norm_cfg=BN,
+                    init_cfg=None),
+                'model.decode_head.in_channels': [8, 16, 32, 64],
+            },
+            True,
+            UPERNET_SIZES,
+            id='UPerNet-ResNet-dynamo'),
+    ])
+def test_segmentor_export(config, options, dynamo, sizes, tmp_path):
+    """Segmentors with dynamic H and W, checked at other sizes: Semantic
+    FPN (mmseg's Upsample by a scale factor) and UPerNet (its pyramid
+    pooling's adaptive average pooling, the resizes of its top-down
+    path)."""
     model = build(config, **options)
-    others = [torch.randn(1, 3, 96, 160)] if dynamic else []
     check_export(
         model,
-        torch.randn(1, 3, 64, 128),
-        others,
+        torch.randn(1, 3, 64, 128), [torch.randn(1, 3, *hw) for hw in sizes],
         tmp_path,
-        forward=lambda m, x: m(x, mode='tensor'),
-        dynamic=dynamic,
-        dynamo=not dynamic)
+        dynamo,
+        forward=lambda m, x: m(x, mode='tensor'))
+
+
+# PyTorch's bins overlap (13 rows into 6), share rows (2 into 6) or tile
+# them (12 into 6); None keeps the input's size
+POOL_SIZES = [*itertools.product((1, 2, 3, 6), repeat=2), (None, 3), (6, None)]
+
+
+def test_adaptive_avg_pool2d_equals_pytorch():
+    torch.manual_seed(0)
+    for h, w in itertools.product(range(1, 14), repeat=2):
+        x = torch.randn(2, 3, h, w, dtype=torch.float64)
+        for size in POOL_SIZES:
+            torch.testing.assert_close(
+                adaptive_avg_pool2d(x, size),
+                F.adaptive_avg_pool2d(x, size),
+                msg=lambda m: f'{(h, w)} -> {size}: {m}')
+    x = torch.randn(3, 7, 5, dtype=torch.float64)  # no batch dim
+    torch.testing.assert_close(
+        adaptive_avg_pool2d(x, 3), F.adaptive_avg_pool2d(x, 3))
+
+
+@pytest.mark.parametrize('size', [0, (2, -1), 2.5])
+def test_adaptive_avg_pool2d_refuses_bad_sizes(size):
+    with pytest.raises(ValueError, match='output_size must be'):
+        adaptive_avg_pool2d(torch.randn(1, 2, 4, 4), size)
+
+
+@pytest.mark.parametrize(
+    'dynamo', [False, True], ids=['torchscript', 'dynamo'])
+def test_adaptive_pooling_export(dynamo, tmp_path):
+    """``nn.AdaptiveAvgPool2d`` exports with dynamic H and W: checked at
+    sizes whose bins differ from the example's, smaller than the output
+    among them."""
+    pools = torch.nn.ModuleList(
+        torch.nn.AdaptiveAvgPool2d(s) for s in (1, 2, 3, 6, (3, 6), (None, 2)))
+    check_export(
+        pools,
+        torch.randn(1, 4, 13, 9),
+        [torch.randn(1, 4, *hw) for hw in [(12, 12), (2, 5), (1, 1)]],
+        tmp_path,
+        dynamo,
+        forward=lambda m, x: [pool(x) for pool in m])
 
 
 @pytest.mark.parametrize('dynamo', [False, True])
