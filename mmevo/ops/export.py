@@ -5,10 +5,11 @@ under both the dynamo and the TorchScript exporter), the public entries of
 :mod:`mmevo.ops.evolution` run these functions instead of the
 ``torch.ops.mmevo`` operators, so the ONNX graph holds only standard
 operators (Pad, Gather, Slice, Concat, Mul, ReduceSum, Add, Softmax) and
-needs no custom domain. Sizes stay symbolic (never ``int()``), so one export serves
-every input size. Not on ``torch.compiler.is_exporting()``: a plain
-``torch.export`` (e.g. for AOTInductor) keeps the fast ``torch.ops.mmevo``
-operators, which it can trace (they have fake kernels).
+needs no custom domain. Sizes stay symbolic (never ``int()``), so one
+export serves every input size. Not on ``torch.compiler.is_exporting()``:
+a plain ``torch.export`` (e.g. for AOTInductor) keeps the fast
+``torch.ops.mmevo`` operators, which it can trace (they have fake
+kernels).
 
 Reflect padding is a Gather of numpy-style reflected indices computed in the
 graph, exact for any padding on any map size (1 included), as the eager ops.
@@ -44,12 +45,11 @@ def pad(x, padding, padding_mode):
 
 def row_windows(xp, groups, kernel_size, stride, dilation):
     """The rows under each kernel row: (B, G, C // G, K, H_out, W_p) from
-    the padded map ``xp`` (B, C, H_p, W_p).
+    the padded map ``xp`` (B, C, H_p, W_p), K row slices and one Concat.
 
-    K row slices and one Concat; each kernel column then takes its column
-    slice of this (:func:`column_windows`). The K^2 windows are never one
-    tensor: that Concat of K slices K times the map's size each cost
-    onnxruntime more than the window sum itself.
+    The K^2 windows are never one tensor (a Concat K times this one's size,
+    which cost onnxruntime more than the window sum itself):
+    :func:`window_sums` takes the kernel's columns one by one.
     """
     span = dilation * (kernel_size - 1)
     # Stride-1 windows (a slice of length size - span fits, provably for
@@ -64,14 +64,30 @@ def row_windows(xp, groups, kernel_size, stride, dilation):
     return x[..., ::stride, :]
 
 
-def column_windows(rows, kernel_size, stride, dilation):
-    """For each kernel column v, the windows' pixels in that column:
-    (B, G, C // G, K, H_out, W_out) slices of :func:`row_windows`."""
-    cols = rows.shape[-1] - dilation * (kernel_size - 1)
-    return [
-        rows[..., v * dilation:v * dilation + cols][..., ::stride]
-        for v in range(kernel_size)
-    ]
+def window_sums(rows, operands, dim, stride, dilation):
+    """Per kernel column v, ``(windows_v * operands[v]).sum(dim)``: the
+    windows' pixels in column v (a (B, G, C // G, K, H_out, W_out) view of
+    :func:`row_windows`' ``rows``) times an operand broadcast to them.
+
+    At stride 1 the operand moves instead of the windows: zero-padded to
+    the rows' width at column offset v, it multiplies ``rows`` as they are,
+    and the sum (``dim`` reduced) is sliced back. That Pad and Slice move
+    the operand and the sum, each several times smaller than the windows'
+    column slice they replace (1.3-2.8x faster per K = 7 involution in
+    onnxruntime).
+    """
+    span = dilation * (len(operands) - 1)
+    width = rows.shape[-1] - span
+    sums = []
+    for v, operand in enumerate(operands):
+        o = v * dilation
+        if stride == 1:
+            product = rows * F.pad(operand, (o, span - o))
+            sums.append(product.sum(dim)[..., o:o + width])
+        else:
+            windows = rows[..., o:o + width][..., ::stride]
+            sums.append((windows * operand).sum(dim))
+    return sums
 
 
 def aggregate(input, kernel, stride, padding, dilation, padding_mode):
@@ -86,11 +102,12 @@ def aggregate(input, kernel, stride, padding, dilation, padding_mode):
     rows = row_windows(
         pad(input, padding, padding_mode), groups, kernel_size, stride,
         dilation)
-    out = 0
-    for v, windows in enumerate(
-            column_windows(rows, kernel_size, stride, dilation)):
-        # (B, G, 1, K, H_out, W_out): the kernel's column v
-        out = out + (windows * kernel[:, :, None, :, v]).sum(3)
+    # (B, G, 1, K, H_out, W_out): the kernel's column v
+    columns = [kernel[:, :, None, :, v] for v in range(kernel_size)]
+    sums = window_sums(rows, columns, 3, stride, dilation)
+    out = sums[0]
+    for column_sum in sums[1:]:
+        out = out + column_sum
     return out.flatten(1, 2)
 
 
@@ -115,9 +132,7 @@ def correlation(query,
         pad(key, padding, padding_mode), groups, kernel_size, stride, dilation)
     q = query.unflatten(1, (groups, -1)).unsqueeze(3)
     logits = torch.stack(
-        [(windows * q).sum(2)
-         for windows in column_windows(rows, kernel_size, stride, dilation)],
-        3)
+        window_sums(rows, [q] * kernel_size, 2, stride, dilation), 3)
     if softmax:
         logits = logits.flatten(2, 3).softmax(2).unflatten(
             2, (kernel_size, kernel_size))
