@@ -6,8 +6,10 @@ The evolution ops need no special argument to export (while
 :mod:`mmevo.ops.export`); these helpers only choose the dynamic axes and
 flatten the nested outputs of OpenMMLab models, e.g. the per-level lists of
 ``model(x, mode='tensor')``, into a tuple of tensors. Two-stage detectors
-export whole with the TorchScript exporter through
-:func:`two_stage_forward` (NMS and RoIAlign as standard ONNX operators).
+export whole with either exporter through :func:`two_stage_forward` or
+:func:`two_stage_detections`: their NMS and RoIAlign are the operators
+:func:`nms` and :func:`roi_align` (``torch.ops.mmevo``), which both
+exporters write as standard ONNX operators.
 mmseg's ``Upsample`` by a scale factor is exported with that scale factor
 (:func:`_symbolic_upsample`), not the Python-int size it computes, so
 Semantic FPN heads export with dynamic H and W too.
@@ -82,8 +84,9 @@ def export_onnx(model,
         path (str): the ``.onnx`` file to write.
         dynamic (bool): H and W of the input (and of every 4-d output)
             dynamic, so one export serves every size. Default: True.
-        dynamo (bool): the dynamo exporter (torch's default) or the
-            TorchScript one. Default: True.
+        dynamo (bool): the dynamo exporter (torch's default; given
+            :data:`ONNX_TRANSLATIONS` for :func:`nms` and :func:`roi_align`)
+            or the TorchScript one. Default: True.
         opset_version (int): Default: 18.
 
     Raises:
@@ -222,6 +225,7 @@ def nms(boxes, scores, iou_threshold):
         >>> keep = nms(boxes, scores, 0.7)
     """
     import mmcv.ops
+    _check_nms(boxes, scores)
     return mmcv.ops.nms(boxes, scores, iou_threshold)[1]
 
 
@@ -239,18 +243,40 @@ def roi_align(feats, rois, output_size, spatial_scale, sampling_ratio,
         >>> feats = roi_align(x, rois, [7, 7], 1 / 4, 0, True)
     """
     import mmcv.ops
+    _check_roi_align(feats, rois, output_size)
     return mmcv.ops.roi_align(feats, rois, output_size, spatial_scale,
                               sampling_ratio, 'avg', aligned)
 
 
+def _check_nms(boxes, scores):
+    if boxes.dim() != 2 or boxes.shape[1] != 4:
+        raise ValueError(f'boxes must be (N, 4), got {tuple(boxes.shape)}')
+    if scores.shape != boxes.shape[:1]:
+        raise ValueError(f'scores must be (N, ) for boxes (N, 4), got '
+                         f'{tuple(scores.shape)} for {tuple(boxes.shape)}')
+
+
+def _check_roi_align(feats, rois, output_size):
+    if feats.dim() != 4:
+        raise ValueError(
+            f'feats must be (B, C, H, W), got {tuple(feats.shape)}')
+    if rois.dim() != 2 or rois.shape[1] != 5:
+        raise ValueError(f'rois must be (K, 5), got {tuple(rois.shape)}')
+    if len(output_size) != 2:
+        raise ValueError(
+            f'output_size must be (h, w), got {tuple(output_size)}')
+
+
 @nms.register_fake
 def _(boxes, scores, iou_threshold):
+    _check_nms(boxes, scores)
     kept = torch.library.get_ctx().new_dynamic_size()
     return boxes.new_empty(kept, dtype=torch.long)
 
 
 @roi_align.register_fake
 def _(feats, rois, output_size, spatial_scale, sampling_ratio, aligned):
+    _check_roi_align(feats, rois, output_size)
     return feats.new_empty(rois.shape[0], feats.shape[1], *output_size)
 
 
@@ -340,10 +366,10 @@ def _roi_align_onnxscript(feats, rois, output_size: Sequence[int],
                             spatial_scale, sampling_ratio, aligned)
 
 
-# RoiAlign's coordinate_transformation_mode is new in opset 16
-for _name, _symbolic in (('nms', _nms_torchscript), ('roi_align',
-                                                     _roi_align_torchscript)):
-    torch.onnx.register_custom_op_symbolic(f'mmevo::{_name}', _symbolic, 16)
+# from opset 16: RoiAlign's coordinate_transformation_mode
+torch.onnx.register_custom_op_symbolic('mmevo::nms', _nms_torchscript, 16)
+torch.onnx.register_custom_op_symbolic('mmevo::roi_align',
+                                       _roi_align_torchscript, 16)
 
 #: the dynamo exporter's ``custom_translation_table`` for the ops above
 ONNX_TRANSLATIONS = {
@@ -472,12 +498,14 @@ def _proposals(rpn_head, scores, deltas, size):
 
 def two_stage_forward(model, x):
     """The tensor outputs of a two-stage detector (Faster / Mask R-CNN),
-    exportable end to end with the TorchScript exporter.
+    exportable end to end with either exporter.
 
     What ``model(x, mode='tensor')`` computes with each image's
     ``img_shape`` the input's height and width, rewritten so that one graph
     holds for every input: the RPN's proposals (top-k, decoding, NMS),
-    RoIAlign and the box (and mask) head.
+    RoIAlign and the box (and mask) head. No branch on data or on a size
+    that data decide (the NMS's count), so ``torch.export`` traces it with
+    H and W dynamic.
 
     Args:
         model (nn.Module): an mmdet ``TwoStageDetector`` with a
@@ -492,7 +520,7 @@ def two_stage_forward(model, x):
 
     Example:
         >>> model = TensorOutputs(faster_rcnn.eval())  # two_stage_forward
-        >>> export_onnx(model, x, 'faster-rcnn.onnx', dynamo=False)
+        >>> export_onnx(model, x, 'faster-rcnn.onnx')
     """
     feats = model.extract_feat(x)
     rois = _rois(model, feats, x)
@@ -588,7 +616,7 @@ def two_stage_detections(model, x):
 
     Example:
         >>> model = TensorOutputs(mask_rcnn.eval(), two_stage_detections)
-        >>> export_onnx(model, x, 'mask-rcnn.onnx', dynamo=False)
+        >>> export_onnx(model, x, 'mask-rcnn.onnx')
     """
     feats = model.extract_feat(x)
     rois = _rois(model, feats, x)

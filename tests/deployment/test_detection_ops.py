@@ -88,6 +88,25 @@ def test_roi_align_equals_reference(aligned, output_size, scale):
         atol=1e-5)
 
 
+@pytest.mark.parametrize('args,message', [
+    ((torch.rand(5, 5), torch.rand(5), 0.5), r'boxes must be \(N, 4\)'),
+    ((torch.rand(5, 4), torch.rand(4), 0.5), r'scores must be \(N, \)'),
+])
+def test_nms_bad_input_is_named(args, message):
+    with pytest.raises(ValueError, match=message):
+        nms(*args)
+
+
+@pytest.mark.parametrize('feats,rois,size,message', [
+    (torch.rand(4, 6, 6), torch.zeros(1, 5), [2, 2], 'feats must be'),
+    (torch.rand(1, 4, 6, 6), torch.zeros(1, 4), [2, 2], 'rois must be'),
+    (torch.rand(1, 4, 6, 6), torch.zeros(1, 5), [2], 'output_size must be'),
+])
+def test_roi_align_bad_input_is_named(feats, rois, size, message):
+    with pytest.raises(ValueError, match=message):
+        roi_align(feats, rois, size, 1., 0, True)
+
+
 def test_ops_pass_opcheck():
     """Schemas, fake kernels (NMS: a data-dependent length) and dispatch
     as torch.library checks them."""
