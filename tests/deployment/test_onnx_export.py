@@ -1,6 +1,7 @@
 """Plain ``torch.onnx.export`` of the evolution layers and the mmevo models
 (dynamo and TorchScript exporters, dynamic H and W), checked in
 onnxruntime against PyTorch at the export size and at other sizes."""
+import onnx
 import onnxruntime  # noqa: F401  (the deploy extra: missing fails, not skips)
 import pytest
 import torch
@@ -227,6 +228,11 @@ def test_two_stage_export(config, graph, dynamo, tmp_path):
     wrapped = TensorOutputs(model, graph)
     path = tmp_path / 'model.onnx'
     export_onnx(wrapped, inputs[0], str(path), dynamo=dynamo)
+    graph = onnx.load(str(path))
+    # standard operators only: no custom domain, no local functions
+    assert [(o.domain, o.version) for o in graph.opset_import] == [('', 18)]
+    assert {n.domain for n in graph.graph.node} == {''}
+    assert len(graph.functions) == 0
     assert_parity(wrapped, path, inputs, match_rows)
 
 
