@@ -6,8 +6,10 @@ The evolution ops need no special argument to export (while
 :mod:`mmevo.ops.export`); these helpers only choose the dynamic axes and
 flatten the nested outputs of OpenMMLab models, e.g. the per-level lists of
 ``model(x, mode='tensor')``, into a tuple of tensors. Two-stage detectors
-export whole with the TorchScript exporter through
-:func:`two_stage_forward` (NMS and RoIAlign as standard ONNX operators).
+export whole with either exporter through :func:`two_stage_forward` or
+:func:`two_stage_detections`: their NMS and RoIAlign are the operators
+:func:`nms` and :func:`roi_align` (``torch.ops.mmevo``), which both
+exporters write as standard ONNX operators.
 While exporting, the modules whose stock graph would hold the example's
 sizes run as the same numbers on symbolic sizes (:func:`_export_rewrites`):
 mmseg's ``Upsample`` by its scale factor, not the Python-int size it
@@ -23,10 +25,10 @@ import contextlib
 import functools
 import importlib.util
 import sys
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-import torch.onnx.operators
 from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
 from torch import nn
 from torch.nn.modules.utils import _pair
@@ -86,8 +88,9 @@ def export_onnx(model,
         path (str): the ``.onnx`` file to write.
         dynamic (bool): H and W of the input (and of every 4-d output)
             dynamic, so one export serves every size. Default: True.
-        dynamo (bool): the dynamo exporter (torch's default) or the
-            TorchScript one. Default: True.
+        dynamo (bool): the dynamo exporter (torch's default; given
+            :data:`ONNX_TRANSLATIONS` for :func:`nms` and :func:`roi_align`)
+            or the TorchScript one. Default: True.
         opset_version (int): Default: 18.
 
     Raises:
@@ -110,6 +113,8 @@ def export_onnx(model,
             kwargs['dynamic_shapes'] = ({2: dim, 3: dim}, )
         elif dynamic:
             kwargs = _dynamic_axes(model, x)
+        if dynamo:
+            kwargs['custom_translation_table'] = ONNX_TRANSLATIONS
         with torch.no_grad(), _export_rewrites():
             torch.onnx.export(
                 model, (x, ),
@@ -276,76 +281,182 @@ class OnnxModel:
         return tuple(torch.from_numpy(o) for o in outs)
 
 
-class _NMS(torch.autograd.Function):
-    """The indices NMS keeps, by descending score: mmcv's ``nms`` in
-    PyTorch, ONNX's standard ``NonMaxSuppression`` in the TorchScript
-    export (mmcv's own NMS has no ONNX symbolic)."""
+# NMS and RoIAlign as operators of their own, ``torch.ops.mmevo.nms`` and
+# ``torch.ops.mmevo.roi_align``: mmcv's kernels in PyTorch, standard ONNX
+# operators under both exporters (mmcv's are pybind functions, which
+# ``torch.export`` cannot trace, and its NMS has no ONNX symbolic).
+@torch.library.custom_op(
+    'mmevo::nms',
+    mutates_args=(),
+    schema='(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor')
+def nms(boxes, scores, iou_threshold):
+    """The indices of the boxes (N, 4) that NMS keeps, by descending score
+    (mmcv's ``nms``); ONNX's ``NonMaxSuppression`` in an export.
 
-    @staticmethod
-    def forward(ctx, boxes, scores, iou_threshold):
-        from mmcv.ops import nms
-        return nms(boxes, scores, iou_threshold)[1]
-
-    @staticmethod
-    def symbolic(g, boxes, scores, iou_threshold):
-
-        def const(value, dtype=torch.long):
-            return g.op('Constant', value_t=torch.tensor(value, dtype=dtype))
-
-        selected = g.op('NonMaxSuppression',
-                        g.op('Unsqueeze', boxes, const([0])),
-                        g.op('Unsqueeze', scores, const([0, 1])),
-                        const([sys.maxsize]),
-                        const([iou_threshold], torch.float))
-        # (batch, class, box) rows: the box column
-        return g.op('Gather', selected, const(2), axis_i=1)
+    Example:
+        >>> keep = nms(boxes, scores, 0.7)
+    """
+    import mmcv.ops
+    _check_nms(boxes, scores)
+    return mmcv.ops.nms(boxes, scores, iou_threshold)[1]
 
 
-class _RoIAlign(torch.autograd.Function):
-    """mmcv's ``roi_align`` in PyTorch, ONNX's ``RoiAlign`` in the
-    TorchScript export with the coordinate mode of ``aligned`` (mmcv's
-    symbolic shifts the boxes itself for opset 10, which opset 16's
-    default ``half_pixel`` would shift again)."""
+@torch.library.custom_op(
+    'mmevo::roi_align',
+    mutates_args=(),
+    schema='(Tensor feats, Tensor rois, int[] output_size, '
+    'float spatial_scale, int sampling_ratio, bool aligned) -> Tensor')
+def roi_align(feats, rois, output_size, spatial_scale, sampling_ratio,
+              aligned):
+    """mmcv's ``roi_align`` (``pool_mode='avg'``) of the RoIs (K, 5: image
+    index, x1, y1, x2, y2); ONNX's ``RoiAlign`` in an export.
 
-    @staticmethod
-    def forward(ctx, feats, rois, output_size, spatial_scale, sampling_ratio,
-                aligned):
-        from mmcv.ops import roi_align
-        return roi_align(feats, rois, output_size, spatial_scale,
-                         sampling_ratio, 'avg', aligned)
+    Example:
+        >>> feats = roi_align(x, rois, [7, 7], 1 / 4, 0, True)
+    """
+    import mmcv.ops
+    _check_roi_align(feats, rois, output_size)
+    return mmcv.ops.roi_align(feats, rois, output_size, spatial_scale,
+                              sampling_ratio, 'avg', aligned)
 
-    @staticmethod
-    def symbolic(g, feats, rois, output_size, spatial_scale, sampling_ratio,
-                 aligned):
 
-        def const(value):
-            return g.op('Constant', value_t=torch.tensor(value))
+def _check_nms(boxes, scores):
+    if boxes.dim() != 2 or boxes.shape[1] != 4:
+        raise ValueError(f'boxes must be (N, 4), got {tuple(boxes.shape)}')
+    if scores.shape != boxes.shape[:1]:
+        raise ValueError(f'scores must be (N, ) for boxes (N, 4), got '
+                         f'{tuple(scores.shape)} for {tuple(boxes.shape)}')
 
-        batch = g.op(
-            'Cast',
-            g.op('Gather', rois, const(0), axis_i=1),
-            to_i=torch.onnx.TensorProtoDataType.INT64)
-        return g.op(
-            'RoiAlign',
-            feats,
-            g.op('Gather', rois, const([1, 2, 3, 4]), axis_i=1),
-            batch,
-            coordinate_transformation_mode_s='half_pixel'
-            if aligned else 'output_half_pixel',
-            mode_s='avg',
-            output_height_i=output_size[0],
-            output_width_i=output_size[1],
-            sampling_ratio_i=max(0, sampling_ratio),
-            spatial_scale_f=spatial_scale)
+
+def _check_roi_align(feats, rois, output_size):
+    if feats.dim() != 4:
+        raise ValueError(
+            f'feats must be (B, C, H, W), got {tuple(feats.shape)}')
+    if rois.dim() != 2 or rois.shape[1] != 5:
+        raise ValueError(f'rois must be (K, 5), got {tuple(rois.shape)}')
+    if len(output_size) != 2:
+        raise ValueError(
+            f'output_size must be (h, w), got {tuple(output_size)}')
+
+
+@nms.register_fake
+def _(boxes, scores, iou_threshold):
+    _check_nms(boxes, scores)
+    kept = torch.library.get_ctx().new_dynamic_size()
+    return boxes.new_empty(kept, dtype=torch.long)
+
+
+@roi_align.register_fake
+def _(feats, rois, output_size, spatial_scale, sampling_ratio, aligned):
+    _check_roi_align(feats, rois, output_size)
+    return feats.new_empty(rois.shape[0], feats.shape[1], *output_size)
+
+
+def _nms_graph(op, boxes, scores, iou_threshold):
+    """``nms`` in ONNX operators built by ``op(type, *inputs, **attrs)``
+    (Python numbers and lists as inputs are constants)."""
+    selected = op('NonMaxSuppression', op('Unsqueeze', boxes, [0]),
+                  op('Unsqueeze', scores, [0, 1]), [sys.maxsize],
+                  [float(iou_threshold)])
+    # (batch, class, box) rows: the box column
+    return op('Gather', selected, 2, axis=1)
+
+
+def _roi_align_graph(op, feats, rois, output_size, spatial_scale,
+                     sampling_ratio, aligned):
+    """``roi_align`` in ONNX operators (see :func:`_nms_graph`), with the
+    coordinate mode of ``aligned`` (mmcv's symbolic shifts the boxes itself
+    for opset 10, which opset 16's default ``half_pixel`` would shift
+    again)."""
+    batch = op(
+        'Cast',
+        op('Gather', rois, 0, axis=1),
+        to=int(torch.onnx.TensorProtoDataType.INT64))
+    return op(
+        'RoiAlign',
+        feats,
+        op('Gather', rois, [1, 2, 3, 4], axis=1),
+        batch,
+        coordinate_transformation_mode='half_pixel'
+        if aligned else 'output_half_pixel',
+        mode='avg',
+        output_height=output_size[0],
+        output_width=output_size[1],
+        sampling_ratio=max(0, sampling_ratio),
+        spatial_scale=float(spatial_scale))
+
+
+def _torchscript_op(g):
+    """``op`` of the graphs above for a TorchScript symbolic's ``g``."""
+    suffix = {int: 'i', float: 'f', str: 's'}
+
+    def op(kind, *inputs, **attrs):
+        inputs = [
+            v if isinstance(v, torch._C.Value) else g.op(
+                'Constant', value_t=torch.tensor(v)) for v in inputs
+        ]
+        return g.op(kind, *inputs, **{
+            f'{k}_{suffix[type(v)]}': v
+            for k, v in attrs.items()
+        })
+
+    return op
+
+
+def _onnxscript_op(kind, *inputs, **attrs):
+    """``op`` of the graphs above in an onnxscript translation."""
+    import onnxscript
+    opset = onnxscript.values.Opset('', OPSET_VERSION)
+    inputs = [
+        opset.Constant(value=onnxscript.ir.tensor(torch.tensor(v).numpy()))
+        if isinstance(v, (int, float, list)) else v for v in inputs
+    ]
+    return getattr(opset, kind)(*inputs, **attrs)
+
+
+@torch.onnx.symbolic_helper.parse_args('v', 'v', 'f')
+def _nms_torchscript(g, boxes, scores, iou_threshold):
+    return _nms_graph(_torchscript_op(g), boxes, scores, iou_threshold)
+
+
+@torch.onnx.symbolic_helper.parse_args('v', 'v', 'is', 'f', 'i', 'b')
+def _roi_align_torchscript(g, feats, rois, output_size, spatial_scale,
+                           sampling_ratio, aligned):
+    return _roi_align_graph(
+        _torchscript_op(g), feats, rois, output_size, spatial_scale,
+        sampling_ratio, aligned)
+
+
+def _nms_onnxscript(boxes, scores, iou_threshold: float):
+    return _nms_graph(_onnxscript_op, boxes, scores, iou_threshold)
+
+
+def _roi_align_onnxscript(feats, rois, output_size: Sequence[int],
+                          spatial_scale: float, sampling_ratio: int,
+                          aligned: bool):
+    return _roi_align_graph(_onnxscript_op, feats, rois, output_size,
+                            spatial_scale, sampling_ratio, aligned)
+
+
+# from opset 16: RoiAlign's coordinate_transformation_mode
+torch.onnx.register_custom_op_symbolic('mmevo::nms', _nms_torchscript, 16)
+torch.onnx.register_custom_op_symbolic('mmevo::roi_align',
+                                       _roi_align_torchscript, 16)
+
+#: the dynamo exporter's ``custom_translation_table`` for the ops above
+ONNX_TRANSLATIONS = {
+    torch.ops.mmevo.nms.default: _nms_onnxscript,
+    torch.ops.mmevo.roi_align.default: _roi_align_onnxscript,
+}
 
 
 def _roi_align(layer, feats, rois):
     if layer.pool_mode != 'avg':
         raise ValueError(f"RoIAlign pool_mode must be 'avg' to export (ONNX "
                          f"RoiAlign's max differs), got {layer.pool_mode!r}")
-    return _RoIAlign.apply(feats, rois, tuple(layer.output_size),
-                           float(layer.spatial_scale),
-                           int(layer.sampling_ratio), bool(layer.aligned))
+    return roi_align(feats, rois, list(layer.output_size),
+                     float(layer.spatial_scale), int(layer.sampling_ratio),
+                     bool(layer.aligned))
 
 
 def _roi_features(extractor, feats, rois):
@@ -363,19 +474,41 @@ def _roi_features(extractor, feats, rois):
     return out
 
 
+def _image_size(x):
+    """(H, W) of the images ``x`` as a tensor of the graph under both
+    exporters: the last entries of aranges (whose lengths TorchScript
+    traces as sizes, torch.export as symbols)."""
+    return torch.cat(
+        [torch.arange(1, n + 1, device=x.device)[-1:] for n in x.shape[2:]])
+
+
+def _extra_row(fn, *tensors):
+    """``fn(*tensors)`` with a row of zeros appended to each tensor, and
+    dropped from each output.
+
+    The rows are as many as NMS keeps, which torch.export cannot tell from
+    0; mmdet's ``delta2bbox`` and the batch norms of the heads branch on
+    that, one more row makes their count at least 1. ``fn`` treats each row
+    on its own, so the result is exact (and no head runs on no rows).
+    """
+    outs = fn(*[torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in tensors])
+    return pytree.tree_map(lambda t: t[:-1], outs)
+
+
 def _decode(coder, priors, deltas, size):
     """``coder.decode(priors, deltas, max_shape=size)`` with the size a
     tensor of the graph (H and W stay dynamic)."""
     if type(coder).__name__ != 'DeltaXYWHBBoxCoder':
         raise ValueError(f'the box coder must be DeltaXYWHBBoxCoder to '
                          f'export, got {type(coder).__name__}')
-    boxes = delta2bbox(
-        priors,
-        deltas,
-        coder.means,
-        coder.stds,
-        add_ctr_clamp=coder.add_ctr_clamp,
-        ctr_clamp=coder.ctr_clamp)
+    boxes = _extra_row(
+        lambda priors, deltas: delta2bbox(
+            priors,
+            deltas,
+            coder.means,
+            coder.stds,
+            add_ctr_clamp=coder.add_ctr_clamp,
+            ctr_clamp=coder.ctr_clamp), priors, deltas)
     if coder.clip_border:
         limit = size.flip(0).repeat(2).to(boxes)
         boxes = torch.min(boxes.clamp(min=0), limit)
@@ -393,7 +526,7 @@ def _batched_nms(boxes, scores, ids, nms_cfg):
         # a zero added: no error on no boxes (clipped boxes are >= 0)
         top = torch.cat([boxes.reshape(-1), boxes.new_zeros(1)]).max()
         offset = ids[:, None].to(boxes) * (top + 1)
-    return _NMS.apply(boxes + offset, scores, float(nms_cfg['iou_threshold']))
+    return nms(boxes + offset, scores, float(nms_cfg['iou_threshold']))
 
 
 def _proposals(rpn_head, scores, deltas, size):
@@ -437,12 +570,14 @@ def _proposals(rpn_head, scores, deltas, size):
 
 def two_stage_forward(model, x):
     """The tensor outputs of a two-stage detector (Faster / Mask R-CNN),
-    exportable end to end with the TorchScript exporter.
+    exportable end to end with either exporter.
 
     What ``model(x, mode='tensor')`` computes with each image's
     ``img_shape`` the input's height and width, rewritten so that one graph
     holds for every input: the RPN's proposals (top-k, decoding, NMS),
-    RoIAlign and the box (and mask) head.
+    RoIAlign and the box (and mask) head. No branch on data or on a size
+    that data decide (the NMS's count), so ``torch.export`` traces it with
+    H and W dynamic.
 
     Args:
         model (nn.Module): an mmdet ``TwoStageDetector`` with a
@@ -457,7 +592,7 @@ def two_stage_forward(model, x):
 
     Example:
         >>> model = TensorOutputs(faster_rcnn.eval())  # two_stage_forward
-        >>> export_onnx(model, x, 'faster-rcnn.onnx', dynamo=False)
+        >>> export_onnx(model, x, 'faster-rcnn.onnx')
     """
     feats = model.extract_feat(x)
     rois = _rois(model, feats, x)
@@ -470,7 +605,7 @@ def two_stage_forward(model, x):
 
 def _rois(model, feats, x):
     scores, deltas = model.rpn_head(feats)
-    size = torch.onnx.operators.shape_as_tensor(x)[2:]
+    size = _image_size(x)
     rois = []
     for i in range(len(x)):
         boxes = _proposals(model.rpn_head, [s[i] for s in scores],
@@ -479,21 +614,30 @@ def _rois(model, feats, x):
     return torch.cat(rois)
 
 
+def _head_forward(head, extractor, roi_head, feats, rois):
+    """``roi_head`` (the box or mask head of the RoI head ``head``) on the
+    features of ``rois`` (their count not 0 to torch.export: see
+    :func:`_extra_row`)."""
+
+    def forward(rois):
+        roi_feats = _roi_features(extractor, feats, rois)
+        if head.with_shared_head:
+            roi_feats = head.shared_head(roi_feats)
+        return roi_head(roi_feats)
+
+    return _extra_row(forward, rois)
+
+
 def _bbox_forward(head, feats, rois):
-    roi_feats = _roi_features(head.bbox_roi_extractor, feats, rois)
-    if head.with_shared_head:
-        roi_feats = head.shared_head(roi_feats)
-    return head.bbox_head(roi_feats)
+    return _head_forward(head, head.bbox_roi_extractor, head.bbox_head, feats,
+                         rois)
 
 
 def _mask_forward(head, feats, rois):
     extractor = (
         head.bbox_roi_extractor
         if head.share_roi_extractor else head.mask_roi_extractor)
-    mask_feats = _roi_features(extractor, feats, rois)
-    if head.with_shared_head:
-        mask_feats = head.shared_head(mask_feats)
-    return head.mask_head(mask_feats)
+    return _head_forward(head, extractor, head.mask_head, feats, rois)
 
 
 def _detections(bbox_head, rois, cls_score, bbox_pred, size, cfg):
@@ -544,13 +688,13 @@ def two_stage_detections(model, x):
 
     Example:
         >>> model = TensorOutputs(mask_rcnn.eval(), two_stage_detections)
-        >>> export_onnx(model, x, 'mask-rcnn.onnx', dynamo=False)
+        >>> export_onnx(model, x, 'mask-rcnn.onnx')
     """
     feats = model.extract_feat(x)
     rois = _rois(model, feats, x)
     head = model.roi_head
     cls_score, bbox_pred = _bbox_forward(head, feats, rois)
-    size = torch.onnx.operators.shape_as_tensor(x)[2:]
+    size = _image_size(x)
     dets, scores, labels = [], [], []
     for i in range(len(x)):
         mine = rois[:, 0] == i

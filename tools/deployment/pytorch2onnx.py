@@ -78,8 +78,9 @@ def parse_args(argv=None):
     parser.add_argument(
         '--exporter',
         choices=['dynamo', 'torchscript'],
+        default='dynamo',
         help="torch.onnx.export's exporter (default: dynamo, torch's; "
-        'torchscript for two-stage detectors, the only one they take)')
+        'torchscript is the older one, faster to export)')
     return parser.parse_args(argv)
 
 
@@ -89,16 +90,15 @@ def main(argv=None):
         fail(f"checkpoint '{args.checkpoint}' does not exist")
     _, model = build_model(args.config, args.checkpoint)
     kind = model_kind(model)
-    if kind == 'two-stage' and args.exporter == 'dynamo':
-        fail('two-stage detectors export with --exporter torchscript only '
-             '(their NMS and RoIAlign have TorchScript ONNX symbolics)')
-    exporter = args.exporter or ('torchscript'
-                                 if kind == 'two-stage' else 'dynamo')
     model = TensorOutputs(
         model, two_stage_detections if kind == 'two-stage' else None)
     x = torch.randn(1, 3, *args.shape)
     export_onnx(
-        model, x, args.out, dynamic=args.dynamic, dynamo=exporter == 'dynamo')
+        model,
+        x,
+        args.out,
+        dynamic=args.dynamic,
+        dynamo=args.exporter == 'dynamo')
     with torch.no_grad():
         expected = model(x)
     outputs = OnnxModel(args.out)(x)
