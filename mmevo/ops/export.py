@@ -69,24 +69,27 @@ def window_sums(rows, operands, dim, stride, dilation):
     windows' pixels in column v (a (B, G, C // G, K, H_out, W_out) view of
     :func:`row_windows`' ``rows``) times an operand broadcast to them.
 
-    At stride 1 the operand moves instead of the windows: zero-padded to
-    the rows' width at column offset v, it multiplies ``rows`` as they are,
-    and the sum (``dim`` reduced) is sliced back. That Pad and Slice move
-    the operand and the sum, each several times smaller than the windows'
-    column slice they replace (1.3-2.8x faster per K = 7 involution in
-    onnxruntime).
+    The operand moves instead of the windows: zero-padded to its column
+    offset, it multiplies the rows as they are, and the sum (``dim``
+    reduced, several times smaller) is sliced back. Strided columns come
+    from one strided slice per column phase (v * dilation % stride), taken
+    once for all the columns in it. Slicing every column's windows instead
+    moved K times the map per column (RedNet-50 in onnxruntime: 1.5x the
+    time, ``tools/analysis/benchmark_onnx.py``).
     """
     span = dilation * (len(operands) - 1)
-    width = rows.shape[-1] - span
-    sums = []
+    # W_out from the rows' width: with the operand's width, the TorchScript
+    # export of a strided query failed at other sizes
+    width = (rows.shape[-1] - span - 1) // stride + 1
+    phases, sums = {}, []
     for v, operand in enumerate(operands):
-        o = v * dilation
-        if stride == 1:
-            product = rows * F.pad(operand, (o, span - o))
-            sums.append(product.sum(dim)[..., o:o + width])
-        else:
-            windows = rows[..., o:o + width][..., ::stride]
-            sums.append((windows * operand).sum(dim))
+        shift, phase = divmod(v * dilation, stride)
+        if phase not in phases:
+            phases[phase] = rows[..., phase::stride] if stride > 1 else rows
+        columns = phases[phase]
+        right = columns.shape[-1] - width - shift
+        product = columns * F.pad(operand, (shift, right))
+        sums.append(product.sum(dim)[..., shift:shift + width])
     return sums
 
 

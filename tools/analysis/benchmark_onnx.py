@@ -3,8 +3,9 @@
 One process; each model is exported once with plain ``torch.onnx.export``
 (H and W dynamic, :func:`mmevo.deployment.export_onnx`), then timed: a round
 runs PyTorch and onnxruntime of every model in turn, so a load change on a
-shared machine hits all alike; median over ``--iters`` rounds after
-``--warmup``. Both use ``torch.get_num_threads()`` threads (set
+shared machine hits all alike, each timed on its second call (the threads
+of the runtime before have stopped spinning); median over ``--iters``
+rounds after ``--warmup``. Both use ``torch.get_num_threads()`` threads (set
 OMP_NUM_THREADS). Ratios: onnxruntime / PyTorch of the same model, and each
 model to ResNet-50 on the same runtime.
 
@@ -106,6 +107,9 @@ def main(argv=None):
         times = {(n, r): [] for n in runs for r in runs[n]}
         for it in range(args.warmup + args.iters):
             for (name, runtime), samples in times.items():
+                # an untimed call first: onnxruntime's threads spin a while
+                # after a run, taking the cores from the next one timed
+                runs[name][runtime]()
                 start = time.perf_counter()
                 runs[name][runtime]()
                 if it >= args.warmup:
