@@ -74,8 +74,8 @@ def window_sums(rows, operands, dim, stride, dilation):
     reduced, several times smaller) is sliced back. Strided columns come
     from one strided slice per column phase (v * dilation % stride), taken
     once for all the columns in it. Slicing every column's windows instead
-    moved K times the map per column (RedNet-50 in onnxruntime: 1.5x the
-    time, ``tools/analysis/benchmark_onnx.py``).
+    moved K times the map per column: about 1.5x the time of RedNet-50 in
+    onnxruntime.
     """
     span = dilation * (len(operands) - 1)
     # W_out from the rows' width: with the operand's width, the TorchScript
