@@ -9,7 +9,7 @@ import os
 import os.path as osp
 import sys
 
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.runner import CheckpointLoader
 
 from mmevo.datasets import (MissingDataError, check_data_exists,
@@ -22,6 +22,21 @@ USAGE = 2
 _MAKE_TARGETS = {'det': 'make demo', 'seg': 'make demo-seg'}
 # keys listed per kind in the mismatch message (then: "... and N more")
 _MAX_KEYS = 10
+
+
+def add_evaluation_args(parser):
+    """The options of the tools that evaluate on a config's test set
+    (``test.py``, ``onnx_test.py``): ``--work-dir``, ``--out`` and
+    ``--cfg-options``."""
+    parser.add_argument(
+        '--work-dir', help='the dir to save the evaluation metrics and logs')
+    parser.add_argument(
+        '--out', help='also dump the raw predictions to this pickle file')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config settings, key=value')
 
 
 def fail(message, status=1):

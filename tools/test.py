@@ -19,9 +19,8 @@ import warnings
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 # tools/_cli.py (the tool's folder is on the path of a script)
-from _cli import (check_checkpoint_fits, dump_results, exit_if_data_missing,
-                  fail, load_config)
-from mmengine.config import DictAction
+from _cli import (add_evaluation_args, check_checkpoint_fits, dump_results,
+                  exit_if_data_missing, fail, load_config)
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -33,15 +32,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Test (and evaluate) a model')
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument(
-        '--work-dir', help='the dir to save the evaluation metrics and logs')
-    parser.add_argument(
-        '--out', help='also dump the raw predictions to this pickle file')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config settings, key=value')
+    add_evaluation_args(parser)
     parser.add_argument(
         '--allow-partial',
         action='store_true',

@@ -21,7 +21,6 @@ warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 import torch
 from mmdet.structures.bbox import scale_boxes
-from mmengine.config import DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 from mmengine.structures import InstanceData
@@ -34,7 +33,8 @@ sys.path[:0] = [
     osp.dirname(osp.dirname(osp.abspath(__file__))),
     osp.dirname(osp.abspath(__file__))
 ]
-from _cli import dump_results, exit_if_data_missing, fail, load_config
+from _cli import (add_evaluation_args, dump_results, exit_if_data_missing,
+                  fail, load_config)
 from pytorch2onnx import model_kind
 
 
@@ -90,15 +90,7 @@ def parse_args(argv=None):
         description='Evaluate an ONNX model with onnxruntime')
     parser.add_argument('config', help='config file')
     parser.add_argument('model', help='the .onnx file')
-    parser.add_argument(
-        '--work-dir', help='the dir to save the evaluation metrics and logs')
-    parser.add_argument(
-        '--out', help='also dump the raw predictions to this pickle file')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config settings, key=value')
+    add_evaluation_args(parser)
     return parser.parse_args(argv)
 
 
