@@ -13,8 +13,8 @@ STAMP=$VENV/.mmevo-setup-stamp
 MMCV_VERSION=2.1.0
 # setuptools: torch wants >=77; mmengine resolves `mmdet::` config bases through
 # pkg_resources, which setuptools 81 removed.
-PINS=(torch==2.13.0 mmengine==0.10.7 mmdet==3.3.0 mmsegmentation==1.2.2
-      triton==3.9.0 "numpy<2" "opencv-python<4.11" ftfy regex pytest pycocotools
+PINS=(torch==2.14.1 torchvision==0.29.1 mmengine==0.10.7 mmdet==3.3.0
+      mmsegmentation==1.2.2 mmpretrain==1.2.0 "numpy<2" "opencv-python<4.11" ftfy regex pytest pycocotools
       "setuptools>=77,<81" wheel ninja
       # deployment (`pip install mmevo[deploy]`, tests/deployment)
       onnx==1.23.2 onnxruntime==1.31.1 onnxscript==0.7.2
@@ -29,11 +29,11 @@ fi
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip)
-# torch first: mmcv's build imports it. For a GPU install, put the CUDA build of
-# torch 2.13.0 into .venv before running this script (README, "GPU install").
-"${PIP[@]}" install -q torch==2.13.0 "numpy<2" wheel ninja
+# torch first: mmcv's build imports it. torch 2.14.1 is the CUDA build (it runs
+# on the CPU too) and brings its own triton pin.
+"${PIP[@]}" install -q torch==2.14.1 torchvision==0.29.1 "numpy<2" wheel ninja
 
-# mmcv 2.1.0 has no wheel for torch 2.13: build it once with its ops, cache the wheel
+# mmcv 2.1.0 has no wheel for torch 2.14: build it once with its ops, cache the wheel
 # per torch build so the second setup (and CI) installs it in seconds.
 TAG=$("$VENV/bin/python" -c 'import torch; print(torch.__version__.replace("+", "_"))')
 mkdir -p "$CACHE/torch-$TAG"
@@ -54,5 +54,5 @@ fi
 "${PIP[@]}" install -q "$CACHE/torch-$TAG"/mmcv-$MMCV_VERSION-*.whl "${PINS[@]}"
 # mmevo itself, editable; builds the C++ CPU kernels.
 "${PIP[@]}" install -q --no-build-isolation --no-deps -e .
-"$VENV/bin/python" -c "import mmcv.ops, mmdet, mmseg, mmevo; print('[setup] ok: mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmseg', mmseg.__version__)"
+"$VENV/bin/python" -c "import mmcv.ops, mmdet, mmseg, mmpretrain, mmevo; print('[setup] ok: torch', __import__('torch').__version__, 'mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmseg', mmseg.__version__, 'mmpretrain', mmpretrain.__version__)"
 echo "$want" > "$STAMP"
