@@ -46,6 +46,8 @@ if ! ls "$CACHE/torch-$TAG"/mmcv-$MMCV_VERSION-*.whl >/dev/null 2>&1; then
         2>&1 | grep -v 'requires setuptools>=' || true
     "${PIP[@]}" download -q --no-deps --no-build-isolation --no-binary :all: -d "$BUILD" "mmcv==$MMCV_VERSION"
     tar -xzf "$BUILD/mmcv-$MMCV_VERSION.tar.gz" -C "$BUILD"
+    # torch >= 2.14's headers need C++20; mmcv 2.1.0 asks for C++17.
+    sed -i 's/-std=c++17/-std=c++20/g' "$BUILD/mmcv-$MMCV_VERSION/setup.py"
     (cd "$BUILD/mmcv-$MMCV_VERSION" && MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
         "${PIP[@]}" wheel -q --no-build-isolation --no-deps -w "$BUILD/dist" .)
     mv "$BUILD"/dist/mmcv-*.whl "$CACHE/torch-$TAG/"
