@@ -6,22 +6,15 @@ kernel gradient with C = 0: sums over no channels) zeros, or the uniform
 softmax. The registered ops answer these before any backend runs; each
 backend is forced in turn all the same, so that the answer stays right for
 every one of them (Triton, if it is ever reached, interpreted on CPU
-tensors as in ``test_triton_interpret.py``).
+tensors: ``tests/conftest.py`` sets ``TRITON_INTERPRET=1``).
 """
-import os
-import sys
-
 import pytest
 import torch
 
-if not torch.cuda.is_available() and 'triton' not in sys.modules:
-    os.environ['TRITON_INTERPRET'] = '1'
-
-from mmevo.ops import library  # noqa: E402
-from mmevo.ops import (evolution_aggregate, local_attention_weights,
+from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
                        local_correlation, output_size)
-from mmevo.ops.reference import aggregate_reference  # noqa: E402
-from mmevo.ops.reference import (attention_weights_reference,
+from mmevo.ops.reference import (aggregate_reference,
+                                 attention_weights_reference,
                                  correlation_reference)
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'

@@ -3,9 +3,10 @@ CUDA.
 
 Without CUDA, Triton's interpreter runs the kernels on CPU tensors. Triton
 decides whether a function is interpreted when it is decorated (its own
-``triton.language`` helpers included), so ``TRITON_INTERPRET=1`` is set here,
-at collection, before anything imports triton (nothing in the stack imports it
-at import time; torch.compile does at run time, later). With CUDA the same
+``triton.language`` helpers included), so ``TRITON_INTERPRET=1`` must be set
+before anything imports triton: ``tests/conftest.py`` sets it (torch >= 2.14
+imports triton with ``torch._dynamo``), and the check below says so when the
+file runs in a process that imported triton first. With CUDA the same
 checks run the compiled kernels on the GPU. The interpreter is slow: a small
 sweep, forward and every gradient, fp32 and bf16.
 """
