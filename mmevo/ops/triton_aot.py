@@ -69,12 +69,12 @@ def variants():
 
 def matrix(targets_=None):
     """Every (kernel, in dtype, out dtype, config index, target) to
-    compile."""
-    from .triton_backend import KERNELS
+    compile: the configs the kernels autotune over on CUDA."""
+    from .triton_backend import GPU_CONFIGS
     ccs = targets() if targets_ is None else list(targets_)
     return [
         dict(kernel=k, dtype=dt, out_dtype=odt, config=i, target=cc)
-        for k, dt, odt in variants() for i in range(len(KERNELS[k].configs))
+        for k, dt, odt in variants() for i in range(len(GPU_CONFIGS))
         for cc in ccs
     ]
 
@@ -82,8 +82,10 @@ def matrix(targets_=None):
 def _source(job):
     """Triton's ASTSource of a job: the kernel's own JITFunction."""
     from triton.compiler import ASTSource
-    from .triton_backend import KERNELS, MAX_BLOCK_W
+    from .triton_backend import GPU_CONFIGS, KERNELS, MAX_BLOCK_W
     kernel = KERNELS[job['kernel']]
+    if kernel.configs is not GPU_CONFIGS:
+        raise RuntimeError('AOT compiles need TRITON_INTERPRET unset')
     config = kernel.configs[job['config']]
     fn = kernel.fn
     ptrs = fn.arg_names[:3]
@@ -219,8 +221,6 @@ def main(argv=None):
     parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        if os.environ.get('TRITON_INTERPRET', '0') == '1':
-            raise RuntimeError('AOT workers need TRITON_INTERPRET unset')
         rows = [compile_job(job) for job in json.load(sys.stdin)]
     else:
         rows = run(matrix(args.targets), args.processes)

@@ -222,20 +222,20 @@ def _correlate_kernel(q_ptr, x_ptr, out_ptr, C, H, W, G, Ho, Wo, K, stride,
             col = j * stride - padding + (uv % K) * dilation
             ok = p_mask & (row >= 0) & (row < H) & (col >= 0) & (col < W)
             acc = tl.zeros([BLOCK_P], dtype=acc_t)
-            # The query tile is re-read for every tap, from cache.
+            # Channel by channel, BLOCK_C loads in flight: a sum across the
+            # lanes of a (channels x positions) tile spills on sm_80.
             for c0 in range(0, Cg, BLOCK_C):
-                cl = c0 + tl.arange(0, BLOCK_C)
-                c_mask = cl < Cg
-                chan = (b * C + g * Cg + cl).to(tl.int64)
-                qv = tl.load(
-                    q_ptr + chan[:, None] * P + pos[None, :],
-                    mask=c_mask[:, None] & p_mask[None, :],
-                    other=0.)
-                xv = tl.load(
-                    x_ptr + chan[:, None] * H * W + (row * W + col)[None, :],
-                    mask=c_mask[:, None] & ok[None, :],
-                    other=0.)
-                acc += tl.sum(qv.to(acc_t) * xv.to(acc_t), axis=0)
+                for cc in tl.static_range(BLOCK_C):
+                    c_ok = c0 + cc < Cg
+                    chan = (b * C + g * Cg + c0 + cc).to(tl.int64)
+                    # The query row is re-read for every tap, from cache.
+                    qv = tl.load(
+                        q_ptr + chan * P + pos, mask=p_mask & c_ok, other=0.)
+                    xv = tl.load(
+                        x_ptr + chan * H * W + row * W + col,
+                        mask=ok & c_ok,
+                        other=0.)
+                    acc += qv.to(acc_t) * xv.to(acc_t)
             tl.store(
                 out_base + uv * P + pos,
                 acc.to(out_ptr.dtype.element_ty),

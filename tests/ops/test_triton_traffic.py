@@ -140,13 +140,16 @@ def test_requested_bytes_match_the_loads(case):
                 model[name].requested, (kernel, name)
 
 
-def test_rednet_stages_within_2_5x():
+def test_rednet_and_attention_shapes_within_2_5x():
     """The issue's bound on every operand, at the RedNet-50 stage shapes
-    and every CUDA tile."""
-    for C, H in ((64, 56), (128, 28), (256, 14), (512, 7)):
+    (16 channels a group) and ACmix-R50 stage 3's attention (4 heads of 64
+    channels), for every CUDA tile."""
+    shapes = [(64, 64, 4, 56), (64, 128, 8, 28), (64, 256, 16, 14),
+              (64, 512, 32, 7), (64, 256, 4, 14)]
+    for B, C, G, H in shapes:
         for bp in (64, 128, 256, 512):
             for kernel, model in triton_traffic.KERNELS.items():
-                t = model(64, C, C // 16, (H, H), 7, 1, 3, 1, bp, 2)
+                t = model(B, C, G, (H, H), 7, 1, 3, 1, bp, 2)
                 for name, v in t.items():
                     assert v.l2 <= v.requested
                     assert v.requested <= 2.5 * v.minimal, (kernel, C, name)
