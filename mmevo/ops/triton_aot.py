@@ -218,7 +218,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--targets', type=int, nargs='+')
     parser.add_argument('--processes', type=int, default=2)
-    parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument(
+        '--worker', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         rows = [compile_job(job) for job in json.load(sys.stdin)]
