@@ -37,3 +37,8 @@ then
     export TRITON_INTERPRET=1
 fi
 "$PY" tools/analysis/gpu_check.py "$@"
+# On a GPU: the Triton kernels' registers / spills / shared memory for its
+# compute capability (compiled ahead of time; CI compiles every target).
+if [ -z "${TRITON_INTERPRET:-}" ]; then
+    "$PY" tools/analysis/gpu_kernels.py --device --processes 8
+fi
