@@ -7,8 +7,6 @@ cannot handle; then the ``torch.ops.mmevo`` operator runs (registered in
 formula in plain PyTorch. While ``torch.onnx.export`` runs, the ops are
 standard ONNX operators instead (``export.py``, sizes kept symbolic).
 """
-from typing import Optional
-
 import torch
 
 from . import export, library  # noqa: F401  (library: torch.ops.mmevo.*)

@@ -44,6 +44,7 @@ from . import backends, checks, cpp_backend, torch_backend
 # Used as mmevo.ops.library's too (tools, tests).
 from .backends import BACKENDS, primitives, use_backend  # noqa: F401
 
+
 def reflect_index(size: int, padding: int,
                   device: torch.device) -> torch.Tensor:
     """Source index of each of the ``size + 2 * padding`` padded positions.
@@ -144,43 +145,37 @@ def _aggregate_python(input, kernel, stride, padding, dilation,
         return input.new_zeros(*input.shape[:2], *kernel.shape[-2:])
     H, W = input.shape[-2:]
     if not _reflects(padding, padding_mode):
-        return backends.run(input, 'aggregate', input, kernel, stride, padding,
-                    dilation)
+        return backends.run(input, 'aggregate', input, kernel, stride,
+                            padding, dilation)
     if _padded_fits(padding, H, W):
-        return backends.run(input, 'aggregate', _explicit_padding(input, padding),
-                    kernel, stride, 0, dilation)
+        xp = _explicit_padding(input, padding)
+        return backends.run(input, 'aggregate', xp, kernel, stride, 0,
+                            dilation)
     return torch_backend.aggregate(
         input, kernel, stride, padding, dilation, reflect=True)
 
 
 def _correlation_python(softmax):
 
-    def run(query, key, groups, kernel_size, stride, padding, dilation,
-            padding_mode):
+    def correlation(query, key, groups, kernel_size, stride, padding,
+                    dilation, padding_mode):
         if _empty(query):  # sums over no channels: 0, a uniform softmax
             return query.new_full((query.shape[0], groups, kernel_size,
                                    kernel_size, *query.shape[-2:]),
                                   1 / kernel_size**2 if softmax else 0)
         H, W = key.shape[-2:]
+        window = (groups, kernel_size, stride)
         if not _reflects(padding, padding_mode):
-            return backends.run(query, 'correlate', query, key, groups, kernel_size,
-                        stride, padding, dilation, softmax)
+            return backends.run(query, 'correlate', query, key, *window,
+                                padding, dilation, softmax)
         if _padded_fits(padding, H, W):
-            return backends.run(query, 'correlate', query,
-                        _explicit_padding(key, padding), groups,
-                        kernel_size, stride, 0, dilation, softmax)
+            xp = _explicit_padding(key, padding)
+            return backends.run(query, 'correlate', query, xp, *window, 0,
+                                dilation, softmax)
         return torch_backend.correlate(
-            query,
-            key,
-            groups,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            softmax,
-            reflect=True)
+            query, key, *window, padding, dilation, softmax, reflect=True)
 
-    return run
+    return correlation
 
 
 def _transpose_python(grad, kernel, height, width, stride, padding, dilation,
@@ -189,11 +184,11 @@ def _transpose_python(grad, kernel, height, width, stride, padding, dilation,
         return grad.new_zeros(*grad.shape[:2], height, width)
     if not _reflects(padding, padding_mode):
         return backends.run(grad, 'aggregate_transpose', grad, kernel,
-                    (height, width), stride, padding, dilation)
+                            (height, width), stride, padding, dilation)
     if _padded_fits(padding, height, width):
-        gxp = backends.run(grad, 'aggregate_transpose', grad, kernel,
-                   (height + 2 * padding, width + 2 * padding), stride, 0,
-                   dilation)
+        padded = (height + 2 * padding, width + 2 * padding)
+        gxp = backends.run(grad, 'aggregate_transpose', grad, kernel, padded,
+                           stride, 0, dilation)
         return _fold_reflect(gxp, padding, height, width)
     return torch_backend.aggregate_transpose(
         grad, kernel, (height, width), stride, padding, dilation,
