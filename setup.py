@@ -14,7 +14,13 @@ def get_version():
 
 
 def cpu_extension():
-    """The C++ CPU kernels of ``mmevo.ops`` (OpenMP-parallel)."""
+    """The C++ CPU kernels of ``mmevo.ops`` (OpenMP-parallel).
+
+    A plain shared library that registers the ``torch.ops.mmevo`` operators
+    (``TORCH_LIBRARY``), loaded with ``torch.ops.load_library``: no Python
+    module and no Python API, so one build serves every Python version and
+    libtorch programs.
+    """
     csrc = os.path.join('mmevo', 'ops', 'csrc')
     sources = sorted(
         os.path.join(csrc, f) for f in os.listdir(os.path.join(HERE, csrc))
@@ -22,6 +28,7 @@ def cpu_extension():
     return CppExtension(
         'mmevo._ext',
         sources,
+        py_limited_api=True,
         extra_compile_args={'cxx': ['-O3', '-fopenmp', '-std=c++20']},
         extra_link_args=['-fopenmp'])
 

@@ -1,17 +1,20 @@
 """Compiled evolution ops: window aggregation and local correlation.
 
-Needs only torch (the C++ extension is loaded if built; Triton is imported
-on the first CUDA call). :mod:`.cpu_fastpath` holds the CPU-only rewrites of
-the layers and backbones and their switch.
+Needs only torch: the C++ extension is loaded if built (else the ops run on
+PyTorch on CPU), Triton is imported on the first CUDA call. Importing this
+package imports nothing else and changes no global state beyond defining
+the ``torch.ops.mmevo`` operators. :mod:`.cpu_fastpath` holds the CPU-only
+rewrites of the layers and backbones and their switch.
 """
 from . import cpu_fastpath
+from .backends import BACKENDS, use_backend
 from .evolution import (check_int, evolution_aggregate,
                         local_attention_weights, local_correlation,
                         output_size, resolve_window)
 from .torch_backend import window_softmax
 
 __all__ = [
-    'check_int', 'cpu_fastpath', 'evolution_aggregate',
+    'BACKENDS', 'check_int', 'cpu_fastpath', 'evolution_aggregate',
     'local_attention_weights', 'local_correlation', 'output_size',
-    'resolve_window', 'window_softmax'
+    'resolve_window', 'use_backend', 'window_softmax'
 ]

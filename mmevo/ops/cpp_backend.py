@@ -1,48 +1,87 @@
-"""The C++ CPU kernels (``mmevo._ext``) behind the window primitives.
+"""The C++ CPU kernels (the ``mmevo/_ext*.so`` library).
 
-The kernels take contiguous NCHW tensors and zero padding; every dtype of
-fp64 / fp32 / bf16 / fp16 is computed natively (bf16 and fp16 accumulate in
-fp32). ``available()`` is False when the extension was not built.
+The library is not a Python module: it registers the ``torch.ops.mmevo``
+operators and their CPU kernels with the dispatcher (``TORCH_LIBRARY`` in
+``csrc/ops.cpp``), and is loaded here with ``torch.ops.load_library``. A C++
+program (an AOTInductor runner, say) loads the same file with ``dlopen``
+and calls the operators without Python; they validate their arguments and
+handle both padding modes themselves. ``available()`` is False when the
+extension was not built: :mod:`mmevo.ops.library` then defines the
+operators in Python.
 
-The extension runs the widest vector code the CPU has (AVX-512, AVX2 or a
-baseline; ``mmevo._ext.isa()`` says which). ``MMEVO_CPU_ISA=avx2`` or
-``base``, set before the import, selects a narrower one: the tests use it to
-run every variant on one machine.
+The kernels compute fp64 / fp32 / bf16 / fp16 natively (bf16 and fp16
+accumulate in fp32) with the widest vector code the CPU has (AVX-512, AVX2
+or a baseline; :func:`isa` says which). ``MMEVO_CPU_ISA=avx2`` or ``base``,
+set before the library is loaded, selects a narrower one: the tests use it
+to run every variant on one machine.
 """
-try:
-    from mmevo import _ext
-except ImportError:  # not built: the library uses torch_backend instead
-    _ext = None
+import importlib.util
+from typing import Optional, Tuple
+
+import torch
 
 
-def available():
-    """Whether the compiled extension could be imported."""
-    return _ext is not None
+def _find() -> Optional[str]:
+    try:
+        spec = importlib.util.find_spec('mmevo._ext')
+    except ImportError:  # a finder that says it is not there
+        return None
+    return None if spec is None else spec.origin
 
 
-def aggregate(x, w, stride, padding, dilation):
+#: The path of the loaded library, or None.
+LIBRARY = _find()
+if LIBRARY is not None:
+    torch.ops.load_library(LIBRARY)
+
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def available() -> bool:
+    """Whether the compiled extension was found and loaded."""
+    return LIBRARY is not None
+
+
+def isa() -> str:
+    """The instruction set of the kernels: 'avx512', 'avx2' or 'base'."""
+    return torch.ops.mmevo.cpu_isa()
+
+
+def call(op: torch._ops.OpOverload, *args):
+    """Run the C++ CPU kernel of ``op`` (skipping the Python selection of a
+    backend, which runs first on every call)."""
+    return op.redispatch(_CPU, *args)
+
+
+# The backend primitives (zero padding), as the other backends'.
+def aggregate(x: torch.Tensor, w: torch.Tensor, stride: int, padding: int,
+              dilation: int) -> torch.Tensor:
     """Y = A(x, w), see :func:`mmevo.ops.torch_backend.aggregate`."""
-    return _ext.aggregate_forward(x.contiguous(), w.contiguous(), stride,
-                                  padding, dilation)
+    return call(torch.ops.mmevo.evolution_aggregate.default, x, w, stride,
+                padding, dilation, 'zeros')
 
 
-def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
+def aggregate_transpose(gy: torch.Tensor, w: torch.Tensor,
+                        in_hw: Tuple[int, int], stride: int, padding: int,
+                        dilation: int) -> torch.Tensor:
     """grad_x = At(gy, w), see
     :func:`mmevo.ops.torch_backend.aggregate_transpose`."""
-    return _ext.aggregate_transpose(gy.contiguous(), w.contiguous(), in_hw[0],
-                                    in_hw[1], stride, padding, dilation)
+    return call(torch.ops.mmevo.evolution_aggregate_transpose.default, gy, w,
+                in_hw[0], in_hw[1], stride, padding, dilation, 'zeros')
 
 
-def correlate(q,
-              x,
-              groups,
-              kernel_size,
-              stride,
-              padding,
-              dilation,
-              softmax=False):
+def correlate(q: torch.Tensor,
+              x: torch.Tensor,
+              groups: int,
+              kernel_size: int,
+              stride: int,
+              padding: int,
+              dilation: int,
+              softmax: bool = False) -> torch.Tensor:
     """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
     softmax is fused: it runs on each tile's sums before they are
     written."""
-    return _ext.correlate(q.contiguous(), x.contiguous(), groups, kernel_size,
-                          stride, padding, dilation, softmax)
+    op = (torch.ops.mmevo.local_attention_weights
+          if softmax else torch.ops.mmevo.local_correlation)
+    return call(op.default, q, x, groups, kernel_size, stride, padding,
+                dilation, 'zeros')

@@ -10,80 +10,9 @@ standard ONNX operators instead (``export.py``, sizes kept symbolic).
 import torch
 
 from . import export, library  # noqa: F401  (library: torch.ops.mmevo.*)
-
-PADDING_MODES = ('zeros', 'reflect')
-
-
-def check_int(name, value, minimum=1):
-    """Raise a clear error unless ``value`` is an int >= ``minimum``.
-
-    Args:
-        name (str): the argument's name, for the message.
-        value: the value to check (a bool is not an int here).
-        minimum (int): the smallest value allowed. Default: 1.
-
-    Example:
-        >>> check_int('stride', 2)
-        >>> check_int('padding', -1, minimum=0)
-        Traceback (most recent call last):
-        ...
-        ValueError: padding must be >= 0, got -1
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f'{name} must be an int, got {type(value).__name__} '
-                        f'{value!r}')
-    if value < minimum:
-        raise ValueError(f'{name} must be >= {minimum}, got {value}')
-
-
-def resolve_window(kernel_size, stride, padding, dilation, padding_mode):
-    """Check the window arguments; return the padding ('same' resolved).
-
-    Args:
-        kernel_size (int): K, >= 1.
-        stride (int): >= 1.
-        padding (int | None): >= 0, or None for "same",
-            ``dilation * (K - 1) // 2`` (K must be odd).
-        dilation (int): >= 1.
-        padding_mode (str): one of :data:`PADDING_MODES`.
-
-    Returns:
-        int: the padding on every side.
-
-    Example:
-        >>> resolve_window(7, 1, None, 2, 'zeros')
-        6
-    """
-    check_int('kernel_size', kernel_size, 1)
-    check_int('stride', stride, 1)
-    check_int('dilation', dilation, 1)
-    if padding_mode not in PADDING_MODES:
-        raise ValueError(f'padding_mode must be one of {PADDING_MODES}, '
-                         f'got {padding_mode!r}')
-    if padding is None:
-        if kernel_size % 2 == 0:
-            raise ValueError(
-                f'padding=None ("same") needs an odd kernel_size, '
-                f'got {kernel_size}; pass padding explicitly')
-        return dilation * (kernel_size - 1) // 2
-    check_int('padding', padding, 0)
-    return padding
-
-
-def output_size(size, kernel_size, stride, padding, dilation):
-    """Convolution output size rule: floor((H + 2p - d(K-1) - 1) / s) + 1."""
-    return (size + 2 * padding - dilation *
-            (kernel_size - 1) - 1) // stride + 1
-
-
-def _check_tensor(name, t, ndim, shape_doc):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f'{name} must be a Tensor, got {type(t).__name__}')
-    if t.dim() != ndim:
-        raise ValueError(f'{name} must be {shape_doc}, got {tuple(t.shape)}')
-    if not t.is_floating_point():
-        raise TypeError(
-            f'{name} must be a floating point tensor, got {t.dtype}')
+from .checks import (PADDING_MODES, check_int, check_pair,  # noqa: F401
+                     check_tensor, kernel_size_of, output_size,
+                     resolve_window)
 
 
 def _autocast(a, b):
@@ -95,26 +24,6 @@ def _autocast(a, b):
         dtype = torch.get_autocast_dtype(device)
         return a.to(dtype), b.to(dtype)
     return a, b
-
-
-def _check_pair(name_a, a, name_b, b):
-    if a.dtype != b.dtype:
-        raise TypeError(f'{name_a} and {name_b} must have the same dtype, '
-                        f'got {a.dtype} and {b.dtype}')
-    if a.device != b.device:
-        raise ValueError(f'{name_a} and {name_b} must be on the same device, '
-                         f'got {a.device} and {b.device}')
-
-
-def _check_map(name, size, kernel_size, stride, padding, dilation):
-    if size < 1:  # B = 0 and C = 0 are fine, an empty map has no windows
-        raise ValueError(f'{name} must be >= 1, got {size}')
-    out = output_size(size, kernel_size, stride, padding, dilation)
-    if out < 1:
-        raise ValueError(
-            f'{name} of {size} is too small for kernel_size={kernel_size}, '
-            f'dilation={dilation}, padding={padding}: output would be empty')
-    return out
 
 
 def evolution_aggregate(input,
@@ -148,32 +57,16 @@ def evolution_aggregate(input,
         >>> evolution_aggregate(x, w).shape
         torch.Size([2, 32, 9, 11])
     """
-    _check_tensor('input', input, 4, '(B, C, H, W)')
-    _check_tensor('kernel', kernel, 6, '(B, G, K, K, H_out, W_out)')
+    check_tensor('input', input, 4, '(B, C, H, W)')
+    check_tensor('kernel', kernel, 6, '(B, G, K, K, H_out, W_out)')
     input, kernel = _autocast(input, kernel)
-    _check_pair('input', input, 'kernel', kernel)
+    check_pair('input', input, 'kernel', kernel)
     if torch.onnx.is_in_onnx_export():
         return _export_aggregate(input, kernel, stride, padding, dilation,
                                  padding_mode)
-    # int(): under torch.jit.trace (FLOP counting) sizes come back as tensors.
-    B, C, H, W = map(int, input.shape)
-    K = int(kernel.shape[2])
-    if int(kernel.shape[3]) != K:
-        raise ValueError(
-            f'kernel must be (B, G, K, K, H_out, W_out) with the '
-            f'same K in both window dims, got {tuple(kernel.shape)}')
-    padding = resolve_window(K, stride, padding, dilation, padding_mode)
-    G = int(kernel.shape[1])
-    if G < 1 or C % G:
-        raise ValueError(f'input channels ({C}) must be divisible by the '
-                         f'kernel groups G={G}; kernel {tuple(kernel.shape)}')
-    H_out = _check_map('input height', H, K, stride, padding, dilation)
-    W_out = _check_map('input width', W, K, stride, padding, dilation)
-    expected = (B, G, K, K, H_out, W_out)
-    if tuple(kernel.shape) != expected:
-        raise ValueError(f'kernel must be (B, G, K, K, H_out, W_out) = '
-                         f'{expected} for input {tuple(input.shape)}, '
-                         f'got {tuple(kernel.shape)}')
+    # The operator checks the shapes (on every backend, and in C++).
+    padding = resolve_window(
+        kernel_size_of(kernel), stride, padding, dilation, padding_mode)
     return torch.ops.mmevo.evolution_aggregate(input, kernel, stride, padding,
                                                dilation, padding_mode)
 
@@ -257,25 +150,15 @@ def local_attention_weights(query,
 
 def _correlation_args(query, key, groups, kernel_size, stride, padding,
                       dilation, padding_mode):
-    """Check the arguments of the correlation ops; return them resolved."""
-    _check_tensor('query', query, 4, '(B, C, H_out, W_out)')
-    _check_tensor('key', key, 4, '(B, C, H, W)')
+    """The correlation ops' arguments, padding resolved (the operator checks
+    the shapes)."""
+    check_tensor('query', query, 4, '(B, C, H_out, W_out)')
+    check_tensor('key', key, 4, '(B, C, H, W)')
     query, key = _autocast(query, key)
-    _check_pair('query', query, 'key', key)
+    check_pair('query', query, 'key', key)
     check_int('groups', groups, 1)
     padding = resolve_window(kernel_size, stride, padding, dilation,
                              padding_mode)
-    B, C, H, W = map(int, key.shape)
-    if C % groups:
-        raise ValueError(f'key channels ({C}) must be divisible by '
-                         f'groups={groups}')
-    H_out = _check_map('key height', H, kernel_size, stride, padding, dilation)
-    W_out = _check_map('key width', W, kernel_size, stride, padding, dilation)
-    expected = (B, C, H_out, W_out)
-    if tuple(query.shape) != expected:
-        raise ValueError(f'query must be (B, C, H_out, W_out) = {expected} '
-                         f'for key {tuple(key.shape)}, got '
-                         f'{tuple(query.shape)}')
     return (query, key, groups, kernel_size, stride, padding, dilation,
             padding_mode)
 
@@ -296,9 +179,9 @@ def _export_aggregate(input, kernel, stride, padding, dilation, padding_mode):
 
 def _export_correlation(query, key, groups, kernel_size, stride, padding,
                         dilation, padding_mode, softmax):
-    _check_tensor('query', query, 4, '(B, C, H_out, W_out)')
-    _check_tensor('key', key, 4, '(B, C, H, W)')
-    _check_pair('query', query, 'key', key)
+    check_tensor('query', query, 4, '(B, C, H_out, W_out)')
+    check_tensor('key', key, 4, '(B, C, H, W)')
+    check_pair('query', query, 'key', key)
     check_int('groups', groups, 1)
     padding = resolve_window(kernel_size, stride, padding, dilation,
                              padding_mode)

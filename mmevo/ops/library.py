@@ -1,8 +1,7 @@
-"""``torch.library`` registration of the evolution ops: dispatch, fake,
+"""The ``torch.ops.mmevo`` operators: backend selection, fake kernels,
 autograd.
 
-Four operators, all taking resolved arguments (validation happens once, in
-:mod:`mmevo.ops.evolution`):
+Four operators, all taking resolved arguments:
 
 * ``mmevo::evolution_aggregate(input, kernel, stride, padding, dilation,
   padding_mode)``: Y = A(X, W);
@@ -14,107 +13,47 @@ Four operators, all taking resolved arguments (validation happens once, in
   ``local_correlation``): softmax(Corr(Q, X)) over each window, the softmax
   fused into the C++ kernel.
 
-Empty batches and maps without channels (B = 0, C = 0) are answered here,
-before any backend runs: backends see B >= 1 and C >= 1. The backend is the
-thread's (``MMEVO_OPS_BACKEND`` for every thread, :func:`use_backend` in
-one), and a backward runs on its forward's.
+Their schemas and CPU kernels come from the C++ extension
+(:mod:`mmevo.ops.cpp_backend`), which C++ programs load without Python;
+without it they are defined here. Python adds, for every device, a kernel
+that checks the arguments (:mod:`mmevo.ops.checks`) and picks the backend
+(registered on the ``BackendSelect`` key, which every call passes before
+the device's kernel): the C++ kernel (CPU), Triton
+(:mod:`mmevo.ops.triton_backend`, CUDA) or PyTorch
+(:mod:`mmevo.ops.torch_backend`, elsewhere), or the one forced with
+``MMEVO_OPS_BACKEND`` (every thread) or :func:`use_backend` (one thread). A
+backward runs on its forward's backend. Under ``'auto'``, a Triton kernel
+that fails to compile or launch for a geometry is reported once and that
+geometry runs on PyTorch from then on.
 
 Each one's gradients are the other ones (dX of A is At, dW of A is Corr, dQ of
 Corr is A, dX of Corr is At, and At's are A and Corr; the attention weights
 go through aten's softmax backward first), so derivatives of every order
-exist and ``gradcheck``/``gradgradcheck`` hold. Reflect padding is made
-explicit here (aten's reflection pad, or an index gather when the padding
-is not smaller than the map; their transposes for At), so backends
-only implement zero padding. Backends: C++ on CPU
-(:mod:`mmevo.ops.cpp_backend`), Triton on CUDA
-(:mod:`mmevo.ops.triton_backend`), and shift-and-accumulate in PyTorch
-(:mod:`mmevo.ops.torch_backend`) elsewhere or when forced with
-``MMEVO_OPS_BACKEND`` / :func:`use_backend`.
+exist and ``gradcheck``/``gradgradcheck`` hold. For the Triton and PyTorch
+backends, empty batches and maps without channels are answered here, and
+reflect padding is made explicit (aten's reflection pad, or an index gather
+when the padding is not smaller than the map; their transposes for At),
+unless the padded map would be much larger than the map: PyTorch then reads
+reflected indices per window tap.
 """
-import contextlib
 import functools
-import importlib
-import os
-import threading
 
 import torch
 
-from . import cpp_backend, torch_backend
-
-BACKENDS = ('auto', 'cpp', 'triton', 'torch')
-
-
-class _ForcedBackend(threading.local):
-    """The backend of this thread: ``MMEVO_OPS_BACKEND`` (read at import)
-    until :func:`use_backend` changes it, for this thread only."""
-    name = os.environ.get('MMEVO_OPS_BACKEND', 'auto')
+from . import backends, checks, cpp_backend, torch_backend
+# Used as mmevo.ops.library's too (tools, tests).
+from .backends import BACKENDS, primitives, use_backend  # noqa: F401
 
 
-_forced = _ForcedBackend()
-
-
-@contextlib.contextmanager
-def use_backend(name):
-    """Force a backend for the ops this thread runs inside the block.
-
-    Other threads keep theirs. The backward of an op runs on the backend of
-    its forward, wherever it runs (autograd runs CUDA backwards on threads
-    of its own).
-
-    Args:
-        name (str): one of 'auto', 'cpp', 'triton', 'torch'.
-
-    Example:
-        >>> with use_backend('torch'):  # the pure PyTorch formulation
-        ...     y = evolution_aggregate(x, w)
-    """
-    if name not in BACKENDS:
-        raise ValueError(f'backend must be one of {BACKENDS}, got {name!r}')
-    old, _forced.name = _forced.name, name
-    try:
-        yield
-    finally:
-        _forced.name = old
-
-
-def _triton_available():
-    try:
-        importlib.import_module('triton')
-    except ImportError:
-        return False
-    return True
-
-
-def primitives(t):
-    """The backend module (aggregate / aggregate_transpose / correlate)
-    for ``t``."""
-    name = _forced.name
-    if name == 'auto':
-        if t.device.type == 'cpu' and cpp_backend.available():
-            name = 'cpp'
-        elif t.device.type == 'cuda' and _triton_available():
-            name = 'triton'
-        else:
-            name = 'torch'
-    if name == 'cpp':
-        return cpp_backend
-    if name == 'triton':
-        return importlib.import_module('mmevo.ops.triton_backend')
-    return torch_backend
-
-
-def reflect_index(size, padding, device):
+def reflect_index(size: int, padding: int,
+                  device: torch.device) -> torch.Tensor:
     """Source index of each of the ``size + 2 * padding`` padded positions.
 
     numpy-style 'reflect' (the edge is not repeated), folded again as often as
     needed, so any padding works on any size, 1 included.
     """
-    pos = torch.arange(-padding, size + padding, device=device)
-    if size == 1:
-        return torch.zeros_like(pos)
-    period = 2 * (size - 1)
-    pos = pos.remainder(period)
-    return torch.where(pos >= size, period - pos, pos)
+    return torch_backend.reflect_positions(
+        torch.arange(-padding, size + padding, device=device), size)
 
 
 def _small_padding(padding, H, W):
@@ -122,19 +61,23 @@ def _small_padding(padding, H, W):
     return padding < H and padding < W
 
 
-def _explicit_padding(x, padding, padding_mode):
-    """(x, padding) for the zero-padding kernels: reflect becomes explicit."""
-    if padding_mode == 'zeros' or padding == 0:
-        return x, padding
+def _padded_fits(padding, H, W):
+    """Whether the padded map may be materialised: a few times the map at
+    most (or 64K pixels); as ``csrc/ops.cpp``'s ``padded_fits``."""
+    return (H + 2 * padding) * (W + 2 * padding) <= max(1 << 16, 4 * H * W)
+
+
+def _explicit_padding(x, padding):
+    """x reflect-padded for the zero-padding kernels."""
     H, W = x.shape[-2:]
     if _small_padding(padding, H, W):
         # aten's reflection pad is numpy 'reflect' here and several times
         # faster than two index_select gathers.
-        return torch.nn.functional.pad(x, (padding, ) * 4, mode='reflect'), 0
+        return torch.nn.functional.pad(x, (padding, ) * 4, mode='reflect')
     # Padding >= size reflects repeatedly, which aten rejects: gather.
     rows = reflect_index(H, padding, x.device)
     cols = reflect_index(W, padding, x.device)
-    return x.index_select(2, rows).index_select(3, cols), 0
+    return x.index_select(2, rows).index_select(3, cols)
 
 
 def _fold_reflect(gxp, padding, H, W):
@@ -170,79 +113,147 @@ def _empty(t):
     return t.shape[0] == 0 or t.shape[1] == 0
 
 
+def _reflects(padding, padding_mode):
+    return padding_mode == 'reflect' and padding > 0
+
+
 # ---------------------------------------------------------------- operators
-@torch.library.custom_op(
-    'mmevo::evolution_aggregate',
-    mutates_args=(),
-    schema='(Tensor input, Tensor kernel, int stride, int padding, '
-    'int dilation, str padding_mode) -> Tensor')
-def _aggregate(input, kernel, stride, padding, dilation, padding_mode):
+SCHEMAS = {
+    'evolution_aggregate':
+    '(Tensor input, Tensor kernel, int stride, int padding, int dilation, '
+    'str padding_mode) -> Tensor',
+    'local_correlation':
+    '(Tensor query, Tensor key, int groups, int kernel_size, int stride, '
+    'int padding, int dilation, str padding_mode) -> Tensor',
+    'local_attention_weights':
+    '(Tensor query, Tensor key, int groups, int kernel_size, int stride, '
+    'int padding, int dilation, str padding_mode) -> Tensor',
+    'evolution_aggregate_transpose':
+    '(Tensor grad, Tensor kernel, int height, int width, int stride, '
+    'int padding, int dilation, str padding_mode) -> Tensor',
+}
+
+_lib = torch.library.Library('mmevo', 'FRAGMENT')  # noqa: TOR901
+if not cpp_backend.available():  # else the extension defined them
+    for _name, _schema in SCHEMAS.items():
+        _lib.define(_name + _schema)
+
+
+def _aggregate_python(input, kernel, stride, padding, dilation,
+                      padding_mode):
     if _empty(input):
         return input.new_zeros(*input.shape[:2], *kernel.shape[-2:])
-    x, p = _explicit_padding(input, padding, padding_mode)
-    return primitives(input).aggregate(x, kernel, stride, p, dilation)
+    H, W = input.shape[-2:]
+    if not _reflects(padding, padding_mode):
+        return backends.run(input, 'aggregate', input, kernel, stride,
+                            padding, dilation)
+    if _padded_fits(padding, H, W):
+        xp = _explicit_padding(input, padding)
+        return backends.run(input, 'aggregate', xp, kernel, stride, 0,
+                            dilation)
+    return torch_backend.aggregate(
+        input, kernel, stride, padding, dilation, reflect=True)
 
 
-def _correlation_op(name, softmax):
-    """Register ``mmevo::<name>``: Corr(query, key), with the window softmax
-    if ``softmax`` (the backends fuse it)."""
+def _correlation_python(softmax):
 
-    @torch.library.custom_op(
-        f'mmevo::{name}',
-        mutates_args=(),
-        schema='(Tensor query, Tensor key, int groups, int kernel_size, '
-        'int stride, int padding, int dilation, str padding_mode) -> Tensor')
-    def op(query, key, groups, kernel_size, stride, padding, dilation,
-           padding_mode):
+    def correlation(query, key, groups, kernel_size, stride, padding,
+                    dilation, padding_mode):
         if _empty(query):  # sums over no channels: 0, a uniform softmax
             return query.new_full((query.shape[0], groups, kernel_size,
                                    kernel_size, *query.shape[-2:]),
                                   1 / kernel_size**2 if softmax else 0)
-        x, p = _explicit_padding(key, padding, padding_mode)
-        return primitives(query).correlate(query, x, groups, kernel_size,
-                                           stride, p, dilation, softmax)
+        H, W = key.shape[-2:]
+        window = (groups, kernel_size, stride)
+        if not _reflects(padding, padding_mode):
+            return backends.run(query, 'correlate', query, key, *window,
+                                padding, dilation, softmax)
+        if _padded_fits(padding, H, W):
+            xp = _explicit_padding(key, padding)
+            return backends.run(query, 'correlate', query, xp, *window, 0,
+                                dilation, softmax)
+        return torch_backend.correlate(
+            query, key, *window, padding, dilation, softmax, reflect=True)
 
+    return correlation
+
+
+def _transpose_python(grad, kernel, height, width, stride, padding, dilation,
+                      padding_mode):
+    if _empty(grad):
+        return grad.new_zeros(*grad.shape[:2], height, width)
+    if not _reflects(padding, padding_mode):
+        return backends.run(grad, 'aggregate_transpose', grad, kernel,
+                            (height, width), stride, padding, dilation)
+    if _padded_fits(padding, height, width):
+        padded = (height + 2 * padding, width + 2 * padding)
+        gxp = backends.run(grad, 'aggregate_transpose', grad, kernel, padded,
+                           stride, 0, dilation)
+        return _fold_reflect(gxp, padding, height, width)
+    return torch_backend.aggregate_transpose(
+        grad, kernel, (height, width), stride, padding, dilation,
+        reflect=True)
+
+
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def _register(name, check, python):
+    """The kernel of ``mmevo::<name>`` on every device: ``check`` the
+    arguments, then run the backend (the C++ kernel through the
+    dispatcher, or ``python``)."""
+    op = getattr(torch.ops.mmevo, name).default
+
+    def kernel(keyset, *args):
+        check(*args)
+        t = args[0]
+        if t.device.type == 'meta':
+            return op.redispatch(_META, *args)
+        if backends.backend_name(t) == 'cpp':
+            return cpp_backend.call(op, *args)
+        return python(*args)
+
+    _lib.impl(name, kernel, 'BackendSelect', with_keyset=True)
     return op
 
 
-_correlation = _correlation_op('local_correlation', softmax=False)
-_attention_weights = _correlation_op('local_attention_weights', softmax=True)
+_aggregate = _register('evolution_aggregate', checks.check_aggregate,
+                       _aggregate_python)
+_correlation = _register('local_correlation', checks.check_correlation,
+                         _correlation_python(False))
+_attention_weights = _register('local_attention_weights',
+                               checks.check_correlation,
+                               _correlation_python(True))
+_aggregate_transpose = _register('evolution_aggregate_transpose',
+                                 checks.check_transpose, _transpose_python)
 
 
-@torch.library.custom_op(
-    'mmevo::evolution_aggregate_transpose',
-    mutates_args=(),
-    schema='(Tensor grad, Tensor kernel, int height, int width, int stride, '
-    'int padding, int dilation, str padding_mode) -> Tensor')
-def _aggregate_transpose(grad, kernel, height, width, stride, padding,
-                         dilation, padding_mode):
-    if _empty(grad):
-        return grad.new_zeros(*grad.shape[:2], height, width)
-    prims = primitives(grad)
-    if padding_mode == 'zeros' or padding == 0:
-        return prims.aggregate_transpose(grad, kernel, (height, width), stride,
-                                         padding, dilation)
-    gxp = prims.aggregate_transpose(
-        grad, kernel, (height + 2 * padding, width + 2 * padding), stride, 0,
-        dilation)
-    return _fold_reflect(gxp, padding, height, width)
-
-
-@_aggregate.register_fake
+# Fake kernels (FakeTensor and meta tensors: torch.compile, torch.export)
+# check as the real ones do.
+@torch.library.register_fake('mmevo::evolution_aggregate')
 def _(input, kernel, stride, padding, dilation, padding_mode):
-    return input.new_empty(*input.shape[:2], *kernel.shape[-2:])
+    Ho, Wo = checks.check_aggregate(input, kernel, stride, padding, dilation,
+                                    padding_mode)
+    return input.new_empty(*input.shape[:2], Ho, Wo)
 
 
-@_correlation.register_fake
-@_attention_weights.register_fake
-def _(query, key, groups, kernel_size, stride, padding, dilation,
-      padding_mode):
+def _correlation_fake(query, key, groups, kernel_size, stride, padding,
+                      dilation, padding_mode):
+    Ho, Wo = checks.check_correlation(query, key, groups, kernel_size,
+                                      stride, padding, dilation, padding_mode)
     return query.new_empty(query.shape[0], groups, kernel_size, kernel_size,
-                           *query.shape[-2:])
+                           Ho, Wo)
 
 
-@_aggregate_transpose.register_fake
+torch.library.register_fake('mmevo::local_correlation', _correlation_fake)
+torch.library.register_fake('mmevo::local_attention_weights',
+                            _correlation_fake)
+
+
+@torch.library.register_fake('mmevo::evolution_aggregate_transpose')
 def _(grad, kernel, height, width, stride, padding, dilation, padding_mode):
+    checks.check_transpose(grad, kernel, height, width, stride, padding,
+                           dilation, padding_mode)
     return grad.new_empty(*grad.shape[:2], height, width)
 
 
@@ -254,7 +265,7 @@ def _window(ctx):
 def _save_window(ctx, stride, padding, dilation, padding_mode):
     ctx.stride, ctx.padding = stride, padding
     ctx.dilation, ctx.padding_mode = dilation, padding_mode
-    ctx.backend = _forced.name
+    ctx.backend = backends.forced()
 
 
 def _on_forward_backend(backward):
@@ -339,12 +350,11 @@ def _transpose_backward(ctx, grad_x):
     return (d_grad, d_kernel) + (None, ) * 6
 
 
-_aggregate.register_autograd(
-    _on_forward_backend(_aggregate_backward), setup_context=_aggregate_setup)
-_correlation.register_autograd(
-    _on_forward_backend(_correlation_backward),
-    setup_context=_correlation_setup)
-_aggregate_transpose.register_autograd(
-    _on_forward_backend(_transpose_backward), setup_context=_transpose_setup)
-_attention_weights.register_autograd(
-    _on_forward_backend(_attention_backward), setup_context=_attention_setup)
+for _op, _backward, _setup in (
+    (_aggregate, _aggregate_backward, _aggregate_setup),
+    (_correlation, _correlation_backward, _correlation_setup),
+    (_aggregate_transpose, _transpose_backward, _transpose_setup),
+    (_attention_weights, _attention_backward, _attention_setup),
+):
+    torch.library.register_autograd(
+        _op, _on_forward_backend(_backward), setup_context=_setup, lib=_lib)

@@ -1,20 +1,76 @@
-"""The window primitives in pure PyTorch, by shift-and-accumulate.
+"""The window primitives in pure PyTorch, one strided slice per window tap.
 
-One strided slice of the (zero-padded) map per window offset, multiplied and
-accumulated in place: no ``unfold`` copy of K^2 maps. This is the fastest
-formulation without a compiled kernel, used as the fallback backend on devices
-that have neither the C++ nor the Triton kernels, and as the "best pure
-PyTorch" baseline of ``tools/analysis/benchmark_ops.py``.
+For each window offset, the outputs whose tap lands inside the map are
+multiplied with a strided slice of the map and accumulated in place: no
+``unfold`` copy of K^2 maps and no padded copy of the map, so memory and
+time follow the input and output sizes, whatever the stride, dilation or
+padding. This is the fastest formulation without a compiled kernel, used as
+the fallback backend on devices that have neither the C++ nor the Triton
+kernels, and as the "best pure PyTorch" baseline of
+``tools/analysis/benchmark_ops.py``.
 
-All three take resolved arguments and zero padding (reflect padding is made
-explicit by the caller); fp16/bf16 are computed in fp32.
+All three take resolved arguments; zero padding, or with ``reflect``
+numpy-style reflect padding read through reflected indices (the caller
+usually pads explicitly instead, which is faster when the padded map is
+small). fp16/bf16 are computed in fp32.
 """
+from typing import Optional, Tuple, Union
+
 import torch
 
+_Reader = Union[slice, torch.Tensor]
 
-def _span(out_size, stride, offset):
-    # Input positions offset, offset + s, ... of out_size window taps.
-    return slice(offset, offset + stride * (out_size - 1) + 1, stride)
+
+def reflect_positions(pos: torch.Tensor, size: int) -> torch.Tensor:
+    """numpy-style 'reflect' of the positions ``pos`` into ``[0, size)``
+    (the edge is not repeated), folded again as often as needed."""
+    if size == 1:
+        return torch.zeros_like(pos)
+    period = 2 * (size - 1)
+    pos = pos.remainder(period)
+    return torch.where(pos >= size, period - pos, pos)
+
+
+def _tap(size, out_size, stride, offset, reflect,
+         device) -> Optional[Tuple[slice, _Reader]]:
+    """The outputs one window tap reaches along one map dimension, and how
+    to read the input under them, or None if it reaches none.
+
+    The tap reads input position ``i * stride + offset`` for output ``i``.
+    Zero padding: the outputs whose position lies inside ``[0, size)``, read
+    as a strided slice; reflect: every output, read at reflected indices.
+    """
+    if reflect:
+        pos = torch.arange(out_size, device=device) * stride + offset
+        return slice(0, out_size), reflect_positions(pos, size)
+    lo = max(0, -(offset // stride))  # ceil(-offset / stride)
+    hi = min(out_size - 1, (size - 1 - offset) // stride)
+    if hi < lo:
+        return None
+    first = lo * stride + offset
+    return slice(lo, hi + 1), slice(first, first + (hi - lo) * stride + 1,
+                                    stride)
+
+
+def _read(t, dim, reader):
+    if isinstance(reader, slice):
+        return t[(slice(None), ) * dim + (reader, )]
+    return t.index_select(dim, reader)
+
+
+def _taps(K, in_hw, out_hw, stride, padding, dilation, reflect, device):
+    """Yield ``(u, v, rows, cols)``: the (output slice, input reader) of
+    each dimension, for every window tap that reaches an output."""
+    for u in range(K):
+        rows = _tap(in_hw[0], out_hw[0], stride, u * dilation - padding,
+                    reflect, device)
+        if rows is None:
+            continue
+        for v in range(K):
+            cols = _tap(in_hw[1], out_hw[1], stride, v * dilation - padding,
+                        reflect, device)
+            if cols is not None:
+                yield u, v, rows, cols
 
 
 def _acc_dtype(t):
@@ -22,7 +78,12 @@ def _acc_dtype(t):
                                         torch.bfloat16) else t.dtype
 
 
-def aggregate(x, w, stride, padding, dilation):
+def aggregate(x: torch.Tensor,
+              w: torch.Tensor,
+              stride: int,
+              padding: int,
+              dilation: int,
+              reflect: bool = False) -> torch.Tensor:
     """Y = A(x, w): (B, C, H, W), (B, G, K, K, Ho, Wo) -> (B, C, Ho, Wo).
 
     Example:
@@ -30,23 +91,27 @@ def aggregate(x, w, stride, padding, dilation):
         >>> aggregate(x, w, 1, 1, 1).shape
         torch.Size([1, 4, 5, 5])
     """
-    B, C = x.shape[:2]
+    B, C, H, W = x.shape
     G, K, _, Ho, Wo = w.shape[1:]
     acc = _acc_dtype(x)
-    xp = torch.nn.functional.pad(x.to(acc), [padding] * 4)
+    x5 = x.to(acc).reshape(B, G, C // G, H, W)
     wa = w.to(acc)
-    out = xp.new_zeros(B, G, C // G, Ho, Wo)
-    for u in range(K):
-        for v in range(K):
-            win = xp[:, :,
-                     _span(Ho, stride, u * dilation),
-                     _span(Wo, stride, v * dilation)]
-            out.addcmul_(
-                win.view(B, G, C // G, Ho, Wo), wa[:, :, u, v].unsqueeze(2))
+    out = x5.new_zeros(B, G, C // G, Ho, Wo)
+    for u, v, (ro, ri), (co, ci) in _taps(K, (H, W), (Ho, Wo), stride,
+                                          padding, dilation, reflect,
+                                          x.device):
+        win = _read(_read(x5, 3, ri), 4, ci)
+        out[..., ro, co].addcmul_(win, wa[:, :, u, v, ro, co].unsqueeze(2))
     return out.view(B, C, Ho, Wo).to(x.dtype)
 
 
-def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
+def aggregate_transpose(gy: torch.Tensor,
+                        w: torch.Tensor,
+                        in_hw: Tuple[int, int],
+                        stride: int,
+                        padding: int,
+                        dilation: int,
+                        reflect: bool = False) -> torch.Tensor:
     """grad_x = At(gy, w): the transpose of :func:`aggregate` in ``x``.
 
     Example:
@@ -58,21 +123,22 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
     G, K = w.shape[1:3]
     H, W = in_hw
     acc = _acc_dtype(gy)
-    gxp = gy.new_zeros(
-        B, G, C // G, H + 2 * padding, W + 2 * padding, dtype=acc)
-    g = gy.to(acc).view(B, G, C // G, Ho, Wo)
+    g = gy.to(acc).reshape(B, G, C // G, Ho, Wo)
     wa = w.to(acc)
-    for u in range(K):
-        for v in range(K):
-            gxp[...,
-                _span(Ho, stride, u * dilation),
-                _span(Wo, stride, v * dilation)].addcmul_(
-                    g, wa[:, :, u, v].unsqueeze(2))
-    gx = gxp[..., padding:padding + H, padding:padding + W]
-    return gx.reshape(B, C, H, W).to(gy.dtype)
+    gx = g.new_zeros(B, G, C // G, H, W)
+    for u, v, (ro, ri), (co, ci) in _taps(K, (H, W), (Ho, Wo), stride,
+                                          padding, dilation, reflect,
+                                          gy.device):
+        part = g[..., ro, co] * wa[:, :, u, v, ro, co].unsqueeze(2)
+        if not reflect:
+            gx[..., ri, ci].add_(part)
+            continue
+        rows = part.new_zeros(B, G, C // G, H, part.shape[-1])
+        gx.index_add_(4, ci, rows.index_add_(3, ri, part))
+    return gx.view(B, C, H, W).to(gy.dtype)
 
 
-def window_softmax(t):
+def window_softmax(t: torch.Tensor) -> torch.Tensor:
     """Softmax over each pixel's K x K window: the attention weights of
     local self-attention from their logits.
 
@@ -90,14 +156,15 @@ def window_softmax(t):
     return t.flatten(2, 3).softmax(2).view_as(t)
 
 
-def correlate(q,
-              x,
-              groups,
-              kernel_size,
-              stride,
-              padding,
-              dilation,
-              softmax=False):
+def correlate(q: torch.Tensor,
+              x: torch.Tensor,
+              groups: int,
+              kernel_size: int,
+              stride: int,
+              padding: int,
+              dilation: int,
+              softmax: bool = False,
+              reflect: bool = False) -> torch.Tensor:
     """out = Corr(q, x): (B, C, Ho, Wo), (B, C, H, W) -> (B, G, K, K, Ho, Wo).
 
     With ``softmax``, normalised over each pixel's K x K window (in the
@@ -109,17 +176,17 @@ def correlate(q,
         torch.Size([1, 2, 3, 3, 5, 5])
     """
     B, C, Ho, Wo = q.shape
+    H, W = x.shape[-2:]
     K = kernel_size
     acc = _acc_dtype(q)
-    xp = torch.nn.functional.pad(x.to(acc), [padding] * 4)
-    qa = q.to(acc).view(B, groups, C // groups, Ho, Wo)
-    out = q.new_empty(B, groups, K, K, Ho, Wo, dtype=acc)
-    for u in range(K):
-        for v in range(K):
-            win = xp[:, :,
-                     _span(Ho, stride, u * dilation),
-                     _span(Wo, stride, v * dilation)]
-            torch.sum(qa * win.view_as(qa), dim=2, out=out[:, :, u, v])
+    x5 = x.to(acc).reshape(B, groups, C // groups, H, W)
+    q5 = q.to(acc).reshape(B, groups, C // groups, Ho, Wo)
+    out = q5.new_zeros(B, groups, K, K, Ho, Wo)
+    for u, v, (ro, ri), (co, ci) in _taps(K, (H, W), (Ho, Wo), stride,
+                                          padding, dilation, reflect,
+                                          q.device):
+        win = _read(_read(x5, 3, ri), 4, ci)
+        out[:, :, u, v, ro, co] = (q5[..., ro, co] * win).sum(2)
     if softmax:
         out = window_softmax(out)
     return out.to(q.dtype)

@@ -1,12 +1,18 @@
 """Every documented bad input raises ValueError/TypeError naming the
-argument."""
-import importlib.util
+argument: through the public functions, through the raw ``torch.ops.mmevo``
+operators on every backend and in their fake kernels, and from the C++
+operators alone (a process that only loaded the library)."""
+import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
-                       local_correlation)
+from mmevo.ops import (cpp_backend, evolution_aggregate, library,
+                       local_attention_weights, local_correlation)
 
 
 def x_w(C=8, H=9, W=11, G=2, K=3, Ho=None, Wo=None, dtype=torch.float32):
@@ -90,8 +96,55 @@ def test_integer_tensor():
     x, w = x_w()
     with pytest.raises(
             TypeError,
-            match=r'input must be a floating point tensor, got torch.int64'):
+            match=r'input must be a floating point tensor \(float64, '
+            r'float32, bfloat16 or float16\), got torch.int64'):
         evolution_aggregate(x.long(), w)
+
+
+def test_float8_is_a_type_error():
+    x, w = x_w()
+    f8 = torch.float8_e4m3fn
+    with pytest.raises(TypeError, match=r'kernel must be a floating point '
+                       r'tensor .*, got torch.float8_e4m3fn'):
+        evolution_aggregate(x, w.to(f8))
+    with pytest.raises(TypeError, match=r'query must be .*float8_e5m2'):
+        local_correlation(x.to(torch.float8_e5m2), x, 2, 3)
+
+
+@pytest.mark.parametrize('name', ['stride', 'padding', 'dilation'])
+@pytest.mark.parametrize('value', [2**63, 2**64])
+def test_beyond_int64_is_one_line(name, value):
+    x, w = x_w(H=1, W=1)
+    with pytest.raises(ValueError) as error:
+        evolution_aggregate(x, w, **{name: value})
+    assert str(error.value) == (f'{name} must be < 2**63 (an int64), '
+                                f'got {value}')
+
+
+@pytest.mark.parametrize('op', ['aggregate', 'correlation'])
+def test_window_span_overflow(op):
+    """(K - 1) * d past int64 (it used to wrap: zeros, or a segfault)."""
+    x = torch.ones(1, 1, 2, 2)
+    with pytest.raises(
+            ValueError,
+            match=r'dilation=4611686018427387904 with kernel_size=3: the '
+            r'window span \(kernel_size - 1\) \* dilation does not fit in '
+            r'int64'):
+        if op == 'aggregate':
+            evolution_aggregate(x, torch.ones(1, 1, 3, 3, 2, 2), padding=0,
+                                dilation=2**62)
+        else:
+            local_correlation(x, x, 1, 3, padding=0, dilation=2**62)
+
+
+def test_padded_size_overflow():
+    x = torch.ones(1, 1, 2, 2)
+    with pytest.raises(
+            ValueError,
+            match=r'padding=4611686018427387904 with input height 2: input '
+            r'height \+ 2 \* padding does not fit in int64'):
+        evolution_aggregate(x, torch.ones(1, 1, 1, 1, 2, 2), stride=2**62,
+                            padding=2**62)
 
 
 def test_not_a_tensor():
@@ -181,75 +234,171 @@ def test_attention_weights_key_not_4d():
         local_attention_weights(x, x[0], 2, 3)
 
 
-# The registered ops take resolved arguments and skip the checks above; the
-# C++ kernels check every shape relation they rely on themselves.
-requires_ext = pytest.mark.skipif(
-    importlib.util.find_spec('mmevo._ext') is None,
-    reason='the C++ extension is not built')
+# The raw operators take resolved arguments and check every relation
+# themselves, on every backend: the entry of exported graphs and of C++.
 X = (1, 4, 4, 4)
-# (op, shapes of the two tensors, the other arguments, message)
+K3 = (1, 1, 3, 3, 4, 4)
+# (op, shapes of the two tensors, the other arguments, error, message)
 RAW_CASES = [
-    # a kernel map of the wrong size used to come back zero-padded
+    # a kernel map of the wrong size used to come back zero-padded (cpp) or
+    # wrongly shaped (torch)
     ('evolution_aggregate', (X, (1, 1, 3, 3, 50, 50)), (1, 1, 1, 'zeros'),
-     r'kernel must be \(B, G, K, K, H_out, W_out\) = \[1, 1, 3, 3, 4, 4\] '
-     r'for an input of \[1, 4, 4, 4\], stride=1, padding=1, dilation=1, '
-     r'got \[1, 1, 3, 3, 50, 50\]'),
-    ('evolution_aggregate', (X, (1, 1, 3, 3, 4, 4)), (2, 1, 1, 'zeros'),
-     r'= \[1, 1, 3, 3, 2, 2\] .* got \[1, 1, 3, 3, 4, 4\]'),  # stride 2
-    # reflect padding is made explicit before the kernel
-    ('evolution_aggregate', (X, (1, 1, 3, 3, 5, 5)), (1, 1, 1, 'reflect'),
-     r'= \[1, 1, 3, 3, 4, 4\] .* got \[1, 1, 3, 3, 5, 5\]'),
-    ('evolution_aggregate', (X, (2, 1, 3, 3, 4, 4)), (1, 1, 1, 'zeros'),
-     r'= \[1, 1, 3, 3, 4, 4\] .* got \[2, 1, 3, 3, 4, 4\]'),
+     'ValueError',
+     r'kernel must be \(B, G, K, K, H_out, W_out\) = \(1, 1, 3, 3, 4, 4\) '
+     r'for input \(1, 4, 4, 4\), got \(1, 1, 3, 3, 50, 50\)'),
+    ('evolution_aggregate', (X, (1, 1, 3, 3, 4, 3)), (1, 1, 1, 'reflect'),
+     'ValueError', r'= \(1, 1, 3, 3, 4, 4\) .* got \(1, 1, 3, 3, 4, 3\)'),
+    ('evolution_aggregate', (X, K3), (2, 1, 1, 'zeros'), 'ValueError',
+     r'= \(1, 1, 3, 3, 2, 2\) .* got \(1, 1, 3, 3, 4, 4\)'),  # stride 2
+    # the kernel map's batch (Triton read out of bounds with B 4 and 1)
+    (
+        'evolution_aggregate', ((4, 4, 4, 4), K3), (1, 1, 1, 'zeros'),
+        'ValueError',
+        r'= \(4, 1, 3, 3, 4, 4\) for input \(4, 4, 4, 4\), got '
+        r'\(1, 1, 3, 3, 4, 4\)'),
     ('evolution_aggregate', (X, (1, 1, 3, 5, 4, 4)), (1, 1, 1, 'zeros'),
-     r'= \[1, 1, 3, 3, 4, 4\] .* got \[1, 1, 3, 5, 4, 4\]'),
+     'ValueError', r'same K in both window dims, got \(1, 1, 3, 5, 4, 4\)'),
     ('evolution_aggregate', (X, (1, 3, 3, 3, 4, 4)), (1, 1, 1, 'zeros'),
-     r'channels \(4\) must be divisible by groups \(3\)'),
-    ('evolution_aggregate', ((1, 4, 2, 2), (1, 1, 5, 5, 1, 1)), (1, 0, 1,
-                                                                 'zeros'),
-     r'input map 2x2 is too small for kernel_size=5, padding=0'),
+     'ValueError', r'input channels \(4\) must be divisible by the kernel '
+     r'groups G=3'),
+    ('evolution_aggregate', ((1, 4, 2, 2), (1, 1, 5, 5, 1, 1)),
+     (1, 0, 1, 'zeros'), 'ValueError',
+     r'input height of 2 is too small for kernel_size=5, dilation=1, '
+     r'padding=0: output would be empty'),
+    ('evolution_aggregate', (X, K3), (1, 1, 1, 'garbage'), 'ValueError',
+     r"padding_mode must be one of \('zeros', 'reflect'\), got 'garbage'"),
+    ('evolution_aggregate', (X, K3), (0, 1, 1, 'zeros'), 'ValueError',
+     r'stride must be >= 1, got 0'),
+    ('evolution_aggregate', (X, K3), (1, -1, 1, 'zeros'), 'ValueError',
+     r'padding must be >= 0, got -1'),
+    ('evolution_aggregate', (X, K3), (1, 1, 2**62, 'zeros'), 'ValueError',
+     r'dilation=4611686018427387904 with kernel_size=3'),
+    ('evolution_aggregate', (X, K3), (2**62, 2**62, 1, 'zeros'),
+     'ValueError', r'padding=4611686018427387904 with input height 4'),
+    ('evolution_aggregate', ((1, 4), K3), (1, 1, 1, 'zeros'), 'ValueError',
+     r'input must be \(B, C, H, W\), got \(1, 4\)'),
     ('local_correlation', ((1, 4, 3, 3), X), (1, 3, 1, 1, 1, 'zeros'),
-     r'query must be \(B, C, H_out, W_out\) = \[1, 4, 4, 4\] for an input '
-     r'of \[1, 4, 4, 4\], stride=1, padding=1, dilation=1, got '
-     r'\[1, 4, 3, 3\]'),
+     'ValueError',
+     r'query must be \(B, C, H_out, W_out\) = \(1, 4, 4, 4\) for key '
+     r'\(1, 4, 4, 4\), got \(1, 4, 3, 3\)'),
     ('local_correlation', ((2, 4, 4, 4), X), (1, 3, 1, 1, 1, 'zeros'),
-     r'query must be .* got \[2, 4, 4, 4\]'),
+     'ValueError', r'query must be .* got \(2, 4, 4, 4\)'),
+    ('local_correlation', (X, X), (1, 3, 1, 1, 1, 'garbage'), 'ValueError',
+     r'padding_mode must be one of'),
+    ('local_correlation', (X, X), (0, 3, 1, 1, 1, 'zeros'), 'ValueError',
+     r'groups must be >= 1, got 0'),
     ('local_attention_weights', ((1, 8, 4, 4), X), (1, 3, 1, 1, 1, 'zeros'),
-     r'query must be .* got \[1, 8, 4, 4\]'),
+     'ValueError', r'query must be .* got \(1, 8, 4, 4\)'),
     ('local_attention_weights', (X, X), (3, 3, 1, 1, 1, 'zeros'),
-     r'channels \(4\) must be divisible by groups \(3\)'),
-    ('evolution_aggregate_transpose', (X, (1, 1, 3, 3, 4, 4)), (9, 9, 1, 1, 1,
-                                                                'zeros'),
-     r'grad_y must be \(B, C, H_out, W_out\) = \[1, 4, 9, 9\] for an input '
-     r'of \[1, 4, 9, 9\], .* got \[1, 4, 4, 4\]'),
-    ('evolution_aggregate_transpose', (X, (1, 1, 3, 3, 9, 9)), (4, 4, 1, 1, 1,
-                                                                'zeros'),
-     r'kernel must be .* = \[1, 1, 3, 3, 4, 4\] .* got \[1, 1, 3, 3, 9, 9\]'),
+     'ValueError', r'key channels \(4\) must be divisible by groups=3'),
+    ('evolution_aggregate_transpose', (X, (1, 1, 3, 3, 9, 9)),
+     (9, 9, 1, 1, 1, 'zeros'), 'ValueError',
+     r'grad must be \(B, C, H_out, W_out\) = \(1, 4, 9, 9\) for height=9, '
+     r'width=9, got \(1, 4, 4, 4\)'),
+    ('evolution_aggregate_transpose', (X, (1, 1, 3, 3, 9, 9)),
+     (4, 4, 1, 1, 1, 'zeros'), 'ValueError',
+     r'kernel must be .* = \(1, 1, 3, 3, 4, 4\) for grad \(1, 4, 4, 4\), '
+     r'got \(1, 1, 3, 3, 9, 9\)'),
+    ('evolution_aggregate_transpose', (X, K3), (0, 4, 1, 1, 1, 'zeros'),
+     'ValueError', r'height must be >= 1, got 0'),
+    ('evolution_aggregate_transpose', (X, K3), (4, 4, 1, 1, 1, 'reflekt'),
+     'ValueError', r"padding_mode must be one of .* got 'reflekt'"),
 ]
 
 
-@requires_ext
-@pytest.mark.parametrize('op,shapes,args,message', RAW_CASES)
-def test_registered_op_checks_shapes(op, shapes, args, message):
+ERRORS = {'ValueError': ValueError, 'TypeError': TypeError}
+
+
+def run_raw(op, shapes, args, dtypes=(torch.float32, torch.float32),
+            devices=('cpu', 'cpu')):
+    tensors = [
+        torch.randn(shape).to(dtype).to(device)
+        for shape, dtype, device in zip(shapes, dtypes, devices)
+    ]
+    return getattr(torch.ops.mmevo, op)(*tensors, *args)
+
+
+BACKENDS = ['cpp', 'torch', 'triton'] if cpp_backend.available() else [
+    'torch', 'triton'
+]
+
+
+# 'triton' with CPU tensors: the checks run before any kernel (the kernels
+# themselves run under TRITON_INTERPRET=1, in test_triton_interpret.py).
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('op,shapes,args,error,message', RAW_CASES)
+def test_raw_op_checks(backend, op, shapes, args, error, message):
+    with library.use_backend(backend):
+        with pytest.raises(ERRORS[error], match=message):
+            run_raw(op, shapes, args)
+
+
+@pytest.mark.parametrize('op,shapes,args,error,message', RAW_CASES)
+def test_fake_kernel_checks(op, shapes, args, error, message):
+    """The fake kernels (torch.compile, torch.export) check as the real
+    ones: meta tensors."""
+    with pytest.raises(ValueError, match=message):
+        run_raw(op, shapes, args, devices=('meta', 'meta'))
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_raw_op_checks_devices_and_dtypes(backend):
+    """A CPU input with a meta kernel map used to return an uninitialised
+    tensor; float8 a NotImplementedError."""
+    with library.use_backend(backend):
+        with pytest.raises(
+                ValueError, match=r'input and kernel must be on the same '
+                r'device, got cpu and meta'):
+            run_raw('evolution_aggregate', (X, K3), (1, 1, 1, 'zeros'),
+                    devices=('cpu', 'meta'))
+        with pytest.raises(
+                TypeError, match=r'query and key must have the same dtype, '
+                r'got torch.float64 and torch.float32'):
+            run_raw('local_correlation', (X, X), (1, 3, 1, 1, 1, 'zeros'),
+                    dtypes=(torch.float64, torch.float32))
+        with pytest.raises(TypeError, match=r'grad must be a floating point '
+                           r'tensor .* got torch.float8_e4m3fn'):
+            run_raw('evolution_aggregate_transpose', (X, K3),
+                    (4, 4, 1, 1, 1, 'zeros'),
+                    dtypes=(torch.float8_e4m3fn, torch.float8_e4m3fn))
+
+
+CPP_ONLY = r"""
+import json, sys
+import torch
+torch.ops.load_library(sys.argv[1])
+cases = json.loads(sys.argv[2])
+out = []
+for op, shapes, args in cases:
     tensors = [torch.randn(shape) for shape in shapes]
-    with library.use_backend('cpp'):
-        with pytest.raises(RuntimeError, match=message):
-            getattr(torch.ops.mmevo, op)(*tensors, *args)
+    try:
+        getattr(torch.ops.mmevo, op)(*tensors, *args)
+        out.append(['no error', ''])
+    except Exception as e:
+        out.append([type(e).__name__, str(e).splitlines()[0]])
+out.append(sorted(m for m in sys.modules if m.startswith('mmevo')))
+print(json.dumps(out))
+"""
 
 
-@requires_ext
-@pytest.mark.parametrize(
-    'call', ['aggregate_forward', 'aggregate_transpose', 'correlate'])
-def test_kernels_refuse_zero_channels(call):
-    """C = 0 reaches no kernel (the ops answer it first); called directly,
-    the C++ entry points refuse it instead of dividing by zero (SIGFPE)."""
-    from mmevo import _ext
-    x, w = torch.randn(2, 0, 9, 11), torch.randn(2, 1, 3, 3, 9, 11)
-    args = dict(
-        aggregate_forward=(x, w, 1, 1, 1),
-        aggregate_transpose=(x, w, 9, 11, 1, 1, 1),
-        correlate=(x, x, 1, 3, 1, 1, 1, False))[call]
-    with pytest.raises(
-            RuntimeError, match=r'input of \[2, 0, 9, 11\] has '
-            r'no channels'):
-        getattr(_ext, call)(*args)
+@pytest.mark.skipif(
+    not cpp_backend.available(), reason='the C++ extension is not built')
+def test_cpp_operators_check_without_python_side():
+    """The C++ operators alone, in a process that never imported mmevo:
+    the same errors and messages."""
+    cases = [[op, shapes, args] for op, shapes, args, _, _ in RAW_CASES]
+    run = subprocess.run(
+        [sys.executable, '-c', CPP_ONLY, cpp_backend.LIBRARY,
+         json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(cpp_backend.LIBRARY),
+        env=dict(os.environ, PYTHONPATH=''))
+    assert run.returncode == 0, run.stderr[-3000:]
+    *results, modules = json.loads(run.stdout.strip().splitlines()[-1])
+    assert modules == []
+    for (op, _, _, error, message), (got_error, got) in zip(
+            RAW_CASES, results):
+        assert got_error == error, (op, got_error, got)
+        assert re.search(message, got), (op, message, got)

@@ -1,8 +1,9 @@
 """Every instruction-set variant of the C++ kernels against the reference.
 
 The extension picks the widest of AVX-512 / AVX2 / baseline vectors the CPU
-has; ``MMEVO_CPU_ISA`` selects a narrower one (read once, at import), so each
-variant runs here in a subprocess on the same wide-map, strided geometries.
+has; ``MMEVO_CPU_ISA`` selects a narrower one (read once, when the library
+loads), so each variant runs here in a subprocess on the same wide-map,
+strided geometries.
 """
 import os
 import subprocess
@@ -14,13 +15,13 @@ from mmevo.ops import cpp_backend
 
 SCRIPT = r'''
 import torch
-from mmevo import _ext
-from mmevo.ops import (evolution_aggregate, local_attention_weights,
-                       local_correlation, output_size)
+from mmevo.ops import (cpp_backend, evolution_aggregate,
+                       local_attention_weights, local_correlation,
+                       output_size)
 from mmevo.ops.reference import (aggregate_reference,
                                  attention_weights_reference,
                                  correlation_reference)
-assert _ext.isa() == {isa!r}, _ext.isa()
+assert cpp_backend.isa() == {isa!r}, cpp_backend.isa()
 torch.manual_seed(0)
 for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1),
                                (1, 36, 3, 5, 19, 40, 2, 1),
@@ -53,8 +54,7 @@ print('ok')
     not cpp_backend.available(), reason='the C++ extension is not built')
 @pytest.mark.parametrize('isa', ['avx2', 'base'])
 def test_narrower_isa_matches_reference(isa):
-    from mmevo import _ext
-    if isa == 'avx2' and _ext.isa() == 'base':
+    if isa == 'avx2' and cpp_backend.isa() == 'base':
         pytest.skip('this CPU has no AVX2')
     env = dict(os.environ, MMEVO_CPU_ISA=isa, OMP_NUM_THREADS='2')
     run = subprocess.run(

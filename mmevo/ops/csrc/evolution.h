@@ -1,0 +1,41 @@
+// Shared by the two translation units of the extension: the tiled kernels
+// (evolution.cpp) and the operators that validate and dispatch to them
+// (ops.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mmevo {
+
+// A checked window geometry: input (B, C, H, W) with B, C, H, W >= 1, G
+// groups dividing C, a K x K window of stride s, zero padding p and
+// dilation d whose output is Ho x Wo >= 1, and every size (H + 2p,
+// (K - 1) * d) representable in int64.
+struct Geometry {
+  int64_t B, C, H, W, G, K, Ho, Wo, s, p, d;
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return a >= 0 ? (a + b - 1) / b : -((-a) / b);
+}
+
+// Whether the tiled kernels' per-task buffers, which span every input row
+// and column phase a tile's windows reach (zero padding included), stay
+// within a small multiple of the input map; if not (very large strides,
+// dilations or paddings), the direct formulation of ops.cpp runs instead.
+bool tiled_fits(const Geometry& g);
+
+// The tiled kernels: contiguous CPU tensors of one floating dtype, zero
+// padding, g checked (see Geometry); the outputs are allocated here.
+at::Tensor tiled_aggregate(const at::Tensor& x, const at::Tensor& w, const Geometry& g);
+at::Tensor tiled_transpose(const at::Tensor& gy, const at::Tensor& w, const Geometry& g);
+at::Tensor tiled_correlate(const at::Tensor& q, const at::Tensor& x, const Geometry& g,
+                           bool softmax);
+
+// The instruction set the tiled kernels run: "avx512", "avx2" or "base".
+std::string isa_name();
+
+}  // namespace mmevo
