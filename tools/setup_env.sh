@@ -55,7 +55,9 @@ if ! ls "$CACHE/torch-$TAG"/mmcv-$MMCV_VERSION-*.whl >/dev/null 2>&1; then
     rm -rf "$BUILD"
 fi
 "${PIP[@]}" install -q "$CACHE/torch-$TAG"/mmcv-$MMCV_VERSION-*.whl "${PINS[@]}"
-# mmevo itself, editable; builds the C++ CPU kernels.
+# mmevo itself, editable; builds the C++ CPU kernels. An extension left by an
+# older build (another ABI tag) would be found first, so it goes.
+rm -f mmevo/_ext*.so
 "${PIP[@]}" install -q --no-build-isolation --no-deps -e .
 "$VENV/bin/python" -c "import mmcv.ops, mmdet, mmseg, mmpretrain, mmevo; print('[setup] ok: torch', __import__('torch').__version__, 'mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmseg', mmseg.__version__, 'mmpretrain', mmpretrain.__version__)"
 echo "$want" > "$STAMP"
