@@ -44,16 +44,18 @@ def run(model, x, on):
     x = x.clone().requires_grad_()
     calls = count_conv_calls(model)
     model.zero_grad(set_to_none=True)
+    # Until after the backward: a checkpointed block recomputes there.
     set_cpu_fastpath(model, on)
     try:
         outs = model(x)
+        outs = outs if isinstance(outs, tuple) else (outs, )
+        gen = torch.Generator().manual_seed(1)
+        loss = sum(
+            (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
+            for o in outs)
+        loss.backward()
     finally:
         set_cpu_fastpath(model, True)
-    outs = outs if isinstance(outs, tuple) else (outs, )
-    gen = torch.Generator().manual_seed(1)
-    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
-               for o in outs)
-    loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     for m in model.modules():
         m._forward_hooks.clear()

@@ -4,7 +4,6 @@ Both backbones (and their blocks) run with ``use_cpu_fastpath`` on and off
 on the same float64 input: outputs and all gradients agree
 (``tests/layers/fastpath_helpers.py``, shared with the layer tests).
 """
-import copy
 import importlib.util
 import os
 
@@ -40,29 +39,6 @@ def test_backbone_fast_path_equals_stock(cls, tiny, mode):
     model = helpers.randomised(cls(26, **tiny)).double()
     x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
     helpers.assert_paths_equal(model.train(mode == 'train'), x)
-
-
-@pytest.mark.parametrize('cls,tiny', BACKBONES)
-def test_fast_path_with_cp_equals_stock(cls, tiny):
-    """Checkpointed blocks take the fast path inside their checkpoint too:
-    outputs and gradients are the stock path's, and the BN statistics those
-    of the same two steps without checkpointing (one update per step)."""
-    torch.manual_seed(0)
-    model = helpers.randomised(cls(26, with_cp=True, **tiny)).double()
-    plain = copy.deepcopy(model)
-    for m in plain.modules():
-        if hasattr(m, 'with_cp'):
-            m.with_cp = False
-    x = torch.rand(2, 3, 33, 30, dtype=torch.float64)
-    helpers.assert_paths_equal(model.train(), x)  # two steps: fast, stock
-    for _ in range(2):
-        helpers.run(plain.train(), x, False)
-    reference = dict(plain.named_buffers())
-    for name, buf in model.named_buffers():
-        torch.testing.assert_close(
-            buf, reference[name], rtol=1e-9, atol=1e-12, msg=name)
-        if name.endswith('num_batches_tracked'):
-            assert buf == 2, name
 
 
 def test_fast_paths_keep_nchw_outputs_and_gradient():

@@ -100,6 +100,8 @@ def build_pair(geometry, middle, with_cp):
     ours = randomised(MiddleLayerBottleneck(g['inplanes'], 16, middle,
                                             **kwargs))
     if middle is conv3x3:
+        # its own shortcut module: gradients must not accumulate in ours
+        kwargs['downsample'] = copy.deepcopy(kwargs['downsample'])
         theirs = Bottleneck(g['inplanes'], 16, **kwargs).double()
         theirs.load_state_dict(ours.state_dict())
     else:

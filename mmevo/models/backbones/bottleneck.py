@@ -79,19 +79,22 @@ class MiddleLayerBottleneck(Bottleneck):
             Tensor: (B, planes * 4, H_out, W_out).
         """
         if self.with_cp and x.requires_grad:
+            # The stock block inside the checkpoint (its middle layer may
+            # still take its own fast path), as before the redesign.
             out = checkpoint(
                 self._residual,
                 x,
+                False,
                 use_reentrant=False,
                 context_fn=lambda:
                 (contextlib.nullcontext(), _running_stats_kept(self)))
         else:
-            out = self._residual(x)
+            out = self._residual(x, takes_cpu_fastpath(self, x))
         return self.relu(out)
 
-    def _residual(self, x):
-        """The block before its last ReLU: branch + shortcut."""
-        fast = takes_cpu_fastpath(self, x)
+    def _residual(self, x, fast):
+        """The block before its last ReLU: branch + shortcut; ``fast``
+        takes the CPU fast path."""
         out = self._conv1_cpu(x) if fast else self.conv1(x)
         out = self.relu(self.norm1(out))
         out = self.relu(self.norm2(self.conv2(out)))
