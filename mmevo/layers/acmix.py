@@ -1,14 +1,18 @@
 """ACmix (Pan et al., CVPR 2022): attention + shift-conv on shared q/k/v."""
+from typing import Tuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmevo.ops import check_int, cpu_fastpath, local_attention_weights
+from mmevo.ops import check_int, local_attention_weights
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible
+from .base import EvolutionLayer, InitCfg, check_divisible
+from .fastpath import cpu_fastpath_default, pointwise, takes_cpu_fastpath
 
 
-def position_map(height, width, dtype, device):
+def position_map(height: int, width: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
     """Normalised coordinates (1, 2, H, W): channel 0 = column, 1 = row.
 
     ``torch.linspace(-1, 1, n)`` of the published code, written with
@@ -26,6 +30,76 @@ def position_map(height, width, dtype, device):
         loc_w.view(1, -1).expand(height, width),
         loc_h.view(-1, 1).expand(height, width)
     ]).unsqueeze(0)
+
+
+class _SplitProjection(torch.autograd.Function):
+    """One fused q/k/v projection -> the inputs of both ACmix paths.
+
+    ``proj`` (B, 3C, H, W) holds q, k and v with channels ordered
+    (head_dim, {q, k, v}, head): the order in which the conv path's grouped
+    convolution reads them, so its input is ``proj`` itself in channels_last
+    memory (oneDNN's grouped backward is ~15x faster on it). The attention
+    path gets head-major copies: the query (strided, times ``q_scale``), the
+    key minus ``pe`` (1, head_dim, H, W) and the value. One node rather than
+    slicing, so that the backward writes the four gradients into one buffer
+    instead of summing zero-filled copies of ``proj``.
+    """
+
+    @staticmethod
+    def forward(ctx, proj, pe, head, stride, q_scale):
+        B, C3, H, W = proj.shape
+        C, s = C3 // 3, stride
+        hd = C // head
+        rows = proj.view(B, hd, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
+        # Copied into head-major buffers, then scaled / shifted in place (not
+        # out=: under torch.compile an out= result takes the source's strides).
+        query = proj.new_empty(B, head, hd, -(-H // s), -(-W // s))
+        query.copy_(rows[:, 0, ..., ::s, ::s]).mul_(q_scale)
+        key = proj.new_empty(B, head, hd, H, W)
+        key.copy_(rows[:, 1]).sub_(pe)
+        value = rows[:, 2].contiguous()
+        conv_input = proj.view(B, C3, H * W).transpose(1, 2).contiguous()
+        conv_input = conv_input.view(B, H, W, C3).permute(0, 3, 1, 2)
+        ctx.geometry = (head, s, q_scale)
+        return (query.view(B, C, *query.shape[-2:]), key.view(B, C, H, W),
+                value.view(B, C, H, W), conv_input)
+
+    @staticmethod
+    def backward(ctx, g_query, g_key, g_value, g_conv):
+        head, s, q_scale = ctx.geometry
+        B, C3, H, W = g_conv.shape
+        hd = C3 // 3 // head
+        grad = g_conv.permute(0, 2, 3, 1).reshape(B, H * W, C3)
+        grad = grad.transpose(1, 2).contiguous()
+        rows = grad.view(B, hd, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
+
+        def heads(g):  # (B, C, h, w) -> (B, head, head_dim, h, w)
+            return g.reshape(B, head, hd, *g.shape[-2:])
+
+        rows[:, 0, ..., ::s, ::s].add_(heads(g_query), alpha=q_scale)
+        rows[:, 1].add_(heads(g_key))
+        g_pe = heads(g_key).sum((0, 1), keepdim=True).neg_()
+        rows[:, 2].add_(heads(g_value))
+        return grad.view(B, C3, H, W), g_pe[0], None, None, None
+
+
+class _Mix(torch.autograd.Function):
+    """``rate1 * out_att + out_conv`` in one pass, in out_att's NCHW layout
+    (that of the rest of the network): an elementwise op would take the
+    channels_last layout of the conv path's output, its first operand."""
+
+    @staticmethod
+    def forward(ctx, out_att, out_conv, rate1):
+        ctx.save_for_backward(out_att, rate1)
+        out = torch.empty_like(out_att, memory_format=torch.contiguous_format)
+        return torch.addcmul(out_conv, out_att, rate1, out=out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_att, rate1 = ctx.saved_tensors
+        grad = grad.contiguous()
+        g_rate1 = torch.dot(grad.view(-1), out_att.reshape(-1)).view(1)
+        return grad * rate1, grad, g_rate1
 
 
 @MODELS.register_module()
@@ -48,6 +122,11 @@ class ACmix(EvolutionLayer):
     reflection padding (numpy-style repeated reflection), and with dilation
     (the window taps are dilated; the published code only pads more).
 
+    On CPU in eager mode, while ``use_cpu_fastpath`` is True (see
+    :mod:`mmevo.layers.fastpath`), :meth:`forward` runs the same numbers
+    fused (:meth:`_forward_cpu`): q, k and v as one matmul, ``fc`` folded
+    into ``dep_conv``. :meth:`generate` always runs the published graph.
+
     Args:
         in_planes (int): input channels.
         out_planes (int): output channels, divisible by ``head``.
@@ -68,14 +147,14 @@ class ACmix(EvolutionLayer):
     """
 
     def __init__(self,
-                 in_planes,
-                 out_planes,
-                 kernel_att=7,
-                 head=4,
-                 kernel_conv=3,
-                 stride=1,
-                 dilation=1,
-                 init_cfg=None):
+                 in_planes: int,
+                 out_planes: int,
+                 kernel_att: int = 7,
+                 head: int = 4,
+                 kernel_conv: int = 3,
+                 stride: int = 1,
+                 dilation: int = 1,
+                 init_cfg: InitCfg = None) -> None:
         # "same" padding of an odd window, the published
         # (dilation * (kernel_att - 1) + 1) // 2 for every odd kernel_att.
         super().__init__(kernel_att, stride, None, dilation, 'reflect',
@@ -109,8 +188,9 @@ class ACmix(EvolutionLayer):
             groups=self.head_dim,
             bias=False)
         self.reset_parameters()
+        self.use_cpu_fastpath = cpu_fastpath_default()
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """rate1 = rate2 = 0.5; ``dep_conv`` as shift kernels (published)."""
         nn.init.constant_(self.rate1, 0.5)
         nn.init.constant_(self.rate2, 0.5)
@@ -121,7 +201,7 @@ class ACmix(EvolutionLayer):
         with torch.no_grad():
             self.dep_conv.weight.copy_(shift.repeat(self.out_planes, 1, 1, 1))
 
-    def init_weights(self):
+    def init_weights(self) -> None:
         """mmengine init; the rates and shift kernels win over a parent's
         generic conv initialisation unless this layer has its own init_cfg."""
         super().init_weights()
@@ -131,11 +211,6 @@ class ACmix(EvolutionLayer):
     def _positions(self, x):
         """The normalised coordinates of ``x``'s map, ``conv_p``'s input."""
         return position_map(*x.shape[-2:], x.dtype, x.device)
-
-    def _fast_inputs(self, x):
-        """Query, key, value and conv path input (CPU fast path)."""
-        pe = cpu_fastpath.conv1x1(self.conv_p, self._positions(x))
-        return cpu_fastpath.acmix_inputs(self, x, pe)
 
     def _query_key(self, q, k, pe):
         """The attention path's query (scaled by ``head_dim**-0.5``, with
@@ -157,13 +232,12 @@ class ACmix(EvolutionLayer):
         B, C, H, W = q.shape
         heads = [t.view(B, self.head, self.head_dim, H * W) for t in (q, k, v)]
         f_all = self.fc(torch.cat(heads, 1))
-        f_conv = f_all.permute(0, 2, 1,
-                               3).reshape(B,
-                                          self.head_dim * self.kernel_conv**2,
-                                          H, W)
+        f_conv = f_all.permute(0, 2, 1, 3).reshape(
+            B, self.head_dim * self.kernel_conv**2, H, W)
         return self.dep_conv(f_conv)
 
-    def window_input(self, x):
+    def window_input(self,
+                     x: torch.Tensor) -> Tuple[torch.Tensor, int, str]:
         """Reflection made explicit here (padding 0 for the ops), so the
         backward of the window ops reuses this padded map instead of padding
         again. Maps not larger than the padding (repeated reflection) are
@@ -183,23 +257,23 @@ class ACmix(EvolutionLayer):
                                        self.stride, padding, self.dilation,
                                        mode)
 
-    def generate(self, x):
+    def _attention_stock(self, x, q, k):
+        """The published attention path's weights from the projections."""
+        query, key = self._query_key(q, k, self.conv_p(self._positions(x)))
+        return self._attention(query, key)
+
+    def generate(self,
+                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, attention)``; attention (B, head, K, K, Ho, Wo)."""
         self.check_input(x, self.in_planes)
-        if cpu_fastpath.enabled(x):
-            query, key, value, _ = self._fast_inputs(x)
-        else:
-            q, k, value = self.conv1(x), self.conv2(x), self.conv3(x)
-            pe = self.conv_p(self._positions(x))
-            query, key = self._query_key(q, k, pe)
-        return value, self._attention(query, key)
+        q, k, v = self.conv1(x), self.conv2(x), self.conv3(x)
+        return v, self._attention_stock(x, q, k)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """rate1 * attention path + rate2 * convolution path.
 
-        On CPU in eager mode the projections, the conv path and the mix run
-        fused (:func:`mmevo.ops.cpu_fastpath.acmix_inputs`); elsewhere the
-        published graph runs, each conv called as a module.
+        The published graph, each conv called as a module; on CPU in eager
+        mode the same numbers from :meth:`_forward_cpu`.
 
         Args:
             x (Tensor): (B, in_planes, H, W).
@@ -208,11 +282,43 @@ class ACmix(EvolutionLayer):
             Tensor: (B, out_planes, ceil(H / s), ceil(W / s)).
         """
         self.check_input(x, self.in_planes)
-        if cpu_fastpath.enabled(x):
-            query, key, value, conv_input = self._fast_inputs(x)
-            out_att = self.aggregate(value, self._attention(query, key))
-            return cpu_fastpath.acmix_output(self, out_att, conv_input)
+        if takes_cpu_fastpath(self, x):
+            return self._forward_cpu(x)
         q, k, v = self.conv1(x), self.conv2(x), self.conv3(x)
-        query, key = self._query_key(q, k, self.conv_p(self._positions(x)))
-        out_att = self.aggregate(v, self._attention(query, key))
+        out_att = self.aggregate(v, self._attention_stock(x, q, k))
         return self.rate1 * out_att + self.rate2 * self._conv_path(q, k, v)
+
+    def _forward_cpu(self, x):
+        """:meth:`forward` fused for oneDNN's CPU convolutions, whose 1x1
+        and grouped backward passes are many times slower at these widths.
+
+        q, k and v come from one ``baddbmm`` (:class:`_SplitProjection`
+        splits it); ``fc`` mixes the 3 * head heads of each (channel, pixel)
+        and ``dep_conv`` is grouped by channel, so ``rate2 * fc`` folds into
+        ``dep_conv``'s weights: one grouped convolution reads the projection
+        (channels_last), and :class:`_Mix` adds the attention path.
+        """
+        B, C_in, H, W = x.shape
+        pe = pointwise(self._positions(x), self.conv_p.weight,
+                       self.conv_p.bias)
+        convs = (self.conv1, self.conv2, self.conv3)
+        # Rows (head_dim, {q, k, v}, head): the grouping of dep_conv.
+        weight = torch.stack([
+            c.weight.view(self.head, self.head_dim, C_in) for c in convs
+        ]).permute(2, 0, 1, 3)
+        bias = torch.stack([
+            c.bias.view(self.head, self.head_dim) for c in convs
+        ]).permute(2, 0, 1)
+        proj = torch.baddbmm(
+            bias.reshape(-1, 1),
+            weight.reshape(1, -1, C_in).expand(B, -1, -1),
+            x.reshape(B, C_in, H * W))
+        query, key, value, conv_input = _SplitProjection.apply(
+            proj.view(B, 3 * self.out_planes, H, W), pe.to(proj.dtype),
+            self.head, self.stride, self.head_dim**-0.5)
+        out_att = self.aggregate(value, self._attention(query, key))
+        fc = self.fc.weight.view(self.kernel_conv**2, -1) * self.rate2
+        weight = torch.einsum('otuv,tj->ojuv', self.dep_conv.weight, fc)
+        out_conv = F.conv2d(conv_input, weight, None, self.stride,
+                            self.kernel_conv // 2, 1, self.head_dim)
+        return _Mix.apply(out_att, out_conv, self.rate1)

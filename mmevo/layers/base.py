@@ -8,13 +8,19 @@ validates it once at build time, and routes every generated kernel through
 :meth:`EvolutionLayer.aggregate`, where kernel hooks (used by
 ``tools/analysis/visualize_kernels.py``) can observe it.
 """
+import inspect
 from collections import OrderedDict
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 from mmengine.model import BaseModule
+from mmengine.registry import MODELS
 from torch.utils.hooks import RemovableHandle
 
 from mmevo.ops import evolution_aggregate, output_size, resolve_window
+
+InitCfg = Optional[Union[dict, List[dict]]]
+KernelHook = Callable[['EvolutionLayer', torch.Tensor], None]
 
 
 def check_divisible(name, value, divisor_name, divisor):
@@ -22,6 +28,55 @@ def check_divisible(name, value, divisor_name, divisor):
     if value % divisor:
         raise ValueError(f'{name} ({value}) must be divisible by '
                          f'{divisor_name} ({divisor})')
+
+
+def check_layer_cfg(name: str,
+                    cfg: Optional[dict],
+                    example: str,
+                    allow_none: bool = True) -> None:
+    """Raise a one-line error unless ``cfg`` can build a layer.
+
+    mmcv's builders answer a string with a bare ``AssertionError`` and an
+    unknown type with "Cannot find None in registry"; this names the
+    argument, what it must be and the type it could not find.
+
+    Args:
+        name (str): the argument, e.g. ``'norm_cfg'``.
+        cfg (dict | None): its value: ``dict(type=...)`` with a type
+            registered in mmengine's ``MODELS`` (or a class).
+        example (str): a valid type for the message, e.g. ``'BN'``.
+        allow_none (bool): None (no layer) is allowed. Default: True.
+
+    Example:
+        >>> check_layer_cfg('norm_cfg', dict(type='GN', num_groups=4), 'BN')
+        >>> try:
+        ...     check_layer_cfg('norm_cfg', 'BN', 'BN')
+        ... except TypeError as error:
+        ...     print(error)
+        norm_cfg must be a dict such as dict(type='BN') or None, got 'BN'
+    """
+    expected = f"a dict such as dict(type='{example}')"
+    if cfg is None and allow_none:
+        return
+    if not isinstance(cfg, dict):
+        none = ' or None' if allow_none else ''
+        raise TypeError(f'{name} must be {expected}{none}, got {cfg!r}')
+    if 'type' not in cfg:
+        raise ValueError(f'{name} must be a dict with a "type" ({expected}),'
+                         f' got {cfg!r}')
+    layer_type = cfg['type']
+    if inspect.isclass(layer_type):
+        return
+    if not isinstance(layer_type, str):
+        raise TypeError(f'{name} type must be a str or a class, got '
+                        f'{layer_type!r}')
+    # The lookup mmcv's build_norm_layer / build_activation_layer make.
+    with MODELS.switch_scope_and_registry(None) as registry:
+        found = registry.get(layer_type)
+    if found is None:
+        raise ValueError(f'{name} has type {layer_type!r}, which is not '
+                         f"registered in mmengine's MODELS registry (e.g. "
+                         f"'{example}')")
 
 
 class EvolutionLayer(BaseModule):
@@ -56,12 +111,12 @@ class EvolutionLayer(BaseModule):
     """
 
     def __init__(self,
-                 kernel_size,
-                 stride=1,
-                 padding=None,
-                 dilation=1,
-                 padding_mode='zeros',
-                 init_cfg=None):
+                 kernel_size: int,
+                 stride: int = 1,
+                 padding: Optional[int] = None,
+                 dilation: int = 1,
+                 padding_mode: str = 'zeros',
+                 init_cfg: InitCfg = None) -> None:
         super().__init__(init_cfg=init_cfg)
         # Validate the geometry now so a bad config fails at build time,
         # not on the first batch.
@@ -73,7 +128,8 @@ class EvolutionLayer(BaseModule):
         self.padding_mode = padding_mode
         self._kernel_hooks = OrderedDict()
 
-    def generate(self, x):
+    def generate(self,
+                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(features, kernel)`` for :meth:`aggregate`.
 
         Args:
@@ -85,11 +141,12 @@ class EvolutionLayer(BaseModule):
         """
         raise NotImplementedError
 
-    def generate_kernel(self, x):
+    def generate_kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The evolution kernel (B, G, K, K, H_out, W_out) for input ``x``."""
         return self.generate(x)[1]
 
-    def window_input(self, features):
+    def window_input(
+            self, features: torch.Tensor) -> Tuple[torch.Tensor, int, str]:
         """``(features, padding, padding_mode)`` for the window ops.
 
         The layer's own padding; a layer that pads a map once for several
@@ -97,7 +154,8 @@ class EvolutionLayer(BaseModule):
         """
         return features, self.padding, self.padding_mode
 
-    def aggregate(self, features, kernel):
+    def aggregate(self, features: torch.Tensor,
+                  kernel: torch.Tensor) -> torch.Tensor:
         """Apply ``kernel`` to the windows of ``features`` (the shared op)."""
         for hook in self._kernel_hooks.values():
             hook(self, kernel)
@@ -105,7 +163,7 @@ class EvolutionLayer(BaseModule):
         return evolution_aggregate(features, kernel, self.stride, padding,
                                    self.dilation, mode)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Generate the kernel from ``x``, then aggregate.
 
         Args:
@@ -116,7 +174,7 @@ class EvolutionLayer(BaseModule):
         """
         return self.aggregate(*self.generate(x))
 
-    def register_kernel_hook(self, hook):
+    def register_kernel_hook(self, hook: KernelHook) -> RemovableHandle:
         """Call ``hook(layer, kernel)`` on every kernel this layer generates.
 
         Args:
@@ -130,12 +188,12 @@ class EvolutionLayer(BaseModule):
         self._kernel_hooks[handle.id] = hook
         return handle
 
-    def output_size(self, size):
+    def output_size(self, size: int) -> int:
         """Output length of the window for an input length ``size``."""
         return output_size(size, self.kernel_size, self.stride, self.padding,
                            self.dilation)
 
-    def check_input(self, x, channels):
+    def check_input(self, x: torch.Tensor, channels: int) -> None:
         """Raise a clear error unless ``x`` is (B, channels, H, W)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f'{type(self).__name__} input must be a Tensor, '

@@ -1,11 +1,13 @@
 """Decoupled dynamic filter (DDF, Zhou et al., CVPR 2021)."""
+from typing import Tuple
+
 import torch
 import torch.nn as nn
 from torch.nn.init import calculate_gain
 
 from mmevo.ops import check_int
 from mmevo.registry import MODELS
-from .base import EvolutionLayer
+from .base import EvolutionLayer, InitCfg
 
 
 class FilterNorm(nn.Module):
@@ -19,7 +21,11 @@ class FilterNorm(nn.Module):
         running_std (bool): learn the per-tap std. Default: False.
     """
 
-    def __init__(self, channels, kernel_size, nonlinearity, running_std=False):
+    def __init__(self,
+                 channels: int,
+                 kernel_size: int,
+                 nonlinearity: str,
+                 running_std: bool = False) -> None:
         super().__init__()
         self.channels = channels
         std = calculate_gain(nonlinearity) / kernel_size
@@ -29,7 +35,7 @@ class FilterNorm(nn.Module):
         else:
             self.std = std
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise x (B, channels*K*K, H, W) over the K*K taps."""
         B, C, H, W = x.shape
         taps = x.reshape(B, self.channels, C // self.channels, H * W)
@@ -78,15 +84,15 @@ class DynamicFilter(EvolutionLayer):
     """
 
     def __init__(self,
-                 channels,
-                 kernel_size=3,
-                 stride=1,
-                 dilation=1,
-                 se_ratio=0.2,
-                 nonlinearity='relu',
-                 gen_kernel_size=1,
-                 kernel_combine='mul',
-                 init_cfg=None):
+                 channels: int,
+                 kernel_size: int = 3,
+                 stride: int = 1,
+                 dilation: int = 1,
+                 se_ratio: float = 0.2,
+                 nonlinearity: str = 'relu',
+                 gen_kernel_size: int = 1,
+                 kernel_combine: str = 'mul',
+                 init_cfg: InitCfg = None) -> None:
         super().__init__(kernel_size, stride, None, dilation, 'zeros',
                          init_cfg)
         check_int('channels', channels)
@@ -127,7 +133,8 @@ class DynamicFilter(EvolutionLayer):
             nn.ReLU(True), nn.Conv2d(mid, channels * K2, 1),
             FilterNorm(channels, kernel_size, nonlinearity, running_std=True))
 
-    def generate(self, x):
+    def generate(self,
+                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, C, K, K, H_out, W_out)."""
         self.check_input(x, self.channels)
         B, C = x.shape[:2]

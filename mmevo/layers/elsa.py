@@ -1,5 +1,6 @@
 """ELSA (Zhou et al., 2021): Hadamard attention expanded by a ghost head."""
 import math
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -7,7 +8,7 @@ import torch.nn.functional as F
 
 from mmevo.ops import check_int, window_softmax
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible
+from .base import EvolutionLayer, InitCfg, check_divisible
 
 
 @MODELS.register_module()
@@ -59,22 +60,22 @@ class ELSA(EvolutionLayer):
     """
 
     def __init__(self,
-                 dim,
-                 num_heads,
-                 dim_qk=None,
-                 dim_v=None,
-                 kernel_size=5,
-                 stride=1,
-                 dilation=1,
-                 qkv_bias=False,
-                 qk_scale=None,
-                 attn_drop=0.,
-                 proj_drop=0.,
-                 group_width=8,
-                 groups=1,
-                 lam=1,
-                 gamma=1,
-                 init_cfg=None):
+                 dim: int,
+                 num_heads: int,
+                 dim_qk: Optional[int] = None,
+                 dim_v: Optional[int] = None,
+                 kernel_size: int = 5,
+                 stride: int = 1,
+                 dilation: int = 1,
+                 qkv_bias: bool = False,
+                 qk_scale: Optional[float] = None,
+                 attn_drop: float = 0.,
+                 proj_drop: float = 0.,
+                 group_width: int = 8,
+                 groups: int = 1,
+                 lam: float = 1,
+                 gamma: float = 1,
+                 init_cfg: InitCfg = None) -> None:
         super().__init__(kernel_size, stride, None, dilation, 'zeros',
                          init_cfg)
         check_int('dim', dim)
@@ -131,7 +132,9 @@ class ELSA(EvolutionLayer):
         self.post_proj = nn.Linear(self.dim_v, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def ghost_terms(self):
+    def ghost_terms(
+        self
+    ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(M ** lam, gamma * A), each (dim_v, K, K) or None when absent."""
         if self.ghost_head is None:
             return None, None
@@ -142,7 +145,8 @@ class ELSA(EvolutionLayer):
             return None, self.ghost_head[0] * self.gamma
         return self.ghost_head[0]**self.lam, None
 
-    def generate(self, x):
+    def generate(self,
+                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, kernel)``: kernel (B, dim_v, K, K, H_out, W_out), or
         (B, num_heads, ...) without a ghost head."""
         self.check_input(x, self.dim)
@@ -172,7 +176,7 @@ class ELSA(EvolutionLayer):
             kernel = kernel + add.view(1, G, C // G, K, K, 1, 1)
         return v, kernel.reshape(B, C, K, K, H, W)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Aggregate v with the generated kernel, then project.
 
         Args:

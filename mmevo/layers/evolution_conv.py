@@ -1,12 +1,13 @@
 """Static convolution as the constant-kernel case of the evolution formula."""
 import math
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from mmevo.ops import check_int
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible
+from .base import EvolutionLayer, InitCfg, check_divisible
 
 
 @MODELS.register_module()
@@ -40,15 +41,15 @@ class EvolutionConv(EvolutionLayer):
     """
 
     def __init__(self,
-                 channels,
-                 kernel_size=3,
-                 groups=None,
-                 stride=1,
-                 padding=None,
-                 dilation=1,
-                 padding_mode='zeros',
-                 bias=True,
-                 init_cfg=None):
+                 channels: int,
+                 kernel_size: int = 3,
+                 groups: Optional[int] = None,
+                 stride: int = 1,
+                 padding: Optional[int] = None,
+                 dilation: int = 1,
+                 padding_mode: str = 'zeros',
+                 bias: bool = True,
+                 init_cfg: InitCfg = None) -> None:
         super().__init__(kernel_size, stride, padding, dilation, padding_mode,
                          init_cfg)
         groups = channels if groups is None else groups
@@ -62,7 +63,7 @@ class EvolutionConv(EvolutionLayer):
         self.bias = nn.Parameter(torch.empty(channels)) if bias else None
         self.reset_parameters()
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """The default init of a depth-wise ``nn.Conv2d`` (fan-in K*K)."""
         bound = 1 / math.sqrt(self.kernel_size**2)
         # kaiming_uniform_(a=sqrt(5)) on fan-in K*K has this same bound.
@@ -70,7 +71,8 @@ class EvolutionConv(EvolutionLayer):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def generate(self, x):
+    def generate(self,
+                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``: the weight as (B, G, K, K, Ho, Wo)."""
         self.check_input(x, self.channels)
         B, _, H, W = x.shape
@@ -80,7 +82,7 @@ class EvolutionConv(EvolutionLayer):
                                             self.output_size(W))
         return x, kernel
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Aggregate with the static kernel, add the bias.
 
         Args:

@@ -1,10 +1,14 @@
 """Involution (Li et al., CVPR 2021): a kernel generated per pixel from it."""
+from typing import Optional, Tuple
+
+import torch
 import torch.nn.functional as F
 from mmcv.cnn import ConvModule
 
-from mmevo.ops import check_int, cpu_fastpath
+from mmevo.ops import check_int
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible
+from .base import EvolutionLayer, InitCfg, check_divisible, check_layer_cfg
+from .fastpath import cpu_fastpath_default, pointwise, takes_cpu_fastpath
 
 
 @MODELS.register_module()
@@ -21,6 +25,10 @@ class Involution(EvolutionLayer):
     with stride > 1 work: the kernel map and the output are both
     ceil(H / s) x ceil(W / s). On sizes divisible by the stride the numbers
     are the published ones.
+
+    On CPU in eager mode the 1x1 convolutions of the generation function run
+    as matmuls (:meth:`_kernel_weights_cpu`, the same modules and numbers)
+    while ``use_cpu_fastpath`` is True (see :mod:`mmevo.layers.fastpath`).
 
     Args:
         channels (int): input = output channels C.
@@ -44,17 +52,19 @@ class Involution(EvolutionLayer):
     """
 
     def __init__(self,
-                 channels,
-                 kernel_size=7,
-                 stride=1,
-                 reduction_ratio=4,
-                 group_channels=16,
-                 dilation=1,
-                 norm_cfg=dict(type='BN'),
-                 act_cfg=dict(type='ReLU'),
-                 init_cfg=None):
+                 channels: int,
+                 kernel_size: int = 7,
+                 stride: int = 1,
+                 reduction_ratio: int = 4,
+                 group_channels: int = 16,
+                 dilation: int = 1,
+                 norm_cfg: Optional[dict] = dict(type='BN'),
+                 act_cfg: Optional[dict] = dict(type='ReLU'),
+                 init_cfg: InitCfg = None) -> None:
         super().__init__(kernel_size, stride, None, dilation, 'zeros',
                          init_cfg)
+        check_layer_cfg('norm_cfg', norm_cfg, 'BN')
+        check_layer_cfg('act_cfg', act_cfg, 'ReLU')
         check_int('channels', channels)
         check_int('reduction_ratio', reduction_ratio)
         check_int('group_channels', group_channels)
@@ -78,8 +88,20 @@ class Involution(EvolutionLayer):
             1,
             norm_cfg=None,
             act_cfg=None)
+        self.use_cpu_fastpath = cpu_fastpath_default()
 
-    def generate(self, x):
+    def _kernel_weights_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        """``conv2(conv1(x))`` with both 1x1 convolutions as matmuls."""
+        conv1, conv2 = self.conv1, self.conv2
+        out = pointwise(x, conv1.conv.weight, conv1.conv.bias)
+        if conv1.with_norm:
+            out = conv1.norm(out)
+        if conv1.with_activation:
+            out = conv1.activate(out)
+        return pointwise(out, conv2.conv.weight, conv2.conv.bias)
+
+    def generate(self,
+                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, G, K, K, H_out, W_out)."""
         self.check_input(x, self.channels)
         if self.stride > 1:
@@ -88,10 +110,8 @@ class Involution(EvolutionLayer):
             x_gen = F.avg_pool2d(x, self.stride, self.stride, ceil_mode=True)
         else:
             x_gen = x
-        if cpu_fastpath.enabled(x_gen):
-            # The same modules, their 1x1 convolutions as matmuls.
-            weight = cpu_fastpath.conv1x1(
-                self.conv2, cpu_fastpath.conv1x1(self.conv1, x_gen))
+        if takes_cpu_fastpath(self, x_gen):
+            weight = self._kernel_weights_cpu(x_gen)
         else:
             weight = self.conv2(self.conv1(x_gen))
         B, _, H, W = weight.shape

@@ -1,10 +1,12 @@
 """Local (SASA-style) multi-head self-attention as an evolution layer."""
+from typing import Optional, Tuple
+
 import torch
 import torch.nn as nn
 
 from mmevo.ops import check_int, local_correlation, window_softmax
 from mmevo.registry import MODELS
-from .base import EvolutionLayer, check_divisible
+from .base import EvolutionLayer, InitCfg, check_divisible
 
 
 @MODELS.register_module()
@@ -47,18 +49,18 @@ class LocalSelfAttention(EvolutionLayer):
     """
 
     def __init__(self,
-                 in_channels,
-                 out_channels=None,
-                 kernel_size=7,
-                 num_heads=8,
-                 stride=1,
-                 dilation=1,
-                 padding_mode='zeros',
-                 qkv_bias=False,
-                 qk_scale=None,
-                 rel_pos_embed=True,
-                 rel_pos_bias=False,
-                 init_cfg=None):
+                 in_channels: int,
+                 out_channels: Optional[int] = None,
+                 kernel_size: int = 7,
+                 num_heads: int = 8,
+                 stride: int = 1,
+                 dilation: int = 1,
+                 padding_mode: str = 'zeros',
+                 qkv_bias: bool = False,
+                 qk_scale: Optional[float] = None,
+                 rel_pos_embed: bool = True,
+                 rel_pos_bias: bool = False,
+                 init_cfg: InitCfg = None) -> None:
         # Queries sit on pixels, so the window is centred: "same" padding.
         super().__init__(kernel_size, stride, None, dilation, padding_mode,
                          init_cfg)
@@ -86,7 +88,7 @@ class LocalSelfAttention(EvolutionLayer):
             torch.zeros(num_heads, kernel_size, kernel_size)) \
             if rel_pos_bias else None
 
-    def relative_embedding(self):
+    def relative_embedding(self) -> torch.Tensor:
         """r (C_out, K, K): row embedding for the first half, column for the
         second half of the channels."""
         K = self.kernel_size
@@ -95,7 +97,8 @@ class LocalSelfAttention(EvolutionLayer):
             self.rel_w.unsqueeze(1).expand(-1, K, K)
         ])
 
-    def generate(self, x):
+    def generate(self,
+                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, attention)``; attention (B, heads, K, K, Ho, Wo)."""
         self.check_input(x, self.in_channels)
         s = self.stride

@@ -3,10 +3,8 @@
 Needs only torch: the C++ extension is loaded if built (else the ops run on
 PyTorch on CPU), Triton is imported on the first CUDA call. Importing this
 package imports nothing else and changes no global state beyond defining
-the ``torch.ops.mmevo`` operators. :mod:`.cpu_fastpath` holds the CPU-only
-rewrites of the layers and backbones and their switch.
+the ``torch.ops.mmevo`` operators.
 """
-from . import cpu_fastpath
 from .backends import BACKENDS, use_backend
 from .evolution import (check_int, evolution_aggregate,
                         local_attention_weights, local_correlation,
@@ -14,7 +12,7 @@ from .evolution import (check_int, evolution_aggregate,
 from .torch_backend import window_softmax
 
 __all__ = [
-    'BACKENDS', 'check_int', 'cpu_fastpath', 'evolution_aggregate',
-    'local_attention_weights', 'local_correlation', 'output_size',
-    'resolve_window', 'use_backend', 'window_softmax'
+    'BACKENDS', 'check_int', 'evolution_aggregate', 'local_attention_weights',
+    'local_correlation', 'output_size', 'resolve_window', 'use_backend',
+    'window_softmax'
 ]

@@ -3,7 +3,7 @@
 mmengine's jit-based counter (one multiply-add = one FLOP) has no handle for
 custom operators: without these the work in the evolution ops is silently
 left out of a model's count. (A traced model runs its stock graph, see
-:mod:`mmevo.ops.cpu_fastpath`, so every other op is one mmengine counts.)
+:mod:`mmevo.layers.fastpath`, so every other op is one mmengine counts.)
 
 Example:
     >>> from mmengine.analysis import FlopAnalyzer

@@ -148,6 +148,17 @@ def test_kernel_hook_sees_the_kernel(name):
     (dict(type='DynamicFilter', channels=8,
           kernel_size=1), ValueError, 'kernel_size must be >= 3'),
     (dict(type='DynamicFilter', channels=2), ValueError, 'se_ratio'),
+    (dict(type='Involution', channels=16, norm_cfg='BN'), TypeError,
+     r"^norm_cfg must be a dict such as dict\(type='BN'\) or None, got 'BN'$"),
+    (dict(type='Involution', channels=16, norm_cfg=dict(type='Foo')),
+     ValueError, r"^norm_cfg has type 'Foo', which is not registered in "
+     r"mmengine's MODELS registry \(e.g. 'BN'\)$"),
+    (dict(type='Involution', channels=16, norm_cfg=dict(eps=1e-3)),
+     ValueError, r'^norm_cfg must be a dict with a "type"'),
+    (dict(type='Involution', channels=16, act_cfg=dict(type='Relu')),
+     ValueError, r"^act_cfg has type 'Relu', which is not registered"),
+    (dict(type='Involution', channels=16, act_cfg=dict(type=3)), TypeError,
+     r'^act_cfg type must be a str or a class, got 3$'),
 ])
 def test_bad_configuration_fails_at_build(cfg, error, match):
     with pytest.raises(error, match=match):

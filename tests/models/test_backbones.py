@@ -412,6 +412,8 @@ BAD_ARGS = [
     (dict(norm_cfg=dict(type='GN')), r'norm_cfg of type GN needs num_groups'),
     (dict(norm_cfg=dict(requires_grad=True)),
      r'norm_cfg must be a dict with a "type"'),
+    (dict(norm_cfg=dict(type='Foo')), r"norm_cfg has type 'Foo', which is "
+     r"not registered in mmengine's MODELS registry"),
 ]
 
 
@@ -421,6 +423,16 @@ def test_bad_arguments_name_the_argument(cls, args, message):
     args = dict(dict(depth=26), **args)
     with pytest.raises(ValueError, match=message):
         cls(**args, **TINY_RED)
+
+
+@pytest.mark.parametrize('cls', [RedNet, ACmixResNet])
+@pytest.mark.parametrize('norm_cfg', ['BN', None])
+def test_norm_cfg_must_be_a_dict(cls, norm_cfg):
+    with pytest.raises(
+            TypeError,
+            match=rf"^norm_cfg must be a dict such as dict\(type='BN'\), "
+            rf'got {norm_cfg!r}$'):
+        cls(26, norm_cfg=norm_cfg, **TINY_RED)
 
 
 @pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),

@@ -3,9 +3,9 @@ import pytest
 import torch
 from mmdet.models.roi_heads.mask_heads import FCNMaskHead
 
+from mmevo.layers import set_cpu_fastpath
 from mmevo.models import (ACmixResNet, InvolutionFCNMaskHead, InvolutionFPN,
                           InvolutionRPNHead, RedNet)
-from mmevo.ops import cpu_fastpath
 
 TINY = {
     RedNet: dict(stem_channels=32, base_channels=16),
@@ -17,10 +17,10 @@ TINY = {
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 @pytest.mark.parametrize('cls', [RedNet, ACmixResNet])
 def test_backbone_empty_batch(cls, mode, fast):
-    model = cls(26, **TINY[cls]).train(mode == 'train')
+    model = set_cpu_fastpath(cls(26, **TINY[cls]), fast)
+    model.train(mode == 'train')
     x = torch.rand(0, 3, 64, 48, requires_grad=True)
-    with cpu_fastpath.use(fast):
-        outs = model(x)
+    outs = model(x)
     assert [tuple(o.shape) for o in outs] == [(0, 64, 16, 12), (0, 128, 8, 6),
                                               (0, 256, 4, 3), (0, 512, 2, 2)]
     sum(o.sum() for o in outs).backward()
@@ -29,15 +29,14 @@ def test_backbone_empty_batch(cls, mode, fast):
 
 @pytest.mark.parametrize('fast', [True, False])
 def test_neck_and_rpn_head_empty_batch(fast):
-    neck = InvolutionFPN([16, 32], 16, num_outs=3)
-    head = InvolutionRPNHead(16, feat_channels=16)
+    neck = set_cpu_fastpath(InvolutionFPN([16, 32], 16, num_outs=3), fast)
+    head = set_cpu_fastpath(InvolutionRPNHead(16, feat_channels=16), fast)
     feats = [
         torch.rand(0, 16, 8, 6, requires_grad=True),
         torch.rand(0, 32, 4, 3, requires_grad=True)
     ]
-    with cpu_fastpath.use(fast):
-        outs = neck(feats)
-        cls, reg = head.forward_single(outs[0])
+    outs = neck(feats)
+    cls, reg = head.forward_single(outs[0])
     assert [tuple(o.shape) for o in outs] == [(0, 16, 8, 6), (0, 16, 4, 3),
                                               (0, 16, 2, 2)]
     assert tuple(cls.shape) == (0, 9, 8, 6)  # 9 anchors, sigmoid
@@ -52,10 +51,9 @@ def test_mask_head_no_rois(mode, fast):
     """0 RoIs give (0, num_classes, 28, 28), as mmdet's FCNMaskHead."""
     cfg = dict(
         num_convs=2, in_channels=16, conv_out_channels=16, num_classes=3)
-    head = InvolutionFCNMaskHead(**cfg).train(mode == 'train')
+    head = set_cpu_fastpath(InvolutionFCNMaskHead(**cfg), fast)
     rois = torch.rand(0, 16, 14, 14, requires_grad=True)
-    with cpu_fastpath.use(fast):
-        out = head(rois)
+    out = head.train(mode == 'train')(rois)
     assert out.shape == FCNMaskHead(**cfg)(rois).shape == (0, 3, 28, 28)
     out.sum().backward()
     assert rois.grad.shape == rois.shape

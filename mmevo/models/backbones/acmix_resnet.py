@@ -106,15 +106,21 @@ class ACmixResNet(DynamicResNet):
             norm_eval=norm_eval,
             with_cp=with_cp,
             zero_init_residual=zero_init_residual,
-            init_cfg=init_cfg)
+            # No mmengine initialiser (mmdet's default would zero the conv
+            # biases): init_weights applies the published init instead.
+            init_cfg=[] if init_cfg is None else init_cfg)
         self._published_init = init_cfg is None
 
-    def init_weights(self):
-        """The published initialisation (see the class docstring), or
-        mmengine's from ``init_cfg`` when one is given."""
-        if not self._published_init:
-            super().init_weights()
-            return
+    def init_weights(self) -> None:
+        """mmengine's initialisation (``init_cfg``, then every child's
+        ``init_weights``); without ``init_cfg``, the published one after it
+        (see the class docstring)."""
+        first_call = not self.is_init
+        super().init_weights()
+        if self._published_init and first_call:
+            self._init_published()
+
+    def _init_published(self):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(
@@ -129,7 +135,6 @@ class ACmixResNet(DynamicResNet):
             for name in self.res_layers:
                 for block in getattr(self, name):
                     nn.init.constant_(block.norm3.weight, 0)
-        self._is_init = True
 
     def build_middle_layer(self, planes, stride, dilation):
         """The ACmix layer of a bottleneck (width -> width)."""

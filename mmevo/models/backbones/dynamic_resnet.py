@@ -7,21 +7,16 @@ mmdet's ``ResNet`` keeps everything else identical to it: stem freezing,
 of the published checkpoints (``layer{i}.{j}.conv1/bn1/conv2/bn2/conv3/bn3``,
 ``downsample.0/1``) and the default initialisation.
 """
-import contextlib
 import inspect
-import threading
 
 import torch
-from mmdet.models.backbones.resnet import Bottleneck, ResNet
+from mmdet.models.backbones.resnet import ResNet
 from mmdet.models.layers import ResLayer
 from mmengine.model import Sequential
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.checkpoint import checkpoint
 
-from mmevo.ops import cpu_fastpath
-
-# The blocks whose forward this thread runs inside their own checkpoint.
-_RECOMPUTING = threading.local()
+from mmevo.layers.base import check_layer_cfg
+from mmevo.layers.fastpath import cpu_fastpath_default, takes_cpu_fastpath
+from .bottleneck import MiddleLayerBottleneck
 
 # Blocks per stage of the bottleneck ResNets (and of RedNet / ACmix-ResNet).
 STAGE_BLOCKS = {
@@ -33,86 +28,31 @@ STAGE_BLOCKS = {
 }
 
 
-class MiddleLayerBottleneck(Bottleneck):
-    """mmdet's Bottleneck whose 3x3 ``conv2`` is built by ``middle_layer``.
+class _ToContiguous(torch.autograd.Function):
+    """``x.contiguous()`` for a channels_last ``x`` whose gradient goes back
+    channels_last: max-pool's CPU backward follows the layout of its
+    gradient and would otherwise copy its whole (4x larger) input to NCHW."""
 
-    The 3x3 convolution mmdet builds is swapped in place, so the key order,
-    the forward (norm2, ReLU, plugins, checkpointing) and the freezing stay
-    mmdet's; only the CPU fast path (:mod:`mmevo.ops.cpu_fastpath`) runs
-    the same block differently.
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone(memory_format=torch.contiguous_format)
 
-    Args:
-        inplanes (int): Input channels.
-        planes (int): Middle channels (output channels / 4).
-        middle_layer (callable): ``middle_layer(planes, stride, dilation)``
-            returns the module used as ``conv2``; it keeps the channel count.
-        **kwargs: The other arguments of mmdet's ``Bottleneck``.
-    """
-
-    def __init__(self, inplanes, planes, middle_layer, **kwargs):
-        if kwargs.get('dcn') is not None:
-            raise ValueError(f'dcn must be None for a dynamic middle layer, '
-                             f'got {kwargs["dcn"]}')
-        super().__init__(inplanes, planes, **kwargs)
-        self.conv2 = middle_layer(planes, self.conv2_stride, self.dilation)
-
-    @property
-    def with_cp(self):
-        # False for mmdet's forward inside the block's own checkpoint, in
-        # that thread only: other threads running the same block still see
-        # the setting.
-        inside = getattr(_RECOMPUTING, 'blocks', ())
-        return self._with_cp and not any(b is self for b in inside)
-
-    @with_cp.setter
-    def with_cp(self, value):
-        self._with_cp = value
-
-    def forward(self, x):
-        """mmdet's forward; with ``with_cp``, its BN statistics kept once;
-        on CPU, without plugins or checkpointing, the same block with its 1x1
-        convs sped up (:func:`mmevo.ops.cpu_fastpath.bottleneck_forward`).
-
-        mmdet's checkpoint recomputes the block in the backward with its BNs
-        still in train mode, which updates their running statistics (and
-        ``num_batches_tracked``) a second time per step. Here the buffers
-        the recomputation updates are put back as the forward left them.
-        (Turning ``track_running_stats`` off instead would change what
-        batch_norm saves, which the checkpoint refuses.)
-        """
-        if self.with_cp and x.requires_grad:
-            return checkpoint(
-                self._forward_without_cp,
-                x,
-                use_reentrant=False,
-                context_fn=lambda:
-                (contextlib.nullcontext(), _running_stats_kept(self)))
-        if cpu_fastpath.enabled(x) and not self.with_plugins:
-            return cpu_fastpath.bottleneck_forward(self, x)
-        return super().forward(x)
-
-    def _forward_without_cp(self, x):
-        # mmdet's forward, minus its own checkpoint
-        blocks = getattr(_RECOMPUTING, 'blocks', ())
-        _RECOMPUTING.blocks = blocks + (self, )
-        try:
-            return super().forward(x)
-        finally:
-            _RECOMPUTING.blocks = blocks
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous(memory_format=torch.channels_last)
 
 
-@contextlib.contextmanager
-def _running_stats_kept(module):
-    """The BN buffers of ``module`` (running statistics, batch count) are
-    restored on exit to their values on entry."""
-    saved = [(buf, buf.clone()) for m in module.modules()
-             if isinstance(m, _BatchNorm) for buf in m.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buf, value in saved:
-                buf.copy_(value)
+class _ToChannelsLast(torch.autograd.Function):
+    """``x`` in channels_last, its gradient back in NCHW, so the ReLU and BN
+    backward before it do not run on mixed layouts (~3x slower)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.contiguous(memory_format=torch.channels_last)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
 
 
 def check_resnet_args(arch_settings, depth, kwargs):
@@ -172,9 +112,7 @@ def check_resnet_args(arch_settings, depth, kwargs):
                          f'none, 0: the stem, i: the stem and stages 1..i; '
                          f'num_stages={n}), got {frozen!r}')
     norm_cfg = args['norm_cfg']
-    if not isinstance(norm_cfg, dict) or 'type' not in norm_cfg:
-        raise ValueError(f'norm_cfg must be a dict with a "type", got '
-                         f'{norm_cfg!r}')
+    check_layer_cfg('norm_cfg', norm_cfg, 'BN', allow_none=False)
     if norm_cfg['type'] == 'GN' and not (_is_int(norm_cfg.get('num_groups'))
                                          and norm_cfg['num_groups'] >= 1):
         raise ValueError(f'norm_cfg of type GN needs num_groups (an int >= 1 '
@@ -198,7 +136,9 @@ class DynamicResNet(ResNet):
     ``contract_dilation`` (the first block of a dilated stage uses half the
     dilation, as mmseg's ResNetV1c configs for output stride 8 do), keeps
     ``zero_init_residual`` working for the subclassed block, and makes
-    ``train()`` return ``self``.
+    ``train()`` return ``self``. Its stem (and every block, see
+    :class:`MiddleLayerBottleneck`) has a CPU fast path, taken in eager mode
+    on CPU while ``use_cpu_fastpath`` is True (:mod:`mmevo.layers.fastpath`).
 
     Args:
         depth (int): 26, 38, 50, 101 or 152.
@@ -236,10 +176,12 @@ class DynamicResNet(ResNet):
             zero_init_residual=zero_init_residual,
             init_cfg=init_cfg,
             **kwargs)
+        self.use_cpu_fastpath = cpu_fastpath_default()
 
-    def forward(self, x):
-        """mmdet's ResNet forward; on CPU with the stem in channels_last
-        (:func:`mmevo.ops.cpu_fastpath.resnet_forward`).
+    def forward(self, x: torch.Tensor) -> tuple:
+        """mmdet's ResNet forward; on CPU in eager mode, while
+        ``use_cpu_fastpath`` is True, the same numbers from
+        :meth:`_forward_cpu`.
 
         Args:
             x (Tensor): (B, in_channels, H, W).
@@ -247,9 +189,32 @@ class DynamicResNet(ResNet):
         Returns:
             tuple[Tensor]: the outputs of the stages in ``out_indices``.
         """
-        if cpu_fastpath.enabled(x):
-            return cpu_fastpath.resnet_forward(self, x)
+        if takes_cpu_fastpath(self, x):
+            return self._forward_cpu(x)
         return super().forward(x)
+
+    def _forward_cpu(self, x):
+        """mmdet's ResNet forward with the stem's tail and the max-pool in
+        channels_last: there oneDNN's NCHW conv, BN and max-pool (forward
+        and backward) are 1.5-3x slower on CPU. The stages run NCHW, the
+        layout of the mmevo ops, so the outputs are NCHW. A deep stem must
+        be a Sequential."""
+        if self.deep_stem:
+            *head, tail = self.stem
+            for layer in head:
+                x = layer(x)
+            x = tail(_ToChannelsLast.apply(x))
+        else:
+            x = x.contiguous(memory_format=torch.channels_last)
+            x = self.relu(self.norm1(self.conv1(x)))
+        x = self.maxpool(x.contiguous(memory_format=torch.channels_last))
+        x = _ToContiguous.apply(x)
+        outs = []
+        for i, layer_name in enumerate(self.res_layers):
+            x = getattr(self, layer_name)(x)
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
 
     def train(self, mode=True):
         """mmdet's ``train`` (freezing, norm_eval), returning ``self``."""

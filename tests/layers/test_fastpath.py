@@ -1,94 +1,24 @@
-"""The CPU fast paths equal the stock graph; the switch selects between them.
+"""The CPU fast paths of the layers equal their stock graph; the switch.
 
-Every layer and both backbones run twice on the same float64 input, with
-:mod:`mmevo.ops.cpu_fastpath` on and off: the outputs and the gradients of
-the input and of every parameter must agree. Forward hooks on the
-``nn.Conv2d`` modules tell which path ran (the fast paths call some convs'
-weights directly), so a comparison of the stock path with itself fails.
+Every layer runs twice on the same float64 input, with ``use_cpu_fastpath``
+on and off (``fastpath_helpers.assert_paths_equal``).
 """
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
+from fastpath_helpers import assert_paths_equal, count_conv_calls, randomised
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
-                          Involution, LocalSelfAttention)
-from mmevo.models import ACmixResNet, RedNet
-from mmevo.ops import cpu_fastpath
-from mmevo.ops.cpu_fastpath import pointwise
+                          Involution, LocalSelfAttention, set_cpu_fastpath)
+from mmevo.layers.fastpath import pointwise, takes_cpu_fastpath
 
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-TINY_RED = dict(stem_channels=32, base_channels=16)
-TINY_ACMIX = dict(stem_channels=16, base_channels=16)
-
-
-def count_conv_calls(model):
-    """Hook every nn.Conv2d; return the list the hooks append to."""
-    calls = []
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            m.register_forward_hook(lambda mod, i, o: calls.append(mod))
-    return calls
-
-
-def randomised(model):
-    """Non-trivial norms, rates and conv path (the defaults zero some)."""
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, _BatchNorm):
-                nn.init.uniform_(m.weight, 0.5, 1.5)
-                nn.init.uniform_(m.bias, -0.2, 0.2)
-                nn.init.uniform_(m.running_var, 0.5, 1.5)
-                nn.init.normal_(m.running_mean, 0, 0.1)
-            if isinstance(m, ACmix):
-                m.rate1.uniform_(0.2, 1.0)
-                m.rate2.uniform_(0.2, 1.0)
-                m.dep_conv.weight.normal_()
-    return model
-
-
-def run(model, x, on):
-    """Outputs, input gradient and parameter gradients with the switch."""
-    x = x.clone().requires_grad_()
-    calls = count_conv_calls(model)
-    model.zero_grad(set_to_none=True)
-    with cpu_fastpath.use(on):
-        outs = model(x)
-    outs = outs if isinstance(outs, tuple) else (outs, )
-    gen = torch.Generator().manual_seed(1)
-    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
-               for o in outs)
-    loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters()}
-    for m in model.modules():
-        m._forward_hooks.clear()
-    return outs, x.grad, grads, len(calls)
-
-
-def assert_paths_equal(model, x, has_fast_path=True):
-    fast = run(model, x, True)
-    stock = run(model, x, False)
-    for a, b in zip(fast[0], stock[0]):
-        assert a.shape == b.shape
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(fast[1], stock[1], rtol=1e-9, atol=1e-10)
-    assert set(fast[2]) == set(stock[2])
-    for name, g in stock[2].items():
-        assert g is not None, name
-        torch.testing.assert_close(
-            fast[2][name], g, rtol=1e-9, atol=1e-10, msg=name)
-    if has_fast_path:
-        assert fast[3] < stock[3]
-    else:
-        assert fast[3] == stock[3]
 
 
 LAYERS = {
@@ -96,6 +26,12 @@ LAYERS = {
     (lambda: EvolutionConv(8, 3, stride=2), 8, (7, 6), False),
     'involution': (lambda: Involution(16, 7), 16, (9, 7), True),
     'involution_s2_odd': (lambda: Involution(32, 3, 2), 32, (7, 9), True),
+    'involution_no_norm_act':
+    (lambda: Involution(16, 3, norm_cfg=None, act_cfg=None), 16, (5, 6),
+     True),
+    'involution_gn_gelu': (lambda: Involution(
+        16, 3, norm_cfg=dict(type='GN', num_groups=2),
+        act_cfg=dict(type='GELU')), 16, (5, 6), True),
     'dynamic_filter_s2':
     (lambda: DynamicFilter(8, stride=2), 8, (7, 8), False),
     'local_self_attention_s2':
@@ -106,6 +42,8 @@ LAYERS = {
     'acmix': (lambda: ACmix(8, 8, 5, 2), 8, (9, 7), True),
     'acmix_in_ne_out': (lambda: ACmix(8, 12, 5, 3), 8, (6, 7), True),
     'acmix_s2_odd': (lambda: ACmix(8, 8, 5, 2, stride=2), 8, (7, 9), True),
+    'acmix_dilated_kc5': (lambda: ACmix(8, 8, 3, 2, kernel_conv=5,
+                                        dilation=2), 8, (9, 8), True),
     # maps not larger than the reflection padding (3 for kernel 7)
     'acmix_tiny_map': (lambda: ACmix(8, 8, 7, 2), 8, (3, 2), True),
     'acmix_s2_tiny_map': (lambda: ACmix(8, 8, 7, 2, stride=2), 8, (2, 3),
@@ -123,78 +61,84 @@ def test_layer_fast_path_equals_stock(name, mode):
     assert_paths_equal(layer, x, has_fast_path)
 
 
-@pytest.mark.parametrize('mode', ['train', 'eval'])
-@pytest.mark.parametrize('cls,tiny', [(RedNet, TINY_RED),
-                                      (ACmixResNet, TINY_ACMIX)])
-def test_backbone_fast_path_equals_stock(cls, tiny, mode):
+def test_acmix_generate_is_the_stock_graph():
+    """``generate`` (the kernel of the attention path) is the published
+    graph whatever the switch, and equals the kernel the fast forward
+    aggregates."""
     torch.manual_seed(0)
-    model = randomised(cls(26, **tiny)).double().train(mode == 'train')
-    x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
-    assert_paths_equal(model, x)
+    layer = randomised(ACmix(8, 8, 5, 2, stride=2)).double()
+    x = torch.randn(2, 8, 7, 9, dtype=torch.float64)
+    calls = count_conv_calls(layer)
+    seen = []
+    layer.register_kernel_hook(lambda m, k: seen.append(k))
+    value, kernel = layer.generate(x)
+    assert len(calls) == 4  # conv1..3 and conv_p, as modules
+    torch.testing.assert_close(value, layer.conv3(x))
+    del calls[:]
+    layer(x)  # the fast path
+    assert len(calls) == 0
+    torch.testing.assert_close(seen[0], kernel, rtol=1e-9, atol=1e-12)
 
 
-def test_fast_paths_keep_nchw_outputs_and_gradient():
-    """The channels_last stem hands the caller NCHW outputs and an NCHW
-    input gradient, as the stock graph does."""
-    model = RedNet(26, **TINY_RED).eval()
-    x = torch.rand(2, 3, 40, 36, requires_grad=True)
-    outs = model(x)
-    assert all(o.is_contiguous() for o in outs)
-    sum(o.sum() for o in outs).backward()
-    assert x.grad.is_contiguous()
-
-
-def test_stock_path_calls_every_conv_module():
-    """Switch off: every nn.Conv2d of the backbones runs as a module (its
-    forward hook fires), the ACmix projections, fc and dep_conv included."""
-    for model in (RedNet(26, **TINY_RED), ACmixResNet(26, **TINY_ACMIX)):
-        calls = count_conv_calls(model.eval())
-        with cpu_fastpath.use(False), torch.no_grad():
-            model(torch.rand(1, 3, 32, 32))
-        convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
-        assert set(map(id, calls)) == set(map(id, convs))
-        assert len(calls) == len(convs)
+def test_switch_defaults_on_and_set_cpu_fastpath_reaches_every_layer():
+    model = nn.Sequential(Involution(16, 3), nn.ReLU(), ACmix(16, 16, 3, 2))
+    x = torch.zeros(1, 16, 4, 4)
+    layers = [model[0], model[2]]
+    assert all(m.use_cpu_fastpath for m in layers)
+    assert all(takes_cpu_fastpath(m, x) for m in layers)
+    assert set_cpu_fastpath(model, False) is model
+    assert not any(m.use_cpu_fastpath or takes_cpu_fastpath(m, x)
+                   for m in layers)
+    assert not hasattr(model[1], 'use_cpu_fastpath')
+    with pytest.raises(TypeError, match='on must be a bool, got str'):
+        set_cpu_fastpath(model, '0')
 
 
 def test_tracing_runs_the_stock_graph():
     """Under torch.jit.trace the stock path runs even with the switch on:
     the hooks fire and the trace holds the published convs."""
     layer = ACmix(8, 8, 5, 2).eval()
+    assert layer.use_cpu_fastpath
     calls = count_conv_calls(layer)
     x = torch.randn(1, 8, 6, 7)
-    with cpu_fastpath.use(True):
-        traced = torch.jit.trace(layer, x)
-    assert {id(m)
-            for m in calls
-            } == {id(m)
-                  for m in layer.modules() if isinstance(m, nn.Conv2d)}
+    traced = torch.jit.trace(layer, x)
+    assert {id(m) for m in calls} == {
+        id(m)
+        for m in layer.modules() if isinstance(m, nn.Conv2d)
+    }
     graph = str(traced.inlined_graph)
     assert 'baddbmm' not in graph and 'aten::_convolution' in graph
     torch.testing.assert_close(traced(x), layer(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('build', [lambda: Involution(16, 3),
+                                   lambda: ACmix(16, 16, 3, 2)])
+def test_compiling_runs_the_stock_graph(build):
+    """torch.compile captures the stock graph (convolutions, no matmuls)
+    even with the switch on, and computes what eager mode computes."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch.manual_seed(0)
+    layer = build().eval()
+    assert layer.use_cpu_fastpath
+    x = torch.randn(1, 16, 5, 4)
+    out = torch.compile(layer, backend=backend)(x)
+    assert graphs and 'conv' in graphs[0]
+    assert not any('bmm' in code for code in graphs)
+    torch.testing.assert_close(out, layer(x), rtol=1e-5, atol=1e-5)
+
+
 def test_other_devices_run_the_stock_graph():
     """A meta tensor is not a CPU tensor: the stock path runs on it."""
-    assert cpu_fastpath.enabled(torch.zeros(1))
-    assert not cpu_fastpath.enabled(torch.zeros(1, device='meta'))
     layer = Involution(16, 3).to('meta')
+    assert not takes_cpu_fastpath(layer, torch.zeros(1, device='meta'))
     calls = count_conv_calls(layer)
     out = layer(torch.zeros(2, 16, 5, 4, device='meta'))
     assert out.shape == (2, 16, 5, 4) and len(calls) == 2
-
-
-def test_switch_is_per_thread_and_restored():
-    seen = []
-    with cpu_fastpath.use(False):
-        assert not cpu_fastpath.is_on()
-        thread = threading.Thread(
-            target=lambda: seen.append(cpu_fastpath.is_on()))
-        thread.start()
-        thread.join()
-    assert seen == [True] and cpu_fastpath.is_on()
-    with pytest.raises(TypeError, match='on must be a bool'):
-        with cpu_fastpath.use('0'):
-            pass
 
 
 def _python(code, **env):
@@ -206,24 +150,26 @@ def _python(code, **env):
                           env=dict(os.environ, PYTHONPATH=ROOT, **env))
 
 
-def test_environment_variable_turns_it_off():
+def test_environment_variable_sets_the_default():
     code = ('import torch\n'
-            'from mmevo.ops import cpu_fastpath\n'
             'from mmevo.layers import Involution\n'
             'layer = Involution(16, 3)\n'
             'calls = []\n'
             'layer.conv2.conv.register_forward_hook(\n'
             '    lambda *args: calls.append(1))\n'
             'layer(torch.randn(1, 16, 4, 4))\n'
-            'print(cpu_fastpath.is_on(), len(calls))\n')
+            'print(layer.use_cpu_fastpath, len(calls))\n')
     off = _python(code, MMEVO_CPU_FASTPATH='0')
     assert off.returncode == 0, off.stderr[-2000:]
     assert off.stdout.split() == ['False', '1']
     on = _python(code, MMEVO_CPU_FASTPATH='1')
     assert on.stdout.split() == ['True', '0'], on.stderr[-2000:]
-    bad = _python('import mmevo.ops', MMEVO_CPU_FASTPATH='yes')
+    bad = _python(code, MMEVO_CPU_FASTPATH='yes')
     assert bad.returncode != 0
     assert "MMEVO_CPU_FASTPATH must be '0' or '1', got 'yes'" in bad.stderr
+    # The ops hold no model knowledge: the variable is not theirs.
+    ops = _python('import mmevo.ops', MMEVO_CPU_FASTPATH='yes')
+    assert ops.returncode == 0, ops.stderr[-2000:]
 
 
 # The matmul 1x1 convolution on its own: maps of 1 to 1280 pixels, so both

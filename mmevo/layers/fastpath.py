@@ -1,0 +1,187 @@
+"""The switch of the CPU fast paths, and the 1x1 convolution they share.
+
+Layers and backbones are written as the published (stock) graph, every
+convolution called as a module, so forward hooks, ``print(model)``, FLOP
+counters, ``torch.compile`` and exporters see it. On CPU, oneDNN runs some
+of those modules 1.5-10x slower than an equivalent formulation
+(``docs/benchmarks.md``). A class with such a rewrite holds it as a method,
+next to its stock forward, and takes it only when
+:func:`takes_cpu_fastpath` holds, in the spirit of timm's ``fused_attn``:
+
+* the module's ``use_cpu_fastpath`` attribute is True; it defaults, when the
+  module is built, from the environment variable ``MMEVO_CPU_FASTPATH``
+  ('1', the default, or '0'), and :func:`set_cpu_fastpath` sets it for a
+  whole model;
+* the input is a CPU tensor (any other device, ``meta`` included, runs the
+  stock graph);
+* nothing is tracing, scripting, exporting or compiling: the rewrites were
+  measured in eager mode only, and tools that look at the graph must see the
+  stock one.
+
+Only torch is imported here.
+"""
+import os
+
+import torch
+from torch import nn
+
+ENV_VAR = 'MMEVO_CPU_FASTPATH'
+
+
+def cpu_fastpath_default() -> bool:
+    """The default of ``use_cpu_fastpath``, from ``MMEVO_CPU_FASTPATH``.
+
+    Returns:
+        bool: False when the variable is '0', True when it is '1' or unset.
+    """
+    value = os.environ.get(ENV_VAR, '1')
+    if value not in ('0', '1'):
+        raise ValueError(f"{ENV_VAR} must be '0' or '1', got {value!r}")
+    return value == '1'
+
+
+def set_cpu_fastpath(model: nn.Module, on: bool) -> nn.Module:
+    """Set ``use_cpu_fastpath`` on every submodule of ``model`` that has one.
+
+    Args:
+        model (nn.Module): a layer, a backbone or a whole detector.
+        on (bool): True takes the fast paths where :func:`takes_cpu_fastpath`
+            allows, False always runs the stock graph.
+
+    Returns:
+        nn.Module: ``model``.
+
+    Example:
+        >>> import torch
+        >>> from mmevo.layers import Involution, set_cpu_fastpath
+        >>> layer = set_cpu_fastpath(Involution(16, 3), False)
+        >>> takes_cpu_fastpath(layer, torch.zeros(1))
+        False
+    """
+    if not isinstance(on, bool):
+        raise TypeError(f'on must be a bool, got {type(on).__name__}')
+    for module in model.modules():
+        if hasattr(module, 'use_cpu_fastpath'):
+            module.use_cpu_fastpath = on
+    return model
+
+
+def _capturing() -> bool:
+    """Whether a tracer, scripter, exporter or compiler is running."""
+    return (torch.jit.is_tracing() or torch.jit.is_scripting()
+            or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+            or torch.compiler.is_exporting())
+
+
+def takes_cpu_fastpath(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``module``, called on ``x``, takes its CPU fast path.
+
+    Args:
+        module (nn.Module): a module with a ``use_cpu_fastpath`` attribute.
+        x (Tensor): its input.
+
+    Returns:
+        bool: the switch is on, ``x`` is on the CPU and nothing is tracing /
+        scripting / exporting / compiling.
+    """
+    return (module.use_cpu_fastpath and x.device.type == 'cpu'
+            and not _capturing())
+
+
+def is_plain_conv1x1(conv: nn.Module) -> bool:
+    """A plain, ungrouped, unpadded 1x1 ``nn.Conv2d`` (any stride)."""
+    return (type(conv) is nn.Conv2d and conv.kernel_size == (1, 1)
+            and conv.padding == (0, 0) and conv.dilation == (1, 1)
+            and conv.groups == 1)
+
+
+# Below this many pixels per image, the weight gradient is one matmul over
+# all B * H * W pixels (after a transpose of the small operands) instead of B
+# matmuls summed: with K = H * W that short, the B products are ~2x slower.
+_SINGLE_MATMUL_PIXELS = 100
+
+
+def _pointwise_forward(x, weight, bias):
+    B, C, H, W = x.shape
+    C_out = weight.shape[0]
+    y = torch.bmm(
+        weight.view(1, C_out, C).expand(B, -1, -1), x.reshape(B, C, H * W))
+    if bias is not None:
+        # In place: bmm's backward does not need y, and a second buffer the
+        # size of a whole generated kernel costs more than the add.
+        y.add_(bias.view(1, -1, 1))
+    return y.view(B, C_out, H, W)
+
+
+class _Pointwise(torch.autograd.Function):
+    """oneDNN's 1x1 conv backward is 1.5-10x slower on CPU than bmm's."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        # The inputs themselves (not views made here): double backward
+        # differentiates through them.
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _pointwise_forward(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        B, C, H, W = x.shape
+        C_out, HW = weight.shape[0], H * W
+        # In the dtype the forward ran in (autocast's, if it was on).
+        g3 = grad.reshape(B, C_out, HW)
+        x3 = x.reshape(B, C, HW).to(g3.dtype)
+        w2 = weight.view(C_out, C).to(g3.dtype)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.bmm(w2.t().expand(B, -1, -1), g3)
+            grad_x = grad_x.view(B, C, H, W)
+        with_b = ctx.has_bias and ctx.needs_input_grad[2]
+        if ctx.needs_input_grad[1]:
+            if with_b:
+                # A row of ones: the bias gradient comes out of the same
+                # matmul instead of another pass over the (kernel-sized) grad.
+                x3 = torch.cat([x3, x3.new_ones(B, 1, HW)], 1)
+            rows = x3.shape[1]
+            if HW < _SINGLE_MATMUL_PIXELS:
+                grad_wb = torch.mm(
+                    g3.transpose(0, 1).reshape(C_out, B * HW),
+                    x3.transpose(0, 1).reshape(rows, B * HW).t())
+            else:
+                grad_wb = torch.bmm(g3, x3.transpose(1, 2)).sum(0)
+            grad_w = grad_wb[:, :C].reshape_as(weight)
+            if with_b:
+                grad_b = grad_wb[:, C]
+        elif with_b:
+            grad_b = g3.sum((0, 2))
+        return grad_x, grad_w, grad_b
+
+
+def pointwise(x: torch.Tensor,
+              weight: torch.Tensor,
+              bias: torch.Tensor = None) -> torch.Tensor:
+    """A 1x1, stride-1, ungrouped convolution as a batched matmul.
+
+    oneDNN's CPU 1x1 convolution (above all its backward) is 1.5-10x slower
+    than ``bmm`` at the sizes of the generation / projection convs and the
+    bottlenecks' reducing convs. Differentiable to any order (the backward
+    is made of matmuls).
+
+    Args:
+        x (Tensor): (B, C_in, H, W).
+        weight (Tensor): (C_out, C_in, 1, 1), as ``nn.Conv2d`` holds it.
+        bias (Tensor, optional): (C_out,).
+
+    Returns:
+        Tensor: (B, C_out, H, W), equal to ``F.conv2d(x, weight, bias)``.
+
+    Example:
+        >>> import torch
+        >>> conv = torch.nn.Conv2d(8, 4, 1)
+        >>> x = torch.randn(2, 8, 5, 3)
+        >>> y = pointwise(x, conv.weight, conv.bias)
+        >>> torch.allclose(y, conv(x), atol=1e-6)
+        True
+    """
+    return _Pointwise.apply(x, weight, bias)

@@ -1,0 +1,139 @@
+"""The bottleneck of RedNet and ACmix-ResNet: mmdet's, with its own forward.
+
+mmevo's block is mmdet's ``Bottleneck`` (its construction, key names and
+attributes) with the 3x3 ``conv2`` swapped for a dynamic layer. Its forward
+is written here rather than inherited: it checkpoints its own residual
+function (so the recomputation can keep the BN statistics, see
+:meth:`MiddleLayerBottleneck.forward`) and holds its CPU rewrite next to the
+stock graph. ``tests/models/test_bottleneck.py`` checks it against mmdet's
+``Bottleneck.forward``.
+"""
+import contextlib
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from mmdet.models.backbones.resnet import Bottleneck
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
+
+from mmevo.layers.fastpath import (cpu_fastpath_default, is_plain_conv1x1,
+                                   pointwise, takes_cpu_fastpath)
+
+
+class MiddleLayerBottleneck(Bottleneck):
+    """mmdet's Bottleneck whose 3x3 ``conv2`` is built by ``middle_layer``.
+
+    The 3x3 convolution mmdet builds is swapped in place, so the key order,
+    the attributes and the freezing stay mmdet's. The forward is mmdet's
+    graph without plugins (conv1, norm1, ReLU, conv2, norm2, ReLU, conv3,
+    norm3, + shortcut, ReLU); with ``with_cp`` the BN statistics are updated
+    once per step, not twice. On CPU in eager mode, while
+    ``use_cpu_fastpath`` is True (see :mod:`mmevo.layers.fastpath`),
+    ``conv1`` runs as a matmul and a strided 1x1 downsample on the
+    subsampled input: the same numbers.
+
+    Args:
+        inplanes (int): Input channels.
+        planes (int): Middle channels (output channels / 4).
+        middle_layer (callable): ``middle_layer(planes, stride, dilation)``
+            returns the module used as ``conv2``; it keeps the channel count.
+        **kwargs: The other arguments of mmdet's ``Bottleneck`` (``dcn`` and
+            ``plugins`` must be None).
+
+    Example:
+        >>> import torch
+        >>> block = MiddleLayerBottleneck(
+        ...     64, 16, lambda c, s, d: torch.nn.Conv2d(c, c, 3, s, d, d))
+        >>> block(torch.randn(1, 64, 8, 8)).shape
+        torch.Size([1, 64, 8, 8])
+    """
+
+    def __init__(self, inplanes: int, planes: int,
+                 middle_layer: Callable[[int, int, int], nn.Module],
+                 **kwargs) -> None:
+        for name in ('dcn', 'plugins'):
+            if kwargs.get(name) is not None:
+                raise ValueError(f'{name} must be None for a dynamic middle '
+                                 f'layer, got {kwargs[name]}')
+        super().__init__(inplanes, planes, **kwargs)
+        self.conv2 = middle_layer(planes, self.conv2_stride, self.dilation)
+        self.use_cpu_fastpath = cpu_fastpath_default()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """ReLU of the residual branch plus the shortcut.
+
+        With ``with_cp`` (and an input that needs a gradient) the residual
+        function is checkpointed: its backward recomputes it with the BNs
+        still in train mode, which in mmdet's block updates their running
+        statistics (and ``num_batches_tracked``) a second time per step.
+        Here the buffers the recomputation updates are put back as the
+        forward left them. (Turning ``track_running_stats`` off instead
+        would change what batch_norm saves, which the checkpoint refuses.)
+
+        Args:
+            x (Tensor): (B, inplanes, H, W).
+
+        Returns:
+            Tensor: (B, planes * 4, H_out, W_out).
+        """
+        if self.with_cp and x.requires_grad:
+            # The stock block inside the checkpoint (its middle layer may
+            # still take its own fast path), as before the redesign.
+            out = checkpoint(
+                self._residual,
+                x,
+                False,
+                use_reentrant=False,
+                context_fn=lambda:
+                (contextlib.nullcontext(), _running_stats_kept(self)))
+        else:
+            out = self._residual(x, takes_cpu_fastpath(self, x))
+        return self.relu(out)
+
+    def _residual(self, x, fast):
+        """The block before its last ReLU: branch + shortcut; ``fast``
+        takes the CPU fast path."""
+        out = self._conv1_cpu(x) if fast else self.conv1(x)
+        out = self.relu(self.norm1(out))
+        out = self.relu(self.norm2(self.conv2(out)))
+        out = self.norm3(self.conv3(out))
+        if self.downsample is not None:
+            x = self._downsample_cpu(x) if fast else self.downsample(x)
+        out += x
+        return out
+
+    def _conv1_cpu(self, x):
+        """``conv1(x)``, as a matmul: oneDNN's CPU 1x1 backward is slow."""
+        conv = self.conv1
+        if is_plain_conv1x1(conv) and conv.stride == (1, 1):
+            return pointwise(x, conv.weight, conv.bias)
+        return conv(x)
+
+    def _downsample_cpu(self, x):
+        """``downsample(x)``, a (strided 1x1 conv, norm) shortcut run on
+        ``x[::s, ::s]``: oneDNN's CPU backward of a strided 1x1 conv first
+        copies its whole input (~2x slower)."""
+        downsample = self.downsample
+        if isinstance(downsample, nn.Sequential) and len(downsample) == 2:
+            conv, norm = downsample
+            if is_plain_conv1x1(conv) and conv.stride != (1, 1):
+                sh, sw = conv.stride
+                return norm(
+                    F.conv2d(x[:, :, ::sh, ::sw], conv.weight, conv.bias))
+        return downsample(x)
+
+
+@contextlib.contextmanager
+def _running_stats_kept(module):
+    """The BN buffers of ``module`` (running statistics, batch count) are
+    restored on exit to their values on entry."""
+    saved = [(buf, buf.clone()) for m in module.modules()
+             if isinstance(m, _BatchNorm) for buf in m.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)

@@ -1,0 +1,82 @@
+"""Helpers of the fast-path tests: run a model with ``use_cpu_fastpath`` on
+and off and compare.
+
+Both runs take the same float64 input: the outputs and the gradients of the
+input and of every parameter must agree. Forward hooks on the ``nn.Conv2d``
+modules tell which path ran (the fast paths call some convs' weights
+directly), so a comparison of the stock path with itself fails.
+"""
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmevo.layers import ACmix, set_cpu_fastpath
+
+
+def count_conv_calls(model):
+    """Hook every nn.Conv2d; return the list the hooks append to."""
+    calls = []
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            m.register_forward_hook(lambda mod, i, o: calls.append(mod))
+    return calls
+
+
+def randomised(model):
+    """Non-trivial norms, rates and conv path (the defaults zero some)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, _BatchNorm):
+                nn.init.uniform_(m.weight, 0.5, 1.5)
+                nn.init.uniform_(m.bias, -0.2, 0.2)
+                nn.init.uniform_(m.running_var, 0.5, 1.5)
+                nn.init.normal_(m.running_mean, 0, 0.1)
+            if isinstance(m, ACmix):
+                m.rate1.uniform_(0.2, 1.0)
+                m.rate2.uniform_(0.2, 1.0)
+                m.dep_conv.weight.normal_()
+    return model
+
+
+def run(model, x, on):
+    """Outputs, input gradient, parameter gradients and the number of conv
+    module calls with the switch ``on``."""
+    x = x.clone().requires_grad_()
+    calls = count_conv_calls(model)
+    model.zero_grad(set_to_none=True)
+    # Until after the backward: a checkpointed block recomputes there.
+    set_cpu_fastpath(model, on)
+    try:
+        outs = model(x)
+        outs = outs if isinstance(outs, tuple) else (outs, )
+        gen = torch.Generator().manual_seed(1)
+        loss = sum(
+            (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
+            for o in outs)
+        loss.backward()
+    finally:
+        set_cpu_fastpath(model, True)
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for m in model.modules():
+        m._forward_hooks.clear()
+    return outs, x.grad, grads, len(calls)
+
+
+def assert_paths_equal(model, x, has_fast_path=True):
+    """Fast and stock path: same outputs and gradients (float64); the fast
+    path calls fewer conv modules, or as many if the model has none."""
+    fast = run(model, x, True)
+    stock = run(model, x, False)
+    for a, b in zip(fast[0], stock[0]):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(fast[1], stock[1], rtol=1e-9, atol=1e-10)
+    assert set(fast[2]) == set(stock[2])
+    for name, g in stock[2].items():
+        assert g is not None, name
+        torch.testing.assert_close(
+            fast[2][name], g, rtol=1e-9, atol=1e-10, msg=name)
+    if has_fast_path:
+        assert fast[3] < stock[3]
+    else:
+        assert fast[3] == stock[3]

@@ -1,0 +1,74 @@
+"""The CPU fast paths of the backbones equal their stock graph.
+
+Both backbones (and their blocks) run with ``use_cpu_fastpath`` on and off
+on the same float64 input: outputs and all gradients agree
+(``tests/layers/fastpath_helpers.py``, shared with the layer tests).
+"""
+import importlib.util
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from mmevo.layers import set_cpu_fastpath
+from mmevo.models import ACmixResNet, RedNet
+
+
+def _layer_test_helpers():
+    path = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), os.pardir, 'layers',
+        'fastpath_helpers.py')
+    spec = importlib.util.spec_from_file_location('fastpath_helpers', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+helpers = _layer_test_helpers()
+
+TINY_RED = dict(stem_channels=32, base_channels=16)
+TINY_ACMIX = dict(stem_channels=16, base_channels=16)
+BACKBONES = [(RedNet, TINY_RED), (ACmixResNet, TINY_ACMIX)]
+
+
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('cls,tiny', BACKBONES)
+def test_backbone_fast_path_equals_stock(cls, tiny, mode):
+    torch.manual_seed(0)
+    model = helpers.randomised(cls(26, **tiny)).double()
+    x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
+    helpers.assert_paths_equal(model.train(mode == 'train'), x)
+
+
+def test_fast_paths_keep_nchw_outputs_and_gradient():
+    """The channels_last stem hands the caller NCHW outputs and an NCHW
+    input gradient, as the stock graph does."""
+    for model in (RedNet(26, **TINY_RED), ACmixResNet(26, **TINY_ACMIX)):
+        x = torch.rand(2, 3, 40, 36, requires_grad=True)
+        outs = model.eval()(x)
+        assert all(o.is_contiguous() for o in outs)
+        sum(o.sum() for o in outs).backward()
+        assert x.grad.is_contiguous()
+
+
+def test_stock_path_calls_every_conv_module():
+    """Switch off: every nn.Conv2d of the backbones runs as a module (its
+    forward hook fires), the ACmix projections, fc and dep_conv included."""
+    for model in (RedNet(26, **TINY_RED), ACmixResNet(26, **TINY_ACMIX)):
+        calls = helpers.count_conv_calls(set_cpu_fastpath(model, False))
+        with torch.no_grad():
+            model.eval()(torch.rand(1, 3, 32, 32))
+        convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+        assert set(map(id, calls)) == set(map(id, convs))
+        assert len(calls) == len(convs)
+
+
+def test_every_block_and_layer_has_the_switch():
+    model = RedNet(26, **TINY_RED)
+    switches = [m for m in model.modules() if hasattr(m, 'use_cpu_fastpath')]
+    # the backbone, 8 blocks, their 8 involutions and the stem's
+    assert len(switches) == 1 + 8 + 8 + 1
+    assert all(m.use_cpu_fastpath for m in switches)
+    set_cpu_fastpath(model, False)
+    assert not any(m.use_cpu_fastpath for m in switches)
