@@ -137,7 +137,7 @@ def _wrapper(model, kind='SGD'):
 
 def _trained_state(model, kind='SGD'):
     wrapper = _wrapper(model, kind)
-    model(torch.randn(5, model.in_features)).sum().backward()
+    model(torch.randn(5, 3)).sum().backward()
     wrapper.step()
     return wrapper.state_dict()
 

@@ -115,10 +115,12 @@ def use_safe_hook(cfg):
         >>> cfg.default_hooks.checkpoint.type
         'SafeCheckpointHook'
     """
-    hooks = cfg.setdefault('default_hooks', {})
+    if cfg.get('default_hooks') is None:
+        cfg.default_hooks = dict()
+    hooks = cfg.default_hooks
     if 'checkpoint' not in hooks:  # mmengine's default
-        hooks['checkpoint'] = dict(type='CheckpointHook', interval=1)
-    hook = hooks['checkpoint']
+        hooks.checkpoint = dict(type='CheckpointHook', interval=1)
+    hook = hooks.checkpoint
     if hook is not None and hook.get('type') in ('CheckpointHook',
                                                  CheckpointHook):
         hook['type'] = NAME
