@@ -370,8 +370,9 @@ def check_resume_fits(runner, checkpoint, name):
     Example:
         >>> check_resume_fits(runner, read_checkpoint(path), path)
     """
-    problems = [f'model: {p}' for p in _model_problems(runner.model,
-                                                         checkpoint)]
+    problems = [
+        f'model: {p}' for p in _model_problems(runner.model, checkpoint)
+    ]
     if 'optimizer' in checkpoint and runner.optim_wrapper is not None:
         wrapper = runner.optim_wrapper
         if not isinstance(wrapper, (OptimWrapper, OptimWrapperDict)):

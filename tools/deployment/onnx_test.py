@@ -88,7 +88,7 @@ def parse_args(argv=None):
         description='Evaluate an ONNX model with onnxruntime')
     parser.add_argument('config', help='config file')
     parser.add_argument('model', help='the .onnx file')
-    add_evaluation_args(parser)
+    apis.add_evaluation_args(parser)
     return parser.parse_args(argv)
 
 

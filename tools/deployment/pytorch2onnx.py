@@ -75,7 +75,7 @@ def main(argv=None):
     shapes = [tuple(t.shape) for t in outputs]
     if shapes != [tuple(t.shape) for t in expected]:
         apis.fail(f'onnxruntime gives outputs of shapes {shapes}, PyTorch '
-             f'{[tuple(t.shape) for t in expected]}')
+                  f'{[tuple(t.shape) for t in expected]}')
     tolerance = 1e-4
     if kind == 'two-stage':
         outputs = match_rows(outputs, expected)
@@ -93,7 +93,7 @@ def main(argv=None):
           f'PyTorch max relative difference {err:.1e}')
     if err > tolerance:
         apis.fail(f'onnxruntime differs from PyTorch by {err:.1e} (output '
-             f'{errs.index(err)} of {len(errs)})')
+                  f'{errs.index(err)} of {len(errs)})')
     return args.out
 
 
