@@ -7,7 +7,10 @@ first on ``import mmevo.ops``) imports it:
 * ``mmevo.layers``: + mmengine and mmcv (``mmcv.cnn``).
 * ``mmevo.models``: + mmdet (its backbones, necks and heads subclass
   mmdet's).
-* ``mmevo.engine``: mmengine; ``mmevo.datasets``: OpenCV (cv2) and numpy.
+* ``mmevo.datasets``: OpenCV (cv2) and numpy.
+
+``mmevo.integrations`` (fixes of upstream libraries, each turned on by its
+``install()``) and ``mmevo.apis`` (what the tools do) are not imported here.
 
 A subpackage is imported when ``importlib.util.find_spec`` finds every
 package it needs, without importing them; so mmevo's modules are registered
@@ -23,7 +26,6 @@ from .version import __version__
 _REQUIRES = {
     'layers': ('mmengine', 'mmcv'),
     'models': ('mmengine', 'mmcv', 'mmdet'),
-    'engine': ('mmengine', ),
     'datasets': ('cv2', 'numpy'),
 }
 

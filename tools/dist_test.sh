@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Distributed testing with torchrun.
 #   tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [test.py options]
-# Without a GPU the processes run on the CPU over gloo (mmevo.engine).
+# Without a GPU the processes run on the CPU over gloo (mmevo.integrations.mmengine).
 CONFIG=$1
 CHECKPOINT=$2
 GPUS=$3

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Distributed training on one or more machines with torchrun.
 #   tools/dist_train.sh CONFIG NUM_PROCS [train.py options]
-# Without a GPU the processes train on the CPU over gloo (mmevo.engine).
+# Without a GPU the processes train on the CPU over gloo (mmevo.integrations.mmengine).
 # Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT as in mmdet.
 CONFIG=$1
 GPUS=$2

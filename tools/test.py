@@ -2,8 +2,9 @@
 
 The config's ``default_scope`` ('mmdet' or 'mmseg') decides which library's
 registries build it; the metric is the config's ``test_evaluator``. A
-checkpoint whose keys or shapes do not fit the model is refused (exit status
-1, the keys listed) unless ``--allow-partial`` is given.
+checkpoint that cannot be loaded, or whose entries do not fit the model
+(every key, a tensor of the same shape), is refused in one line (exit
+status 1) unless ``--allow-partial`` is given.
 
 Example:
     python tools/test.py CONFIG work_dirs/demo/epoch_20.pth --out preds.pkl
@@ -11,39 +12,28 @@ Example:
 """
 import argparse
 import os
-import os.path as osp
 import warnings
 
 # mmengine imports pkg_resources, which setuptools < 70 (needed by mmcv's
 # build) flags as deprecated on every start: noise, not a problem of the run
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-# tools/_cli.py (the tool's folder is on the path of a script)
-from _cli import (add_evaluation_args, check_checkpoint_fits, dump_results,
-                  exit_if_data_missing, fail, load_config)
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
-
-import mmevo  # noqa: F401  (registers mmevo's modules in mmengine)
-from mmevo.engine import checkpoint_error, setup_cpu_distributed
+import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
+from mmevo import apis  # noqa: E402
+from mmevo.integrations import mmengine as fixes  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Test (and evaluate) a model')
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
-    add_evaluation_args(parser)
+    apis.add_evaluation_args(parser)
     parser.add_argument(
         '--allow-partial',
         action='store_true',
         help='evaluate a checkpoint even if keys are missing, unexpected or '
         'of another shape (those weights keep their initialisation)')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    apis.add_launcher_args(parser)
     args = parser.parse_args(argv)
     if args.out is not None and not args.out.endswith(('.pkl', '.pickle')):
         parser.error(f'--out must be a .pkl file, got {args.out}')
@@ -53,32 +43,22 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    cfg = load_config(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
-    if '://' not in args.checkpoint:
-        if not osp.isfile(args.checkpoint):
-            fail(f"checkpoint '{args.checkpoint}' does not exist")
-        reason = checkpoint_error(args.checkpoint)
-        if reason is not None:
-            fail(f"checkpoint '{args.checkpoint}' cannot be loaded: {reason}")
-    cfg.load_from = args.checkpoint
-    if args.out is not None:
-        dump_results(cfg, args.out)
-    exit_if_data_missing(cfg, ['test_dataloader'])
-    setup_cpu_distributed(cfg, args.launcher)
-    runner = (
-        Runner.from_cfg(cfg)
-        if 'runner_type' not in cfg else RUNNERS.build(cfg))
-    if not args.allow_partial:
-        check_checkpoint_fits(runner.model, args.checkpoint,
-                              'evaluate it anyway with --allow-partial')
+    fixes.install_all()
+    with apis.one_line_errors():
+        cfg = apis.load_config(args.config, args.cfg_options, args.work_dir)
+        cfg.launcher = args.launcher
+        state = apis.read_checkpoint(args.checkpoint)
+        cfg.load_from = args.checkpoint
+        if args.out is not None:
+            apis.dump_results(cfg, args.out)
+        apis.check_data(cfg, ['test_dataloader'])
+        fixes.setup_cpu_distributed(cfg, args.launcher)
+        runner = apis.build_runner(cfg)
+        if not args.allow_partial:
+            apis.check_checkpoint_fits(
+                runner.model, state, 'evaluate it anyway with --allow-partial',
+                name=args.checkpoint)
+        del state
     return runner.test()
 
 

@@ -3,9 +3,10 @@
 For each config (all of ``configs/`` but the demo ones): one SGD step with
 the config's own optimiser wrapper (its lr, momentum, clipping) on one small
 synthetic image, then one inference, on the CPU. SyncBN becomes BN with
-``mmevo.engine.dist.convert_sync_bn_to_bn`` (what ``tools/train.py`` does on a
-machine without a GPU). Parameter counts are checked against the published
-table in ``test_config_complexity.py``; this file checks behaviour.
+``mmevo.integrations.mmengine.convert_sync_bn_to_bn`` (what
+``tools/train.py`` does on a machine without a GPU). Parameter counts are
+checked against the published table in ``test_config_complexity.py``; this
+file checks behaviour.
 """
 import warnings
 
@@ -17,7 +18,7 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.structures import InstanceData, PixelData
 
 import mmevo  # noqa: F401  registers mmevo's modules
-from mmevo.engine.dist import convert_sync_bn_to_bn
+from mmevo.integrations.mmengine.dist import convert_sync_bn_to_bn
 from configs_helpers import all_configs, load
 
 CONFIGS = all_configs()  # every config but configs/demo/ (tested elsewhere)

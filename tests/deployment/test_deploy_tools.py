@@ -9,6 +9,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
+from mmevo.apis import build_model, load_config
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 from mmevo.deployment import OnnxModel
 
@@ -55,7 +56,7 @@ def setup(tmp_path_factory):
     cfg.write_text(CONFIG.format(base=DEMO_DET, root=root))
     export = load_tool('deployment/pytorch2onnx')
     torch.manual_seed(0)
-    _, model = export.build_model(str(cfg))
+    model = build_model(load_config(str(cfg)))
     ckpt = tmp / 'model.pth'
     torch.save({'state_dict': model.state_dict()}, ckpt)
     return tmp, str(cfg), str(ckpt), export
@@ -135,7 +136,7 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
     cfg = tmp / 'seg_cfg.py'
     cfg.write_text(SEG_CONFIG.format(base=DEMO_SEG, root=root))
     torch.manual_seed(0)
-    _, model = export.build_model(str(cfg))
+    model = build_model(load_config(str(cfg)))
     ckpt, onnx = str(tmp / 'seg.pth'), str(tmp / 'seg.onnx')
     torch.save({'state_dict': model.state_dict()}, ckpt)
     export.main([
@@ -218,7 +219,7 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
     path = str(tmp / f'{name}_cfg.py')
     cfg.dump(path)
     torch.manual_seed(0)
-    _, model = export.build_model(path)
+    model = build_model(load_config(path))
     settle(model)
     ckpt, onnx = str(tmp / f'{name}.pth'), str(tmp / f'{name}.onnx')
     torch.save({'state_dict': model.state_dict()}, ckpt)
@@ -286,7 +287,7 @@ def test_upernet_exports_with_dynamic_sizes(setup):
     path = str(tmp / 'upernet.py')
     cfg.dump(path)
     torch.manual_seed(0)
-    _, model = export.build_model(path)
+    model = build_model(load_config(path))
     ckpt, onnx = str(tmp / 'upernet.pth'), str(tmp / 'upernet.onnx')
     torch.save({'state_dict': model.state_dict()}, ckpt)
     export.main([

@@ -1,6 +1,7 @@
 """What the command line does with bad input: one line (from rank 0 only),
 an exit status, no traceback (a missing config, data set or pretrained
-checkpoint, a corrupt checkpoint or one that does not fit the model), and
+checkpoint, a corrupt, empty or malicious checkpoint or one that does not
+fit the model, arguments out of bounds, an ONNX file of another model), and
 launch scripts that pass paths with spaces through intact."""
 import os
 import stat
@@ -13,6 +14,7 @@ from mmdet.registry import MODELS
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
+from mmevo.apis import check_data, one_line_errors
 from tool_utils import DEMO_DET, REPO, load_tool
 
 # The demo detector evaluated on the 4 validation images of tiny_coco.
@@ -60,8 +62,8 @@ def test_exit_prints_one_line_on_rank_zero(tmp_path, capsys, monkeypatch,
             train_dataloader=dict(
                 dataset=dict(
                     type='CocoDataset', data_root=str(tmp_path / 'none/')))))
-    with pytest.raises(SystemExit) as info:
-        load_tool('_cli').exit_if_data_missing(cfg, ['train_dataloader'])
+    with pytest.raises(SystemExit) as info, one_line_errors():
+        check_data(cfg, ['train_dataloader'])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count('\n') == (1 if rank == '0' else 0)
@@ -87,8 +89,7 @@ def test_tools_stop_without_a_trace(tool, tmp_path):
         f"error: {loader}: data_root 'data/synthetic_coco/' does not exist; "
         'generate it with `python tools/misc/make_synthetic_data.py det`, '
         'or point the config at your copy with --cfg-options '
-        f'{loader}.dataset.data_root=PATH (`make demo` generates it and '
-        'trains the demo)')
+        f'{loader}.dataset.data_root=PATH')
     assert not (tmp_path / 'work_dirs').exists()
 
 
@@ -214,3 +215,147 @@ def test_launch_scripts_keep_paths_with_spaces(script, tmp_path):
         expected = [config] + ([f'--work-dir={work_dir}'] if tool == 'train'
                                else [ckpt]) + ['--launcher=slurm'] + extra
     assert rest == expected
+
+
+class _Payload:
+
+    def __reduce__(self):
+        return (print, ('arbitrary code ran', ))
+
+
+def _bad_checkpoint(path, kind):
+    if kind == 'empty':
+        path.write_bytes(b'')
+        return 'the file is empty (0 bytes)'
+    torch.save(dict(state_dict={}, x=_Payload()), path)
+    return 'refused by the weights-only load: '
+
+
+@pytest.mark.parametrize('kind', ['empty', 'malicious'])
+@pytest.mark.parametrize('tool', [
+    'test', 'train', 'deployment/pytorch2onnx', 'analysis/visualize_kernels'
+])
+def test_what_is_no_checkpoint_is_one_line(tool, kind, tmp_path, capsys):
+    ckpt = tmp_path / 'model.pth'
+    reason = _bad_checkpoint(ckpt, kind)
+    argv = {
+        'test': [DEMO_DET, str(ckpt)],
+        'train': [DEMO_DET, '--resume', str(ckpt)],
+        'deployment/pytorch2onnx':
+        [DEMO_DET, str(ckpt), '--out',
+         str(tmp_path / 'x.onnx')],
+        'analysis/visualize_kernels':
+        [DEMO_DET, str(ckpt), 'x.jpg', '--list-layers'],
+    }[tool]
+    with pytest.raises(SystemExit) as info:
+        load_tool(tool).main(argv)
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    what = '--resume checkpoint' if tool == 'train' else 'checkpoint'
+    assert err.count('\n') == 1 and err.startswith(
+        f"error: {what} '{ckpt}' cannot be loaded: {reason}")
+    assert 'arbitrary code ran' not in capsys.readouterr().out
+    assert not (tmp_path / 'x.onnx').exists()
+
+
+def test_a_state_dict_of_floats_is_refused(tiny_coco, tmp_path, capsys):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text(TEST_CONFIG.format(base=DEMO_DET, root=tiny_coco))
+    init_default_scope('mmdet')
+    keys = MODELS.build(Config.fromfile(DEMO_DET).model).state_dict()
+    ckpt = str(tmp_path / 'floats.pth')
+    torch.save(dict(meta={}, state_dict={k: 0.0 for k in keys}), ckpt)
+    with pytest.raises(SystemExit) as info:
+        load_tool('test').main([
+            str(cfg), ckpt, '--work-dir',
+            str(tmp_path / 'work'), '--cfg-options', 'experiment_name=floats',
+            'visualizer.name=floats'
+        ])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith(
+        f"error: checkpoint '{ckpt}' does not fit the model: mis-shaped "
+        f'keys {len(keys)} (')
+    assert 'checkpoint float, model (' in err
+
+
+def test_a_legacy_format_checkpoint_is_evaluated(tiny_coco, tmp_path):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text(TEST_CONFIG.format(base=DEMO_DET, root=tiny_coco))
+    init_default_scope('mmdet')
+    state = MODELS.build(Config.fromfile(DEMO_DET).model).state_dict()
+    ckpt = str(tmp_path / 'legacy.pth')
+    torch.save(
+        dict(meta={}, state_dict=state),
+        ckpt,
+        _use_new_zipfile_serialization=False)
+    metrics = load_tool('test').main([
+        str(cfg), ckpt, '--work-dir',
+        str(tmp_path / 'work'), '--cfg-options', 'experiment_name=legacy',
+        'visualizer.name=legacy'
+    ])
+    assert 0 <= metrics['coco/bbox_mAP'] <= 1
+
+
+@pytest.mark.parametrize('tool, args, message', [
+    ('analysis/get_flops', ['--shape', '0', '0'],
+     'argument --shape: expected an integer in [1, 8192], got 0'),
+    ('analysis/get_flops', ['--shape', '20000', '20000'],
+     'argument --shape: expected an integer in [1, 8192], got 20000'),
+    ('deployment/pytorch2onnx', ['x.pth', '--out', 'x.onnx', '--shape', '0',
+                                 '0'],
+     'argument --shape: expected an integer in [1, 8192], got 0'),
+    ('deployment/pytorch2onnx',
+     ['x.pth', '--out', 'x.onnx', '--shape', '20000', '20000'],
+     'argument --shape: expected an integer in [1, 8192], got 20000'),
+    ('analysis/benchmark_backbones', ['--iters', '0'],
+     'argument --iters: expected an integer >= 1, got 0'),
+    ('analysis/benchmark_backbones', ['--batch', '0'],
+     'argument --batch: expected an integer in [1, 1024], got 0'),
+    ('analysis/benchmark_onnx', ['--iters', '0'],
+     'argument --iters: expected an integer >= 1, got 0'),
+    ('analysis/benchmark_ops', ['--repeat', '0'],
+     '--repeat must be >= 1, got 0'),
+    ('analysis/visualize_kernels',
+     ['x.pth', 'x.jpg', '--list-layers', '--max-groups', '0'],
+     'argument --max-groups: expected an integer >= 1, got 0'),
+])
+def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
+    """Refused by the parser, before any model is built (a subprocess: the
+    benchmark tools parse sys.argv)."""
+    head = [] if tool.startswith(('analysis/bench', )) else [DEMO_DET]
+    out = _run_as_rank0(
+        [sys.executable,
+         os.path.join(REPO, 'tools', f'{tool}.py')] + head + args, tmp_path)
+    assert out.returncode == 2
+    assert 'Traceback' not in out.stderr
+    assert out.stderr.splitlines()[-1].endswith(f'error: {message}')
+    assert not os.listdir(tmp_path)
+
+
+def test_onnx_model_of_another_kind_is_one_line(tiny_coco, tmp_path, capsys):
+    import onnx
+    from onnx import TensorProto, helper
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text(TEST_CONFIG.format(base=DEMO_DET, root=tiny_coco))
+    # one output (a segmentor's), where the demo detector gives 2 per level
+    graph = helper.make_graph(
+        [helper.make_node('Identity', ['input'], ['logits'])], 'seg',
+        [helper.make_tensor_value_info('input', TensorProto.FLOAT,
+                                       [1, 3, 128, 128])],
+        [helper.make_tensor_value_info('logits', TensorProto.FLOAT,
+                                       [1, 3, 128, 128])])
+    path = str(tmp_path / 'seg.onnx')
+    onnx.save(helper.make_model(graph), path)
+    with pytest.raises(SystemExit) as info:
+        load_tool('deployment/onnx_test').main([
+            str(cfg), path, '--work-dir',
+            str(tmp_path / 'work'), '--cfg-options', 'experiment_name=onnx1',
+            'visualizer.name=onnx1'
+        ])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: ONNX model '{path}' has 1 outputs, the config's det model "
+        'gives 6 or 9: export this config with '
+        'tools/deployment/pytorch2onnx.py\n')

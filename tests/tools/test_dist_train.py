@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from mmevo.integrations.mmengine import safe_globals
 from tool_utils import DEMO_DET, REPO
 
 # Each rank saves its own model state after training (mmengine's checkpoint
@@ -86,7 +87,8 @@ def test_two_process_cpu_training(tiny_coco, tmp_path):
 
     init = [torch.load(work_dir / f'init_rank{r}.pth') for r in (0, 1)]
     final = [torch.load(work_dir / f'final_rank{r}.pth') for r in (0, 1)]
-    model = torch.load(work_dir / 'epoch_1.pth')['state_dict']
+    with torch.serialization.safe_globals(safe_globals.safe_globals()):
+        model = torch.load(work_dir / 'epoch_1.pth')['state_dict']
     params = [
         k for k in final[0]
         if 'running_' not in k and 'num_batches_tracked' not in k

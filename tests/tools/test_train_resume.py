@@ -1,12 +1,16 @@
 """--resume: 3 epochs straight and 2 epochs + a resumed third give
 bit-identical weights and optimizer state, with the demo's random
-augmentation (RandomFlip) in a persistent dataloader worker, and the
-automatic resume skips a truncated latest checkpoint."""
+augmentation (RandomFlip) in a persistent dataloader worker; the automatic
+resume skips a truncated latest checkpoint; a checkpoint that cannot be
+loaded, or whose model or optimizer state does not fit, is refused in one
+line before training. (Crashes during a save: test_train_crash.py.)"""
 import glob
 import os.path as osp
 
 import pytest
 import torch
+from mmengine.config import Config
+from mmengine.registry import MODELS, init_default_scope
 
 from tool_utils import DEMO_DET, load_tool
 
@@ -104,3 +108,60 @@ def test_resume_from_a_corrupt_file_is_one_line(tiny_coco, tmp_path, capsys):
     assert err.count('\n') == 1
     assert err.startswith(f"error: --resume checkpoint '{ckpt}' cannot be "
                           'loaded: truncated or not a torch checkpoint')
+
+
+def test_resume_refuses_a_model_or_optimizer_that_does_not_fit(
+        tiny_coco, tmp_path, capsys):
+    cfg_file = _write_cfg(tmp_path, tiny_coco)
+    init_default_scope('mmdet')
+    model = MODELS.build(Config.fromfile(cfg_file).model)
+    state = model.state_dict()
+    state['neck.fpn_convs.0.conv.weight'] = torch.zeros(64, 64, 1, 1)
+    # the config trains with AdamW
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ckpt = str(tmp_path / 'other.pth')
+    torch.save(
+        dict(
+            meta=dict(epoch=1, iter=2),
+            state_dict=state,
+            optimizer=sgd.state_dict()), ckpt)
+    work_dir = tmp_path / 'w'
+    with pytest.raises(SystemExit) as info:
+        load_tool('train').main([
+            cfg_file, '--work-dir',
+            str(work_dir), '--resume', ckpt, '--cfg-options',
+            'experiment_name=misfit', 'visualizer.name=misfit'
+        ])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err and err.count('\n') == 1
+    assert err == (
+        f"error: --resume checkpoint '{ckpt}' does not fit: model: "
+        'mis-shaped keys 1 (neck.fpn_convs.0.conv.weight (checkpoint (64, '
+        '64, 1, 1), model (64, 64, 3, 3))); optimizer: param group 0 lacks '
+        'betas, eps of AdamW (another optimizer type)\n')
+    assert not glob.glob(str(work_dir / '*.pth'))
+
+
+def test_resume_refuses_a_state_dict_of_floats(tiny_coco, tmp_path, capsys):
+    cfg_file = _write_cfg(tmp_path, tiny_coco)
+    init_default_scope('mmdet')
+    model = MODELS.build(Config.fromfile(cfg_file).model)
+    ckpt = str(tmp_path / 'floats.pth')
+    torch.save(
+        dict(
+            meta=dict(epoch=1, iter=2),
+            state_dict={k: 0.0
+                        for k in model.state_dict()}), ckpt)
+    with pytest.raises(SystemExit) as info:
+        load_tool('train').main([
+            cfg_file, '--work-dir',
+            str(tmp_path / 'w'), '--resume', ckpt, '--cfg-options',
+            'experiment_name=floats', 'visualizer.name=floats'
+        ])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith(
+        f"error: --resume checkpoint '{ckpt}' does not fit: model: "
+        f'mis-shaped keys {len(model.state_dict())} (')
+    assert '(checkpoint float, model (' in err

@@ -12,6 +12,8 @@ from mmengine.registry import MODELS, init_default_scope
 from PIL import Image
 
 import mmevo  # noqa: F401  (registers RedNet, InvolutionFPN)
+from mmevo.apis import build_model, load_config
+from mmevo.apis.kernels import capture_kernel, evolution_layers, preprocess
 from tool_utils import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +70,7 @@ def setup(tmp_path_factory):
     pixels = np.zeros((90, 130, 3), np.uint8)
     pixels[20:60, 30:100] = rng.integers(0, 255, (40, 70, 3))
     Image.fromarray(pixels).save(image)
-    layers = tool.evolution_layers(model)
+    layers = evolution_layers(model)
     return tmp, config, checkpoint, image, layers, tool
 
 
@@ -105,23 +107,44 @@ def test_writes_png_for_a_strided_backbone_involution(setup):
 
 def test_captured_kernel_and_point_mapping(setup):
     _, config, checkpoint, image, layers, tool = setup
-    model = tool.build_model(str(config), str(checkpoint), 'cpu')
-    name = next(
-        n for n in tool.evolution_layers(model) if n.startswith('neck.'))
-    inputs = tool.preprocess(model, np.zeros((90, 130, 3), np.uint8))
+    model = build_model(load_config(str(config)), str(checkpoint))
+    name = next(n for n in evolution_layers(model) if n.startswith('neck.'))
+    inputs = preprocess(model, np.zeros((90, 130, 3), np.uint8))
     assert inputs.shape == (1, 3, 96, 160)  # padded to 32
-    kernel = tool.capture_kernel(model,
-                                 tool.evolution_layers(model)[name], inputs)
+    kernel = capture_kernel(model, evolution_layers(model)[name], inputs)
     layer = layers[name]
     assert kernel.shape[:3] == (layer.groups, 7, 7)
     assert kernel.shape[-2:] in {(12, 20), (6, 10), (3, 5)}
 
 
-def test_unknown_layer_lists_the_choices(setup):
+def test_unknown_layer_lists_the_choices(setup, capsys):
     _, config, checkpoint, image, layers, tool = setup
-    with pytest.raises(SystemExit, match='backbone.stem.1'):
+    with pytest.raises(SystemExit) as info:
         tool.main([
             str(config),
             str(checkpoint),
             str(image), '--layer', 'backbone.nope', '--points', '1,1'
         ])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --layer 'backbone.nope' is not an "
+                          'evolution layer of this model; choose one of: ')
+    assert 'backbone.stem.1' in err and err.count('\n') == 1
+
+
+def test_checkpoint_that_does_not_fit_is_refused(setup, tmp_path, capsys):
+    _, config, checkpoint, image, layers, tool = setup
+    state = torch.load(checkpoint)['state_dict']
+    key = 'neck.lateral_convs.0.conv.weight'
+    shape = tuple(state[key].shape)
+    state[key] = torch.zeros(1)
+    other = tmp_path / 'other.pth'
+    torch.save({'state_dict': state}, other)
+    with pytest.raises(SystemExit) as info:
+        tool.main([str(config), str(other), str(image), '--list-layers'])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: checkpoint '{other}' does not fit the model: mis-shaped "
+        f'keys 1 ({key} (checkpoint (1,), model {shape})); draw the kernels '
+        'of the config the checkpoint trained\n')

@@ -3,7 +3,6 @@ scripts imported as modules (so runs happen in-process). The data set
 fixtures are in ``conftest.py``."""
 import importlib.util
 import os.path as osp
-import sys
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEMO_DET = osp.join(REPO, 'configs', 'demo',
@@ -11,10 +10,6 @@ DEMO_DET = osp.join(REPO, 'configs', 'demo',
 DEMO_SEG = osp.join(
     REPO, 'configs', 'demo',
     'fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py')
-
-# as when a tool runs as a script: its folder (tools/_cli.py) is importable
-if osp.join(REPO, 'tools') not in sys.path:
-    sys.path.insert(0, osp.join(REPO, 'tools'))
 
 
 def load_tool(name):

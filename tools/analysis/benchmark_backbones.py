@@ -22,6 +22,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from mmevo.apis import MAX_SIDE, int_in_range
+
 
 def build(name):
     """Return the backbone called ``name`` (mmdet's ResNet or mmevo's)."""
@@ -97,22 +99,6 @@ def ops_backend():
         'no compiled extension found (pure-PyTorch fallback)')
 
 
-def _at_least(low):
-    """An argparse type: an int >= ``low``, refused in one line."""
-
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(
-                f'must be an int >= {low}, got {text!r}')
-        return value
-
-    return parse
-
-
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument(
@@ -121,15 +107,15 @@ def parse_args():
         default=['resnet50', 'rednet50', 'acmix_resnet50'],
         help='resnet50 (the reference for the ratios), rednet50, '
         'acmix_resnet50')
-    parser.add_argument('--batch', type=_at_least(1), default=4)
-    parser.add_argument('--size', type=_at_least(1), default=224)
-    parser.add_argument('--warmup', type=_at_least(0), default=1)
-    parser.add_argument('--iters', type=_at_least(1), default=3)
+    parser.add_argument('--batch', type=int_in_range(1, 1024), default=4)
+    parser.add_argument('--size', type=int_in_range(1, MAX_SIDE), default=224)
+    parser.add_argument('--warmup', type=int_in_range(0), default=1)
+    parser.add_argument('--iters', type=int_in_range(1), default=3)
     parser.add_argument(
         '--profile',
         action='store_true',
         help='also print the most expensive ops of each model')
-    parser.add_argument('--rows', type=_at_least(1), default=15)
+    parser.add_argument('--rows', type=int_in_range(1), default=15)
     return parser.parse_args()
 
 

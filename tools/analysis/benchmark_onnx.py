@@ -30,6 +30,7 @@ from unittest import mock
 
 import torch
 
+from mmevo.apis import MAX_SIDE, int_in_range
 from mmevo.deployment import OnnxModel, TensorOutputs, export_onnx
 from mmevo.ops import export
 
@@ -79,9 +80,9 @@ def main(argv=None):
         '--models',
         nargs='+',
         default=['resnet50', 'rednet50', 'rednet50-windowless', 'demo'])
-    parser.add_argument('--size', type=int, default=224)
-    parser.add_argument('--warmup', type=int, default=3)
-    parser.add_argument('--iters', type=int, default=10)
+    parser.add_argument('--size', type=int_in_range(1, MAX_SIDE), default=224)
+    parser.add_argument('--warmup', type=int_in_range(0), default=3)
+    parser.add_argument('--iters', type=int_in_range(1), default=10)
     parser.add_argument(
         '--exporter', choices=['dynamo', 'torchscript'], default='torchscript')
     args = parser.parse_args(argv)

@@ -151,6 +151,8 @@ def main():
         'with OMP_NUM_THREADS=1 it ignores other processes on a busy '
         'machine')
     args = parser.parse_args()
+    if args.repeat < 1:  # (the median of none is an error)
+        parser.error(f'--repeat must be >= 1, got {args.repeat}')
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.manual_seed(0)

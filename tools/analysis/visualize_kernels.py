@@ -25,13 +25,12 @@ matplotlib.use('Agg')  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import mmcv  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.registry import MODELS, init_default_scope  # noqa: E402
-from mmengine.runner import load_checkpoint  # noqa: E402
 
 import mmevo  # noqa: E402,F401  (registers the layers and models)
-from mmevo.layers import EvolutionLayer  # noqa: E402
+from mmevo import apis  # noqa: E402
+from mmevo.apis.kernels import (  # noqa: E402
+    capture_kernel, evolution_layers, preprocess)
+from mmevo.integrations import mmengine as fixes  # noqa: E402
 
 
 def parse_point(text):
@@ -67,12 +66,12 @@ def parse_args(argv=None):
         '<image>_<layer>_kernels.png beside the image)')
     parser.add_argument(
         '--max-groups',
-        type=int,
+        type=apis.int_in_range(1),
         default=8,
         help='draw at most this many kernel groups per point')
     parser.add_argument(
         '--max-size',
-        type=int,
+        type=apis.int_in_range(0, apis.MAX_SIDE),
         default=800,
         help='rescale the image so its longer side is at most '
         'this (0: keep)')
@@ -81,68 +80,11 @@ def parse_args(argv=None):
         '--list-layers',
         action='store_true',
         help='print the drawable layers and exit')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config settings, key=value')
+    apis.add_cfg_options(parser)
     args = parser.parse_args(argv)
     if not args.list_layers and (args.layer is None or not args.points):
         parser.error('--layer and --points are required (or --list-layers)')
-    if args.max_groups < 1:
-        parser.error(f'--max-groups must be >= 1, got {args.max_groups}')
     return args
-
-
-def build_model(config, checkpoint, device, cfg_options=None):
-    """The config's model in eval mode with the checkpoint's weights."""
-    cfg = Config.fromfile(config)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    init_default_scope(cfg.get('default_scope', 'mmdet'))
-    model = MODELS.build(cfg.model)
-    load_checkpoint(model, checkpoint, map_location='cpu')
-    return model.to(device).eval()
-
-
-def evolution_layers(model):
-    """``{name: layer}`` of every evolution layer in ``model``."""
-    return {
-        name: m
-        for name, m in model.named_modules() if isinstance(m, EvolutionLayer)
-    }
-
-
-def preprocess(model, image):
-    """Image (H, W, 3) BGR uint8 -> the model's normalised, padded batch."""
-    tensor = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
-    data = dict(inputs=[tensor], data_samples=None)
-    return model.data_preprocessor(data, False)['inputs']
-
-
-def extract_features(model, inputs):
-    """Run the feature extractor (backbone + neck), or the whole model."""
-    if hasattr(model, 'extract_feat'):
-        return model.extract_feat(inputs)
-    if hasattr(model, 'backbone'):
-        return model.backbone(inputs)
-    return model(inputs, mode='tensor')
-
-
-def capture_kernel(model, layer, inputs):
-    """The kernel (G, K, K, Ho, Wo) ``layer`` generates for ``inputs``."""
-    kernels = []
-    handle = layer.register_kernel_hook(
-        lambda module, kernel: kernels.append(kernel.detach()))
-    try:
-        with torch.no_grad():
-            extract_features(model, inputs)
-    finally:
-        handle.remove()
-    if not kernels:
-        raise RuntimeError('the layer generated no kernel: it is not on the '
-                           'path of the feature extractor')
-    return kernels[0][0].float().cpu()
 
 
 def draw(image_rgb, points, kernel, positions, max_groups, title):
@@ -190,32 +132,38 @@ def draw(image_rgb, points, kernel, positions, max_groups, title):
 
 def main(argv=None):
     args = parse_args(argv)
-    model = build_model(args.config, args.checkpoint, args.device,
-                        args.cfg_options)
+    fixes.safe_globals.install()  # mmengine's own checkpoints load
+    with apis.one_line_errors():
+        model = apis.build_model(
+            apis.load_config(args.config, args.cfg_options), args.checkpoint,
+            args.device, 'draw the kernels of the config the checkpoint '
+            'trained')
     layers = evolution_layers(model)
     if args.list_layers:
         for name, layer in layers.items():
             print(f'{name}\t{type(layer).__name__}')
         return
     if args.layer not in layers:
-        raise SystemExit(f'--layer {args.layer!r} is not an evolution layer '
-                         f'of this model; choose one of: '
-                         f'{", ".join(layers) or "(none)"}')
-
-    image = mmcv.imread(args.image)  # BGR, as the datasets load it
-    if image is None:
-        raise SystemExit(f'cannot read image {args.image!r}')
+        apis.fail(f'--layer {args.layer!r} is not an evolution layer of '
+                  'this model; choose one of: '
+                  f'{", ".join(layers) or "(none)"}')
+    image = mmcv.imread(args.image) if osp.isfile(args.image) else None
+    if image is None:  # BGR, as the datasets load it
+        apis.fail(f'cannot read image {args.image!r}')
     height, width = image.shape[:2]
     for y, x in args.points:
         if not (0 <= y < height and 0 <= x < width):
-            raise SystemExit(f'point ({y}, {x}) is outside the '
-                             f'{height}x{width} image')
+            apis.fail(f'point ({y}, {x}) is outside the {height}x{width} '
+                      'image')
     scale = 1.0
     if args.max_size and max(height, width) > args.max_size:
         scale = args.max_size / max(height, width)
         image = mmcv.imrescale(image, scale)
     inputs = preprocess(model, image).to(args.device)
-    kernel = capture_kernel(model, layers[args.layer], inputs)
+    try:
+        kernel = capture_kernel(model, layers[args.layer], inputs)
+    except ValueError as e:
+        apis.fail(f'--layer {args.layer}: {e}')
 
     # The kernel grid covers the padded input; map each point onto it.
     H_in, W_in = inputs.shape[-2:]

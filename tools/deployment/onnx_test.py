@@ -13,29 +13,18 @@ Example:
 """
 import argparse
 import os.path as osp
-import sys
 import warnings
 
 # as in tools/train.py: mmengine's pkg_resources import warns on every start
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-import torch
-from mmdet.structures.bbox import scale_boxes
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
-from mmengine.structures import InstanceData
+import torch  # noqa: E402
+from mmdet.structures.bbox import scale_boxes  # noqa: E402
+from mmengine.structures import InstanceData  # noqa: E402
 
-import mmevo  # noqa: F401  (registers mmevo's modules in mmengine)
-from mmevo.deployment import OnnxModel
-
-# tools/_cli.py and the exporter beside this script
-sys.path[:0] = [
-    osp.dirname(osp.dirname(osp.abspath(__file__))),
-    osp.dirname(osp.abspath(__file__))
-]
-from _cli import (add_evaluation_args, dump_results, exit_if_data_missing,
-                  fail, load_config)
-from pytorch2onnx import model_kind
+import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
+from mmevo import apis  # noqa: E402
+from mmevo.deployment import OnnxModel  # noqa: E402
 
 
 def two_stage_results(model, outs, metas, rescale):
@@ -60,10 +49,19 @@ def two_stage_results(model, outs, metas, rescale):
     return results
 
 
-def onnx_predict(model, session):
+def expected_outputs(model, kind):
+    """The output counts an export of ``model`` can have."""
+    if kind == 'seg':
+        return [1]
+    if kind == 'two-stage':  # boxes, scores, labels[, masks]
+        return [4 if model.roi_head.with_mask else 3]
+    levels = len(model.bbox_head.prior_generator.strides)
+    return [2 * levels, 3 * levels]  # scores, boxes[, centerness] per level
+
+
+def onnx_predict(model, session, kind):
     """``model.predict`` on ``session``'s outputs, image by image (the
     graph has batch 1), post-processed by ``model``'s own head."""
-    kind = model_kind(model)
 
     def predict(inputs, data_samples, rescale=True):
         outs = [session(inputs[i:i + 1]) for i in range(len(inputs))]
@@ -90,29 +88,41 @@ def parse_args(argv=None):
         description='Evaluate an ONNX model with onnxruntime')
     parser.add_argument('config', help='config file')
     parser.add_argument('model', help='the .onnx file')
-    add_evaluation_args(parser)
+    apis.add_evaluation_args(parser)
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
     if not osp.isfile(args.model):
-        fail(f"ONNX model '{args.model}' does not exist")
-    cfg = load_config(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
-        './work_dirs',
-        osp.splitext(osp.basename(args.config))[0] + '_onnx')
-    cfg.load_from = None
-    if args.out is not None:
-        dump_results(cfg, args.out)
-    exit_if_data_missing(cfg, ['test_dataloader'])
-    runner = (
-        Runner.from_cfg(cfg)
-        if 'runner_type' not in cfg else RUNNERS.build(cfg))
+        apis.fail(f"ONNX model '{args.model}' does not exist")
+    with apis.one_line_errors():
+        cfg = apis.load_config(
+            args.config, args.cfg_options, args.work_dir,
+            work_dir_suffix='_onnx')
+        cfg.load_from = None
+        if args.out is not None:
+            apis.dump_results(cfg, args.out)
+        apis.check_data(cfg, ['test_dataloader'])
+        runner = apis.build_runner(cfg)
     model = runner.model
-    model.predict = onnx_predict(model, OnnxModel(args.model))
+    kind = apis.model_kind(model)
+    if kind is None:
+        apis.fail('only detectors and encoder-decoder segmentors can be '
+                  f'evaluated, got {type(model).__name__}')
+    try:
+        session = OnnxModel(args.model)
+    except Exception as e:  # noqa: BLE001  (onnxruntime's own errors)
+        apis.fail(f"ONNX model '{args.model}' cannot be loaded: "
+                  f'{str(e).splitlines()[0] if str(e) else type(e).__name__}')
+    outputs = len(session.session.get_outputs())
+    expected = expected_outputs(model, kind)
+    if outputs not in expected:
+        apis.fail(f"ONNX model '{args.model}' has {outputs} outputs, the "
+                  f"config's {kind} model gives "
+                  f"{' or '.join(map(str, expected))}: export this config "
+                  'with tools/deployment/pytorch2onnx.py')
+    model.predict = onnx_predict(model, session, kind)
     return runner.test()
 
 

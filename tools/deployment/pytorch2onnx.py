@@ -12,51 +12,18 @@ Example:
         --out work_dirs/demo/model.onnx --shape 128 128 --dynamic
 """
 import argparse
-import os.path as osp
-import sys
 import warnings
 
 # as in tools/train.py: mmengine's pkg_resources import warns on every start
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-import torch
-from mmengine.registry import init_default_scope
-from mmengine.runner import load_checkpoint
+import torch  # noqa: E402
 
-from mmevo.deployment import (OnnxModel, TensorOutputs, export_onnx,
-                              match_rows, two_stage_detections)
-from mmevo.registry import MODELS
-
-# tools/_cli.py, one folder up
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-from _cli import check_checkpoint_fits, fail, load_config
-
-
-def build_model(config, checkpoint=None):
-    """``(cfg, model)``: the config's model in eval mode, weights loaded."""
-    cfg = load_config(config) if isinstance(config, str) else config
-    init_default_scope(cfg.get('default_scope', 'mmdet'))
-    model = MODELS.build(cfg.model)
-    if checkpoint is not None:
-        # a partial checkpoint would export a half-initialised model
-        check_checkpoint_fits(model, checkpoint,
-                              'export the checkpoint the config trained')
-        load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
-    return cfg, model.eval()
-
-
-def model_kind(model):
-    """'det' (single-stage detector), 'two-stage' (RPN + RoI head, see
-    :func:`mmevo.deployment.two_stage_detections`) or 'seg' (encoder-decoder);
-    exits with a one-line error for the others."""
-    if hasattr(model, 'rpn_head') and hasattr(model, 'roi_head'):
-        return 'two-stage'
-    if hasattr(model, 'bbox_head'):
-        return 'det'
-    if hasattr(model, 'decode_head'):
-        return 'seg'
-    fail(f'only detectors and encoder-decoder segmentors can be exported, '
-         f'got {type(model).__name__}')
+import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
+from mmevo import apis  # noqa: E402
+from mmevo.deployment import (OnnxModel, TensorOutputs,  # noqa: E402
+                              export_onnx, match_rows, two_stage_detections)
+from mmevo.integrations import mmengine as fixes  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -64,13 +31,10 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out', required=True, help='the .onnx file')
-    parser.add_argument(
-        '--shape',
-        type=int,
-        nargs=2,
+    apis.add_shape_arg(
+        parser,
         default=[128, 128],
-        metavar=('H', 'W'),
-        help='example input size (default: 128 128)')
+        help=f'example input size (default: 128 128; at most {apis.MAX_SIDE})')
     parser.add_argument(
         '--dynamic',
         action='store_true',
@@ -86,10 +50,16 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if not osp.isfile(args.checkpoint):
-        fail(f"checkpoint '{args.checkpoint}' does not exist")
-    _, model = build_model(args.config, args.checkpoint)
-    kind = model_kind(model)
+    fixes.safe_globals.install()  # mmengine's own checkpoints load
+    with apis.one_line_errors():
+        # a partial checkpoint would export a half-initialised model
+        model = apis.build_model(
+            apis.load_config(args.config), args.checkpoint,
+            hint='export the checkpoint the config trained')
+    kind = apis.model_kind(model)
+    if kind is None:
+        apis.fail('only detectors and encoder-decoder segmentors can be '
+                  f'exported, got {type(model).__name__}')
     model = TensorOutputs(
         model, two_stage_detections if kind == 'two-stage' else None)
     x = torch.randn(1, 3, *args.shape)
@@ -104,8 +74,8 @@ def main(argv=None):
     outputs = OnnxModel(args.out)(x)
     shapes = [tuple(t.shape) for t in outputs]
     if shapes != [tuple(t.shape) for t in expected]:
-        fail(f'onnxruntime gives outputs of shapes {shapes}, PyTorch '
-             f'{[tuple(t.shape) for t in expected]}')
+        apis.fail(f'onnxruntime gives outputs of shapes {shapes}, PyTorch '
+                  f'{[tuple(t.shape) for t in expected]}')
     tolerance = 1e-4
     if kind == 'two-stage':
         outputs = match_rows(outputs, expected)
@@ -122,8 +92,8 @@ def main(argv=None):
     print(f'[export] {args.out}: {len(outputs)} outputs, onnxruntime vs '
           f'PyTorch max relative difference {err:.1e}')
     if err > tolerance:
-        fail(f'onnxruntime differs from PyTorch by {err:.1e} (output '
-             f'{errs.index(err)} of {len(errs)})')
+        apis.fail(f'onnxruntime differs from PyTorch by {err:.1e} (output '
+                  f'{errs.index(err)} of {len(errs)})')
     return args.out
 
 

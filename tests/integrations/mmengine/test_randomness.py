@@ -13,7 +13,10 @@ from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
-from mmevo.engine import RandomStateHook
+from mmevo.integrations.mmengine import (RandomStateHook, get_rng_state,
+                                         install_all, set_rng_state)
+
+install_all()  # the config below names RandomStateHook
 
 
 class _RandomData(Dataset):
@@ -97,3 +100,12 @@ def test_resume_continues_every_random_stream(tmp_path, workers, persistent):
     plain = _train(
         tmp_path / 'c', 3, workers, persistent, f'{tag}_d', hook=False)
     assert torch.equal(plain, straight)
+
+
+def test_rng_state_round_trip(tmp_path):
+    torch.save(dict(rng_state=get_rng_state()), tmp_path / 'rng.pth')
+    state = torch.load(tmp_path / 'rng.pth')['rng_state']  # weights_only
+    drawn = (random.random(), np.random.rand(), torch.rand(3))
+    set_rng_state(state)
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])

@@ -1,4 +1,4 @@
-"""Distributed training and testing on machines without a GPU.
+"""Fix: mmengine 0.10.7's distributed runs need a GPU.
 
 mmengine 0.10.7 assumes a GPU per process: its ``pytorch`` and ``slurm``
 launchers call ``torch.cuda.set_device`` (which raises on a CPU-only build of
@@ -17,7 +17,7 @@ On every machine it also bounds a collective's wait: a rank that stalls
 (stopped, deadlocked) makes the others fail after
 ``env_cfg.dist_cfg.timeout`` seconds, :data:`DEFAULT_DIST_TIMEOUT` unless the
 config sets it. mmengine's own ``init_dist`` (the GPU path) reads the same
-key.
+key. Delete this module when mmengine's launchers run without a GPU.
 """
 import os
 import subprocess
@@ -30,13 +30,14 @@ from mmengine.config import ConfigDict
 from mmengine.model import MMDistributedDataParallel
 from mmengine.registry import MODEL_WRAPPERS
 
+from ._version import check_mmengine
+
 _SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'SyncBatchNorm')
 # Seconds a collective waits for the other ranks (torch's own default for
 # gloo): long enough for a slow first step or checkpoint, bounded still
 DEFAULT_DIST_TIMEOUT = 1800
 
 
-@MODEL_WRAPPERS.register_module()
 class CPUDistributedDataParallel(MMDistributedDataParallel):
     """``MMDistributedDataParallel`` that also wraps a module on the CPU.
 
@@ -50,7 +51,7 @@ class CPUDistributedDataParallel(MMDistributedDataParallel):
         **kwargs: ``DistributedDataParallel`` arguments.
 
     Example:
-        >>> # in a config, or set by tools/train.py when there is no GPU
+        >>> # in a config (after install()); set by setup_cpu_distributed
         >>> model_wrapper_cfg = dict(type='CPUDistributedDataParallel')
     """
 
@@ -154,6 +155,7 @@ def setup_cpu_distributed(cfg, launcher):
     convert_sync_bn_to_bn(cfg)
     if launcher not in ('pytorch', 'slurm'):
         return False
+    install()
     if launcher == 'slurm':
         _dist_env_from_slurm()
     dist_cfg['backend'] = 'gloo'
@@ -172,3 +174,17 @@ def setup_cpu_distributed(cfg, launcher):
                                              'DistributedDataParallel'):
         wrapper['type'] = 'CPUDistributedDataParallel'
     return True
+
+
+def install():
+    """Register :class:`CPUDistributedDataParallel` in mmengine's
+    ``MODEL_WRAPPERS``; idempotent.
+
+    Example:
+        >>> install()
+        >>> model_wrapper_cfg = dict(type='CPUDistributedDataParallel')
+    """
+    check_mmengine('CPU distributed')
+    name = 'CPUDistributedDataParallel'
+    if MODEL_WRAPPERS.module_dict.get(name) is not CPUDistributedDataParallel:
+        MODEL_WRAPPERS.register_module(module=CPUDistributedDataParallel)

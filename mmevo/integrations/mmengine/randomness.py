@@ -1,4 +1,4 @@
-"""Bit-exact resume: the random streams an mmengine checkpoint does not hold.
+"""Fix: mmengine 0.10.7 does not checkpoint the random streams.
 
 mmengine 0.10.7 checkpoints the model, the optimizer, the schedulers and the
 seed, but not the state of the random number generators. A resumed run
@@ -22,7 +22,8 @@ restores every stream an epoch-based training loop uses:
   each epoch need nothing: they are seeded afresh in both runs.
 
 It only reads generator states during a run, so it does not change the
-trajectory of a run that is not resumed.
+trajectory of a run that is not resumed. :func:`install` registers it in
+mmengine; delete this module when mmengine's checkpoints hold the streams.
 """
 import random
 from functools import partial
@@ -35,6 +36,8 @@ from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop
 from torch.utils.data import get_worker_info
+
+from ._version import check_mmengine
 
 # the key under which a worker's batch carries the worker's states
 _WORKER_KEY = '_mmevo_worker_rng'
@@ -108,14 +111,13 @@ class _WorkerInitWithState:
             set_rng_state(self.states[worker_id])
 
 
-@HOOKS.register_module()
 class RandomStateHook(Hook):
     """Save the random streams in checkpoints and restore them on resume.
 
     With it, N epochs straight and k epochs + ``--resume`` give bit-identical
     weights, with random augmentation and dataloader workers, as long as the
     number of ranks and workers stays the same and the computation itself is
-    deterministic. ``tools/train.py`` registers it. Validation is not
+    deterministic. ``tools/train.py`` adds it to the runner. Validation is not
     accounted for: creating its dataloader's iterator draws a seed from
     torch's generator at other points of a resumed run than of the
     uninterrupted one.
@@ -221,3 +223,16 @@ class RandomStateHook(Hook):
 
     def after_load_checkpoint(self, runner, checkpoint):
         self._saved = checkpoint.get('rng_state')
+
+
+def install():
+    """Register :class:`RandomStateHook` in mmengine's ``HOOKS`` (so that a
+    config's ``custom_hooks`` can name it); idempotent.
+
+    Example:
+        >>> install()
+        >>> custom_hooks = [dict(type='RandomStateHook')]
+    """
+    check_mmengine('random-state hook')
+    if HOOKS.module_dict.get('RandomStateHook') is not RandomStateHook:
+        HOOKS.register_module(module=RandomStateHook)

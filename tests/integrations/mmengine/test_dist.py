@@ -11,11 +11,13 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config
 
-from mmevo.engine import (DEFAULT_DIST_TIMEOUT, convert_sync_bn_to_bn,
-                          setup_cpu_distributed)
+from mmevo.integrations.mmengine import (DEFAULT_DIST_TIMEOUT,
+                                         convert_sync_bn_to_bn,
+                                         setup_cpu_distributed)
 
 REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _cfg():
@@ -65,7 +67,8 @@ _DDP_SCRIPT = """
 import sys
 import torch, torch.distributed as dist, torch.nn as nn
 from mmengine.registry import MODEL_WRAPPERS
-from mmevo.engine import CPUDistributedDataParallel
+from mmevo.integrations.mmengine import CPUDistributedDataParallel, dist as fix
+fix.install()
 dist.init_process_group('gloo', init_method='file://' + sys.argv[1],
                         rank=0, world_size=1)
 torch.manual_seed(0)
@@ -101,7 +104,7 @@ def test_cpu_ddp_wraps_a_cpu_module(tmp_path):
 
 
 def test_slurm_variables_become_torch_env(monkeypatch):
-    from mmevo.engine.dist import _dist_env_from_slurm
+    from mmevo.integrations.mmengine.dist import _dist_env_from_slurm
     for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_PORT'):
         # set, then delete: monkeypatch then restores the variables the
         # function writes
@@ -140,12 +143,12 @@ _STALL_SCRIPT = """
 import os, signal, sys, time
 import torch, torch.distributed as dist
 from mmengine.config import Config
-import mmevo.engine.dist
+from mmevo.integrations.mmengine import dist as fix
 print('ready', flush=True)
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.05)
-mmevo.engine.dist.DEFAULT_DIST_TIMEOUT = 3
-mmevo.engine.dist.setup_cpu_distributed(Config(dict()), 'pytorch')
+fix.DEFAULT_DIST_TIMEOUT = 3
+fix.setup_cpu_distributed(Config(dict()), 'pytorch')
 x = torch.ones(1)
 dist.all_reduce(x)
 if dist.get_rank() == 1:

@@ -1,0 +1,390 @@
+"""Checkpoints: is a file sound, which one to resume from, does it fit.
+
+Every tool that loads weights goes through :func:`read_checkpoint` (a file
+that is not a sound checkpoint, or holds pickled code that torch's
+``weights_only`` load refuses, is a :class:`CheckpointError` with a one-line
+message) and :func:`check_checkpoint_fits` (every entry of the model's state
+must be in the checkpoint, a tensor of the same shape); ``--resume`` also
+checks the optimizer state (:func:`check_resume_fits`).
+"""
+import copy
+import os
+import os.path as osp
+import pickle
+import re
+import warnings
+import zipfile
+
+import torch
+from mmengine.model import is_model_wrapper
+from mmengine.optim import OptimWrapper, OptimWrapperDict
+from mmengine.runner import CheckpointLoader
+
+# keys listed per kind in a mismatch message (then: "... and N more")
+_MAX_KEYS = 10
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be loaded, or does not fit (one-line message)."""
+
+
+def _first_line(error):
+    """The line of a (torch, pickle) error message that says what failed."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:  # weights_only names the refused global on its own
+        if 'GLOBAL' in line or 'Unsupported' in line:
+            # (not its advice to allowlist what may be malicious)
+            return line.split('. Please use')[0]
+    return lines[0] if lines else type(error).__name__
+
+
+def checkpoint_error(path):
+    """Why the local checkpoint file ``path`` is not sound, or ``None``.
+
+    A zip checkpoint (``torch.save``'s format) is read through, every
+    member's CRC checked, nothing unpickled, so a truncated file is found
+    before torch fails with "failed finding central directory". A legacy
+    file (``_use_new_zipfile_serialization=False``) has no checksums: it is
+    loaded with ``weights_only=True``.
+
+    Args:
+        path (str): A local file.
+
+    Returns:
+        str | None: A short reason, or ``None`` when the file is sound.
+
+    Example:
+        >>> checkpoint_error('work_dirs/demo/epoch_20.pth') is None
+        True
+    """
+    if not osp.isfile(path):
+        return 'no such file'
+    if osp.getsize(path) == 0:
+        return 'the file is empty (0 bytes)'
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        with open(path, 'rb') as f:
+            legacy = f.read(2) == b'\x80\x02'  # pickle protocol 2: torch's
+        if not legacy:
+            return f'truncated or not a torch checkpoint ({e})'
+        try:
+            torch.load(path, map_location='cpu', weights_only=True)
+        except pickle.UnpicklingError as e:
+            return f'refused by the weights-only load: {_first_line(e)}'
+        except Exception as e:  # noqa: BLE001  (a truncated pickle: any)
+            return f'truncated legacy torch file ({_first_line(e)})'
+        return None
+    if bad is not None:
+        return f'corrupt member {bad}'
+    return None
+
+
+def read_checkpoint(path, what='checkpoint', map_location='cpu'):
+    """The checkpoint at ``path`` (a file or a URL), loaded weights-only.
+
+    Args:
+        path (str): A local file, a URL or an ``open-mmlab://`` name.
+        what (str): What the messages call it. Default: 'checkpoint'.
+        map_location (str): As ``torch.load``'s. Default: 'cpu'.
+
+    Returns:
+        dict: The checkpoint.
+
+    Raises:
+        CheckpointError: It does not exist, is not sound, holds pickled
+            code, or is not a dict.
+
+    Example:
+        >>> state = read_checkpoint('work_dirs/demo/epoch_20.pth')
+    """
+    if '://' not in path:
+        reason = checkpoint_error(path)
+        if reason == 'no such file':
+            raise CheckpointError(f"{what} '{path}' does not exist")
+        if reason is not None:
+            raise CheckpointError(
+                f"{what} '{path}' cannot be loaded: {reason}")
+    try:
+        checkpoint = CheckpointLoader.load_checkpoint(
+            path, map_location=map_location, logger='silent')
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{what} '{path}' cannot be loaded: refused by the weights-only "
+            f'load: {_first_line(e)}') from None
+    except (OSError, RuntimeError, EOFError) as e:
+        raise CheckpointError(
+            f"{what} '{path}' cannot be loaded: {_first_line(e)}") from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(
+            f"{what} '{path}' is not a checkpoint: it holds a "
+            f'{type(checkpoint).__name__}, not a dict')
+    return checkpoint
+
+
+def _checkpoint_step(name):
+    """The epoch or iteration number of 'epoch_N.pth' / 'iter_N.pth'."""
+    match = re.fullmatch(r'(?:epoch|iter)_(\d+)\.pth', name)
+    return int(match.group(1)) if match else None
+
+
+def find_resumable_checkpoint(work_dir):
+    """The newest sound checkpoint of ``work_dir`` to resume from, or None.
+
+    Starts from the one ``last_checkpoint`` names (what mmengine's automatic
+    resume takes), then tries the other ``epoch_N.pth``/``iter_N.pth`` files
+    from the highest N down. A corrupt or missing one is skipped with a
+    warning.
+
+    Args:
+        work_dir (str): The work dir of the run.
+
+    Returns:
+        str | None: A checkpoint path; ``None`` when there is none.
+
+    Example:
+        >>> find_resumable_checkpoint('work_dirs/demo')
+        'work_dirs/demo/epoch_20.pth'
+    """
+    candidates = []
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    if osp.isfile(pointer):
+        with open(pointer) as f:
+            last = f.read().strip()
+        if last:
+            candidates.append(last)
+    names = os.listdir(work_dir) if osp.isdir(work_dir) else []
+    steps = [(_checkpoint_step(n), n) for n in names
+             if _checkpoint_step(n) is not None]
+    candidates += [osp.join(work_dir, n) for _, n in sorted(steps)[::-1]]
+    tried = set()
+    for path in candidates:
+        if path in tried:
+            continue
+        tried.add(path)
+        reason = checkpoint_error(path)
+        if reason is None:
+            return path
+        warnings.warn(
+            f"cannot resume from '{path}': {reason}; trying an "
+            'older checkpoint',
+            stacklevel=2)
+    return None
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return str(tuple(value.shape))
+    return type(value).__name__
+
+
+def state_dict_mismatch(model, state_dict):
+    """Entries of ``state_dict`` that do not fit ``model``.
+
+    Compares as mmengine loads: a leading ``module.`` is dropped from the
+    checkpoint's keys, and a wrapped model (DDP) is compared by its module.
+    Every entry of the model's state must be in the checkpoint, a tensor of
+    the same shape where the model has a tensor (else of the same type).
+
+    Args:
+        model (nn.Module): The model (or its wrapper).
+        state_dict (dict): The checkpoint's ``state_dict`` (or the whole
+            checkpoint when it has none).
+
+    Returns:
+        tuple[list[str], list[str], list[str]]: The missing keys, the
+        unexpected keys and the mis-shaped ones, each described as
+        ``'key (checkpoint (3, 4), model (3, 5))'`` (``float`` in place of a
+        shape for an entry that is no tensor).
+
+    Example:
+        >>> missing, unexpected, misshaped = state_dict_mismatch(
+        ...     model, torch.load('epoch_1.pth')['state_dict'])
+    """
+    if is_model_wrapper(model):
+        model = model.module
+    if not isinstance(state_dict, dict):
+        raise CheckpointError(
+            f'a state_dict is a dict, got {type(state_dict).__name__}')
+    state_dict = state_dict.get('state_dict', state_dict)
+    if not isinstance(state_dict, dict):
+        raise CheckpointError(
+            f'a state_dict is a dict, got {type(state_dict).__name__}')
+    theirs = {
+        re.sub(r'^module\.', '', str(k)): v
+        for k, v in state_dict.items()
+    }
+    ours = model.state_dict()
+    missing = [k for k in ours if k not in theirs]
+    unexpected = [k for k in theirs if k not in ours]
+    misshaped = []
+    for k, v in ours.items():
+        if k not in theirs:
+            continue
+        other = theirs[k]
+        if isinstance(v, torch.Tensor):
+            fits = isinstance(other, torch.Tensor) and other.shape == v.shape
+        else:
+            fits = type(other) is type(v)
+        if not fits:
+            misshaped.append(
+                f'{k} (checkpoint {_describe(other)}, model {_describe(v)})')
+    return missing, unexpected, misshaped
+
+
+def _list(keys):
+    """'N (key, key, ...)', at most ``_MAX_KEYS`` of them named."""
+    more = f', ... and {len(keys) - _MAX_KEYS} more' \
+        if len(keys) > _MAX_KEYS else ''
+    return f"{len(keys)} ({', '.join(keys[:_MAX_KEYS])}{more})"
+
+
+def _model_problems(model, checkpoint):
+    missing, unexpected, misshaped = state_dict_mismatch(model, checkpoint)
+    return [
+        f'{what} keys {_list(keys)}'
+        for what, keys in (('missing', missing), ('unexpected', unexpected),
+                           ('mis-shaped', misshaped)) if keys
+    ]
+
+
+def check_checkpoint_fits(model, checkpoint, hint='', name=None):
+    """Raise unless every entry of ``checkpoint`` fits ``model``.
+
+    Args:
+        model (nn.Module): The model (wrapped or not).
+        checkpoint (str | dict): The checkpoint's path or URL (read with
+            :func:`read_checkpoint`), or the checkpoint itself.
+        hint (str): What the user can do about a misfit, for the message.
+        name (str, optional): The checkpoint's name in the message; default:
+            its path.
+
+    Returns:
+        dict: The checkpoint.
+
+    Raises:
+        CheckpointError: One line: its missing, unexpected and mis-shaped
+            keys, then ``hint``.
+
+    Example:
+        >>> check_checkpoint_fits(model, 'epoch_20.pth', 'use --allow-partial')
+    """
+    if isinstance(checkpoint, str):
+        name = name or checkpoint
+        checkpoint = read_checkpoint(checkpoint)
+    problems = _model_problems(model, checkpoint)
+    if problems:
+        raise CheckpointError(
+            f"checkpoint '{name or '(given)'}' does not fit the model: "
+            f"{'; '.join(problems)}" + (f'; {hint}' if hint else ''))
+    return checkpoint
+
+
+def _numeric(value):
+    return isinstance(value, (int, float, tuple, torch.Tensor)) \
+        and not isinstance(value, bool)
+
+
+def optimizer_mismatch(optim_wrapper, state):
+    """What keeps ``state`` (a checkpoint's ``optimizer``) from resuming
+    ``optim_wrapper``.
+
+    Compares the param groups (their number, each one's number of
+    parameters, and the numeric hyperparameters of the optimizer's type,
+    so that an SGD state does not resume AdamW) and the shape of every
+    per-parameter tensor (momentum, moments) with its parameter's.
+
+    Args:
+        optim_wrapper (OptimWrapper | OptimWrapperDict): Built.
+        state (dict): The saved state.
+
+    Returns:
+        list[str]: The problems; empty when it fits.
+
+    Example:
+        >>> optimizer_mismatch(runner.optim_wrapper, ckpt['optimizer'])
+        []
+    """
+    if isinstance(optim_wrapper, OptimWrapperDict):
+        if not isinstance(state, dict) or set(state) != set(
+                optim_wrapper.keys()):
+            return [f'optimizers {sorted(optim_wrapper.keys())}, checkpoint '
+                    f'{sorted(state) if isinstance(state, dict) else state}']
+        return [
+            f'{name}: {problem}' for name, wrapper in optim_wrapper.items()
+            for problem in optimizer_mismatch(wrapper, state[name])
+        ]
+    optimizer = optim_wrapper.optimizer
+    if not isinstance(state, dict) or not isinstance(
+            state.get('param_groups'), list) or not isinstance(
+                state.get('state'), dict):
+        return ['not an optimizer state']
+    saved_groups, groups = state['param_groups'], optimizer.param_groups
+    if len(saved_groups) != len(groups):
+        return [f'{len(saved_groups)} param groups, the optimizer has '
+                f'{len(groups)}']
+    kind = {k for k, v in optimizer.defaults.items() if _numeric(v)}
+    problems, params = [], {}
+    for i, (saved, group) in enumerate(zip(saved_groups, groups)):
+        saved_params = saved.get('params') if isinstance(saved, dict) else 0
+        if not isinstance(saved_params, list):
+            problems.append(f'param group {i} is not a param group')
+            continue
+        if len(saved_params) != len(group['params']):
+            problems.append(
+                f'param group {i} has {len(saved_params)} parameters, the '
+                f"optimizer's {len(group['params'])}")
+        else:
+            params.update(zip(saved_params, group['params']))
+        lacking = sorted(kind - set(saved))
+        if lacking:
+            problems.append(
+                f'param group {i} lacks {", ".join(lacking)} of '
+                f'{type(optimizer).__name__} (another optimizer type)')
+    for index, entry in state['state'].items():
+        param = params.get(index)
+        if param is None or not isinstance(entry, dict):
+            continue  # the group was reported above
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 \
+                    and value.shape != param.shape:
+                problems.append(
+                    f'{name} of parameter {index} (checkpoint '
+                    f'{tuple(value.shape)}, model {tuple(param.shape)})')
+    return problems
+
+
+def check_resume_fits(runner, checkpoint, name):
+    """Raise unless ``checkpoint``'s model and optimizer states fit
+    ``runner`` (before ``runner.train()``, which would load them partly).
+
+    Args:
+        runner (mmengine.runner.Runner): Built, not trained yet.
+        checkpoint (dict): The checkpoint to resume from.
+        name (str): Its path, for the message.
+
+    Raises:
+        CheckpointError: One line naming what does not fit.
+
+    Example:
+        >>> check_resume_fits(runner, read_checkpoint(path), path)
+    """
+    problems = [
+        f'model: {p}' for p in _model_problems(runner.model, checkpoint)
+    ]
+    if 'optimizer' in checkpoint and runner.optim_wrapper is not None:
+        wrapper = runner.optim_wrapper
+        if not isinstance(wrapper, (OptimWrapper, OptimWrapperDict)):
+            # the runner builds its own in train(); this one is thrown away
+            wrapper = runner.build_optim_wrapper(copy.deepcopy(wrapper))
+        problems += [
+            f'optimizer: {p}'
+            for p in optimizer_mismatch(wrapper, checkpoint['optimizer'])
+        ]
+    if problems:
+        raise CheckpointError(
+            f"--resume checkpoint '{name}' does not fit: "
+            f"{'; '.join(problems[:_MAX_KEYS])}"
+            + (f'; ... and {len(problems) - _MAX_KEYS} more'
+               if len(problems) > _MAX_KEYS else ''))

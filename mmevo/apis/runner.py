@@ -1,0 +1,146 @@
+"""Configs, models and runners as the tools build them.
+
+Example:
+    >>> cfg = load_config('configs/rednet50_fpn_coco.py', work_dir='w')
+    >>> model = build_model(cfg, 'w/epoch_12.pth')
+    >>> runner = build_runner(cfg, launcher='none')
+"""
+import os.path as osp
+
+from mmengine.config import Config
+from mmengine.model import revert_sync_batchnorm
+from mmengine.registry import MODELS, RUNNERS, init_default_scope
+from mmengine.runner import Runner
+
+from mmevo.datasets import (MissingDataError, check_data_exists,
+                            check_pretrained_exists)
+from .checkpoint import check_checkpoint_fits
+
+
+def default_work_dir(config, suffix=''):
+    """``./work_dirs/<config name><suffix>``, mmdet's default work dir.
+
+    Example:
+        >>> default_work_dir('configs/rednet50_fpn_coco.py')
+        './work_dirs/rednet50_fpn_coco'
+    """
+    name = osp.splitext(osp.basename(config))[0]
+    return osp.join('./work_dirs', name + suffix)
+
+
+def load_config(path, cfg_options=None, work_dir=None, work_dir_suffix=''):
+    """The config at ``path`` with the command line's overrides.
+
+    Args:
+        path (str): The config file.
+        cfg_options (dict, optional): ``--cfg-options`` to merge.
+        work_dir (str, optional): ``--work-dir``; else the config's, else
+            :func:`default_work_dir` (with ``work_dir_suffix``).
+        work_dir_suffix (str): See above. Default: ''.
+
+    Returns:
+        mmengine.Config: The config.
+
+    Raises:
+        MissingDataError: The file does not exist.
+    """
+    if not osp.isfile(path):
+        raise MissingDataError(f"config file '{path}' does not exist")
+    cfg = Config.fromfile(path)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = default_work_dir(path, work_dir_suffix)
+    return cfg
+
+
+def check_data(cfg, dataloaders, pretrained=False):
+    """Raise :class:`mmevo.datasets.MissingDataError` if the run's data (or,
+    with ``pretrained``, a local ``Pretrained`` checkpoint the model
+    initialises from) is missing.
+
+    Args:
+        cfg (mmengine.Config): The config.
+        dataloaders (Sequence[str]): Dataloader keys the run uses.
+        pretrained (bool): Also check the pretrained checkpoints (training).
+            Default: False.
+    """
+    check_data_exists(cfg, dataloaders)
+    if pretrained:
+        check_pretrained_exists(cfg)
+
+
+def dump_results(cfg, out):
+    """Make ``cfg``'s test run also dump the raw predictions to ``out``
+    (mmengine's ``DumpResults``: generic, mmdet and mmseg alike).
+
+    Args:
+        cfg (mmengine.Config): The config; its ``test_evaluator`` grows.
+        out (str): The pickle file.
+    """
+    evaluators = cfg.test_evaluator
+    if not isinstance(evaluators, (list, tuple)):
+        evaluators = [evaluators]
+    cfg.test_evaluator = list(evaluators) + [
+        dict(type='DumpResults', out_file_path=out)
+    ]
+
+
+def build_model(cfg, checkpoint=None, device='cpu', hint=''):
+    """The config's model on ``device`` in eval mode, SyncBN as BN, with the
+    weights of ``checkpoint`` (which must fit, see
+    :func:`mmevo.apis.check_checkpoint_fits`).
+
+    Args:
+        cfg (mmengine.Config): A model config.
+        checkpoint (str, optional): Weights to load. Default: None.
+        device (str): Default: 'cpu'.
+        hint (str): What to do about a misfit checkpoint, for the message.
+
+    Returns:
+        nn.Module: The model.
+
+    Raises:
+        CheckpointError: The checkpoint cannot be loaded or does not fit.
+    """
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    model = revert_sync_batchnorm(MODELS.build(cfg.model))
+    if checkpoint is not None:
+        state = check_checkpoint_fits(model, checkpoint, hint)
+        # it fits: every key, strictly (as mmengine, without 'module.')
+        model.load_state_dict(_strip_module(state), strict=True)
+    return model.to(device).eval()
+
+
+def _strip_module(checkpoint):
+    state = checkpoint.get('state_dict', checkpoint)
+    return {
+        k[len('module.'):] if k.startswith('module.') else k: v
+        for k, v in state.items()
+    }
+
+
+def build_runner(cfg):
+    """The config's runner (``runner_type`` when it names one).
+
+    Example:
+        >>> runner = build_runner(cfg)
+        >>> runner.test()
+    """
+    if 'runner_type' in cfg:
+        return RUNNERS.build(cfg)
+    return Runner.from_cfg(cfg)
+
+
+def model_kind(model):
+    """What a built model is: 'two-stage' (an RPN and a RoI head), 'det' (a
+    single-stage detector), 'seg' (an encoder-decoder) or None."""
+    if hasattr(model, 'rpn_head') and hasattr(model, 'roi_head'):
+        return 'two-stage'
+    if hasattr(model, 'bbox_head'):
+        return 'det'
+    if hasattr(model, 'decode_head'):
+        return 'seg'
+    return None
