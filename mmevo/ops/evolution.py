@@ -106,6 +106,13 @@ def _check_pair(name_a, a, name_b, b):
                          f'got {a.device} and {b.device}')
 
 
+def _sizes(t):
+    """``t.shape`` as ints: under torch.jit.trace (FLOP counting) sizes
+    come back as tensors. SymInts stay symbolic: an int() would freeze a
+    dynamic size of torch.export (AOTInductor) to the example's."""
+    return [int(n) if isinstance(n, torch.Tensor) else n for n in t.shape]
+
+
 def _check_map(name, size, kernel_size, stride, padding, dilation):
     if size < 1:  # B = 0 and C = 0 are fine, an empty map has no windows
         raise ValueError(f'{name} must be >= 1, got {size}')
@@ -155,8 +162,7 @@ def evolution_aggregate(input,
     if torch.onnx.is_in_onnx_export():
         return _export_aggregate(input, kernel, stride, padding, dilation,
                                  padding_mode)
-    # int(): under torch.jit.trace (FLOP counting) sizes come back as tensors.
-    B, C, H, W = map(int, input.shape)
+    B, C, H, W = _sizes(input)
     K = int(kernel.shape[2])
     if int(kernel.shape[3]) != K:
         raise ValueError(
@@ -265,7 +271,7 @@ def _correlation_args(query, key, groups, kernel_size, stride, padding,
     check_int('groups', groups, 1)
     padding = resolve_window(kernel_size, stride, padding, dilation,
                              padding_mode)
-    B, C, H, W = map(int, key.shape)
+    B, C, H, W = _sizes(key)
     if C % groups:
         raise ValueError(f'key channels ({C}) must be divisible by '
                          f'groups={groups}')

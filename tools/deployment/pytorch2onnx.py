@@ -23,8 +23,7 @@ import torch
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
-from mmevo.deployment import (OnnxModel, TensorOutputs, export_onnx,
-                              match_rows, two_stage_detections)
+from mmevo.deploy import OnnxModel, check_outputs, export_onnx, exportable
 from mmevo.registry import MODELS
 
 # tools/_cli.py, one folder up
@@ -45,18 +44,16 @@ def build_model(config, checkpoint=None):
     return cfg, model.eval()
 
 
-def model_kind(model):
-    """'det' (single-stage detector), 'two-stage' (RPN + RoI head, see
-    :func:`mmevo.deployment.two_stage_detections`) or 'seg' (encoder-decoder);
-    exits with a one-line error for the others."""
-    if hasattr(model, 'rpn_head') and hasattr(model, 'roi_head'):
-        return 'two-stage'
-    if hasattr(model, 'bbox_head'):
-        return 'det'
-    if hasattr(model, 'decode_head'):
-        return 'seg'
-    fail(f'only detectors and encoder-decoder segmentors can be exported, '
-         f'got {type(model).__name__}')
+def report_parity(model, runtime, inputs, kind, name):
+    """Print how far ``runtime`` (``name``) is from PyTorch on each input;
+    exit with one line if too far (:func:`mmevo.deploy.check_outputs`)."""
+    try:
+        errs = check_outputs(model, runtime, inputs, kind)
+    except ValueError as e:
+        fail(f'{name} {e}')
+    for x, err in zip(inputs, errs):
+        print(f'[export] {tuple(x.shape)}: {name} vs PyTorch max relative '
+              f'difference {err:.1e}')
 
 
 def parse_args(argv=None):
@@ -89,9 +86,7 @@ def main(argv=None):
     if not osp.isfile(args.checkpoint):
         fail(f"checkpoint '{args.checkpoint}' does not exist")
     _, model = build_model(args.config, args.checkpoint)
-    kind = model_kind(model)
-    model = TensorOutputs(
-        model, two_stage_detections if kind == 'two-stage' else None)
+    model, kind = exportable(model)
     x = torch.randn(1, 3, *args.shape)
     export_onnx(
         model,
@@ -99,31 +94,7 @@ def main(argv=None):
         args.out,
         dynamic=args.dynamic,
         dynamo=args.exporter == 'dynamo')
-    with torch.no_grad():
-        expected = model(x)
-    outputs = OnnxModel(args.out)(x)
-    shapes = [tuple(t.shape) for t in outputs]
-    if shapes != [tuple(t.shape) for t in expected]:
-        fail(f'onnxruntime gives outputs of shapes {shapes}, PyTorch '
-             f'{[tuple(t.shape) for t in expected]}')
-    tolerance = 1e-4
-    if kind == 'two-stage':
-        outputs = match_rows(outputs, expected)
-        # NMS is no continuous function: of two overlapping proposals
-        # whose scores differ by a float rounding either may stay, the
-        # detections then differ by about the gap between the two
-        tolerance = 1e-2
-    errs = [
-        float((o - r).abs().max() /
-              r.abs().max().clamp(min=1e-6)) if o.numel() else 0.
-        for o, r in zip(outputs, expected)
-    ]
-    err = max(errs)
-    print(f'[export] {args.out}: {len(outputs)} outputs, onnxruntime vs '
-          f'PyTorch max relative difference {err:.1e}')
-    if err > tolerance:
-        fail(f'onnxruntime differs from PyTorch by {err:.1e} (output '
-             f'{errs.index(err)} of {len(errs)})')
+    report_parity(model, OnnxModel(args.out), [x], kind, 'onnxruntime')
     return args.out
 
 
