@@ -172,7 +172,7 @@ class ACmix(EvolutionLayer):
         p = self.padding
         exporting = (torch.onnx.is_in_onnx_export()
                      or torch.compiler.is_exporting())
-        if 0 < p < min(x.shape[-2:]) and not exporting:
+        if not exporting and 0 < p < min(x.shape[-2:]):
             return F.pad(x, (p, ) * 4, mode='reflect'), 0, 'zeros'
         return x, p, self.padding_mode
 

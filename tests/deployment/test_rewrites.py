@@ -35,8 +35,8 @@ def test_instances_are_rewritten_for_the_block_only():
         nn.AdaptiveAvgPool2d(3), Upsample(scale_factor=2., mode='nearest'),
         OwnPool(2))
     other = nn.Sequential(nn.AdaptiveAvgPool2d(3), Upsample(scale_factor=2.))
-    stock = {cls: vars(cls)['forward'] for cls in (nn.AdaptiveAvgPool2d,
-                                                    Upsample, OwnPool)}
+    classes = (nn.AdaptiveAvgPool2d, Upsample, OwnPool)
+    stock = {cls: vars(cls)['forward'] for cls in classes}
     x = torch.randn(1, 2, 7, 5)
     expected = model(x)
     with export_rewrites(model):
