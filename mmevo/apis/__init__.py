@@ -17,7 +17,7 @@ from .cli import (MAX_SIDE, USAGE, add_cfg_options, add_evaluation_args,
                   add_launcher_args, add_shape_arg, fail, int_in_range,
                   launch_rank, one_line_errors)
 from .runner import (build_model, build_runner, check_data, default_work_dir,
-                     dump_results, load_config, model_kind)
+                     dump_results, load_config)
 from .workdir import LOCK_FILE, WorkDirBusyError, WorkDirLock, lock_work_dir
 
 __all__ = [
@@ -27,6 +27,6 @@ __all__ = [
     'add_cfg_options', 'add_evaluation_args', 'add_launcher_args',
     'add_shape_arg', 'fail', 'int_in_range', 'launch_rank',
     'one_line_errors', 'build_model', 'build_runner', 'check_data',
-    'default_work_dir', 'dump_results', 'load_config', 'model_kind',
+    'default_work_dir', 'dump_results', 'load_config',
     'LOCK_FILE', 'WorkDirBusyError', 'WorkDirLock', 'lock_work_dir'
 ]

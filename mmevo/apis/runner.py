@@ -132,15 +132,3 @@ def build_runner(cfg):
     if 'runner_type' in cfg:
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)
-
-
-def model_kind(model):
-    """What a built model is: 'two-stage' (an RPN and a RoI head), 'det' (a
-    single-stage detector), 'seg' (an encoder-decoder) or None."""
-    if hasattr(model, 'rpn_head') and hasattr(model, 'roi_head'):
-        return 'two-stage'
-    if hasattr(model, 'bbox_head'):
-        return 'det'
-    if hasattr(model, 'decode_head'):
-        return 'seg'
-    return None

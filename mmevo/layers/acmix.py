@@ -241,10 +241,12 @@ class ACmix(EvolutionLayer):
         """Reflection made explicit here (padding 0 for the ops), so the
         backward of the window ops reuses this padded map instead of padding
         again. Maps not larger than the padding (repeated reflection) are
-        left to the ops, and so is every map under ONNX export, where the
-        size is symbolic and the ops' export graph pads any size."""
+        left to the ops, and so is every map under an export (ONNX or
+        torch.export), where the size is symbolic and the ops pad any size."""
         p = self.padding
-        if 0 < p < min(x.shape[-2:]) and not torch.onnx.is_in_onnx_export():
+        exporting = (torch.onnx.is_in_onnx_export()
+                     or torch.compiler.is_exporting())
+        if not exporting and 0 < p < min(x.shape[-2:]):
             return F.pad(x, (p, ) * 4, mode='reflect'), 0, 'zeros'
         return x, p, self.padding_mode
 

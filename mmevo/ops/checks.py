@@ -152,6 +152,13 @@ def kernel_size_of(kernel: torch.Tensor) -> int:
     return K
 
 
+def _dim(n):
+    """A size as an int: under torch.jit.trace (FLOP counting) sizes come
+    back as tensors. A SymInt stays symbolic: int() would freeze a dynamic
+    size of torch.export (AOTInductor) to the example's."""
+    return int(n) if isinstance(n, torch.Tensor) else n
+
+
 def _check_groups(name, C, G, kernel):
     if G < 1 or C % G:
         raise ValueError(f'{name} channels ({C}) must be divisible by the '
@@ -165,9 +172,9 @@ def _check_shape(name, t, expected, layout, context):
 
 
 def _maps(name, shape, K, stride, padding, dilation):
-    return (map_size(f'{name}height', int(shape[0]), K, stride, padding,
+    return (map_size(f'{name}height', _dim(shape[0]), K, stride, padding,
                      dilation),
-            map_size(f'{name}width', int(shape[1]), K, stride, padding,
+            map_size(f'{name}width', _dim(shape[1]), K, stride, padding,
                      dilation))
 
 
@@ -182,8 +189,8 @@ def check_aggregate(input: torch.Tensor, kernel: torch.Tensor, stride: int,
     K = kernel_size_of(kernel)
     _check_window(K, stride, dilation, padding_mode)
     check_int('padding', padding, 0)
-    B, C = int(input.shape[0]), int(input.shape[1])
-    G = int(kernel.shape[1])
+    B, C = _dim(input.shape[0]), _dim(input.shape[1])
+    G = _dim(kernel.shape[1])
     _check_groups('input', C, G, kernel)
     Ho, Wo = _maps('input ', input.shape[2:], K, stride, padding, dilation)
     _check_shape('kernel', kernel, (B, G, K, K, Ho, Wo),
@@ -203,7 +210,7 @@ def check_correlation(query: torch.Tensor, key: torch.Tensor, groups: int,
     check_int('groups', groups, 1)
     _check_window(kernel_size, stride, dilation, padding_mode)
     check_int('padding', padding, 0)
-    B, C = int(key.shape[0]), int(key.shape[1])
+    B, C = _dim(key.shape[0]), _dim(key.shape[1])
     if C % groups:
         raise ValueError(f'key channels ({C}) must be divisible by '
                          f'groups={groups}')
@@ -225,8 +232,8 @@ def check_transpose(grad: torch.Tensor, kernel: torch.Tensor, height: int,
     K = kernel_size_of(kernel)
     _check_window(K, stride, dilation, padding_mode)
     check_int('padding', padding, 0)
-    B, C = int(grad.shape[0]), int(grad.shape[1])
-    G = int(kernel.shape[1])
+    B, C = _dim(grad.shape[0]), _dim(grad.shape[1])
+    G = _dim(kernel.shape[1])
     _check_groups('grad', C, G, kernel)
     Ho, Wo = _maps('', (height, width), K, stride, padding, dilation)
     _check_shape('grad', grad, (B, C, Ho, Wo), '(B, C, H_out, W_out)',

@@ -1,6 +1,7 @@
 """tools/deployment end to end on a tiny synthetic set: export the demo
-detector, evaluate the ONNX model with onnxruntime and the config's metric,
-and get the score of tools/test.py with the PyTorch checkpoint."""
+detector (ONNX, AOTInductor), evaluate the export with the config's metric
+(onnxruntime, the package), and get the score of tools/test.py with the
+PyTorch checkpoint."""
 import os.path as osp
 import pickle
 import sys
@@ -11,7 +12,7 @@ from mmengine.config import Config
 
 from mmevo.apis import build_model, load_config
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
-from mmevo.deployment import OnnxModel
+from mmevo.deploy import OnnxModel
 
 # the tool tests' helpers (tests/tools/tool_utils.py)
 sys.path.insert(
@@ -100,12 +101,13 @@ def test_export_then_evaluate_matches_pytorch(setup):
         assert torch.equal(ours['labels'], ref['labels'])
 
 
-@pytest.mark.parametrize('tool', ['pytorch2onnx', 'onnx_test'])
+@pytest.mark.parametrize(
+    'tool', ['pytorch2onnx', 'onnx_test', 'pytorch2aoti', 'aoti_test'])
 def test_missing_file_is_one_line(tool, setup, capsys):
     tmp, cfg, ckpt, _ = setup
     nowhere = str(tmp / 'nowhere')
-    argv = ([cfg, nowhere, '--out', str(tmp / 'x.onnx')]
-            if tool == 'pytorch2onnx' else [cfg, nowhere])
+    argv = ([cfg, nowhere, '--out', str(tmp / 'x.out')]
+            if tool.startswith('pytorch2') else [cfg, nowhere])
     with pytest.raises(SystemExit) as info:
         load_tool(f'deployment/{tool}').main(argv)
     assert info.value.code != 0
@@ -169,6 +171,62 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
             ref['seg_logits']['data'],
             rtol=1e-4,
             atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('task', ['det', 'seg'])
+def test_aoti_package_then_evaluate_matches_pytorch(task, setup):
+    """pytorch2aoti.py (H and W dynamic, checked at another size) then
+    aoti_test.py: the package scores tools/test.py's metrics with the
+    PyTorch checkpoint (0.002 mAP, 0.2 mIoU) by the same predictions. A
+    package compiles in 1-3 minutes on a 2-core CPU."""
+    tmp, cfg, ckpt, export = setup
+    shape, tolerance = ['128', '128'], 2e-3
+    if task == 'seg':
+        root = str(tmp / 'aoti_cityscapes')
+        make_synthetic_cityscapes(
+            root, num_train=1, num_val=2, img_size=(64, 128))
+        cfg = str(tmp / 'aoti_seg_cfg.py')
+        open(cfg, 'w').write(SEG_CONFIG.format(base=DEMO_SEG, root=root))
+        torch.manual_seed(0)
+        model = build_model(load_config(cfg))
+        ckpt = str(tmp / 'aoti_seg.pth')
+        torch.save({'state_dict': model.state_dict()}, ckpt)
+        shape, tolerance = ['64', '128'], 0.2
+    package = str(tmp / f'{task}.pt2')
+    assert load_tool('deployment/pytorch2aoti').main(
+        [cfg, ckpt, '--out', package, '--shape', *shape,
+         '--dynamic']) == package
+    preds = {}
+    metrics = []
+    for tool, model in (('deployment/aoti_test', package), ('test', ckpt)):
+        name = f'aoti_{task}_{osp.basename(tool)}'
+        metrics.append(
+            load_tool(tool).main([
+                cfg, model, '--work-dir',
+                str(tmp / name), '--out',
+                str(tmp / f'{name}.pkl'), '--cfg-options',
+                f'experiment_name={name}', f'visualizer.name={name}'
+            ]))
+        preds[tool] = pickle.load(open(tmp / f'{name}.pkl', 'rb'))
+    assert metrics[0].keys() == metrics[1].keys()
+    for key, value in metrics[1].items():
+        assert metrics[0][key] == pytest.approx(value, abs=tolerance), key
+    for ours, ref in zip(*preds.values()):
+        if task == 'seg':
+            torch.testing.assert_close(
+                ours['seg_logits']['data'],
+                ref['seg_logits']['data'],
+                rtol=1e-4,
+                atol=1e-4)
+            continue
+        ours, ref = ours['pred_instances'], ref['pred_instances']
+        assert len(ref['scores']) > 0
+        torch.testing.assert_close(
+            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3)
+        assert torch.equal(ours['labels'], ref['labels'])
 
 
 def settle(model):

@@ -1,13 +1,18 @@
 """mmevo's NMS and RoIAlign operators (``torch.ops.mmevo.nms`` /
-``roi_align`` in mmevo/deployment.py): equal to independent references in
+``roi_align`` in mmevo/deploy/ops.py): equal to independent references in
 PyTorch, traceable by torch.export, and standard ONNX operators under both
 exporters, checked in onnxruntime at sizes other than the export's."""
+import os.path as osp
+import subprocess
+import sys
+import textwrap
+
 import onnx
 import pytest
 import torch
 import torch.nn.functional as F
 
-from mmevo.deployment import OnnxModel, export_onnx, nms, roi_align
+from mmevo.deploy import OnnxModel, export_onnx, nms, roi_align
 
 
 def random_boxes(n, size=64., generator=None):
@@ -152,3 +157,41 @@ def test_ops_export_to_standard_onnx(dynamo, tmp_path):
         assert len(expected[0]) > 0
         assert torch.equal(keep, expected[0]), hw
         torch.testing.assert_close(feats, expected[1], rtol=1e-5, atol=1e-5)
+
+
+def test_symbolics_are_registered_by_the_export_not_the_import(tmp_path):
+    """In a fresh interpreter, importing the ops registers no TorchScript
+    symbolic (a plain export fails on them); ``register_onnx_symbolics``,
+    which ``export_onnx`` calls, does, and a second call changes nothing."""
+    script = textwrap.dedent(f"""
+        import torch
+        from mmevo.deploy import ops
+
+        class Keep(torch.nn.Module):
+            def forward(self, boxes, scores):
+                return ops.nms(boxes, scores, 0.5)
+
+        args = (torch.rand(6, 4) * 4 + torch.tensor([0., 0., 5., 5.]),
+                torch.rand(6))
+        path = {str(tmp_path / 'nms.onnx')!r}
+        try:
+            torch.onnx.export(Keep(), args, path, dynamo=False,
+                              opset_version=18)
+        except Exception as e:
+            assert 'mmevo::nms' in str(e), e
+        else:
+            raise AssertionError('exported without a symbolic')
+        ops.register_onnx_symbolics()
+        ops.register_onnx_symbolics()
+        torch.onnx.export(Keep(), args, path, dynamo=False, opset_version=18)
+        print('ok')
+    """)
+    repo = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+    out = subprocess.run([sys.executable, '-c', script],
+                         cwd=repo,
+                         capture_output=True,
+                         text=True,
+                         timeout=300)
+    # (the failed export prints its graph first)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == 'ok', out.stdout

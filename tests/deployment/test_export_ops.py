@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from mmevo.deployment import OnnxModel, export_onnx
+from mmevo.deploy import OnnxModel, export_onnx
 from mmevo.ops import (evolution_aggregate, export, local_attention_weights,
                        local_correlation, output_size)
 from mmevo.ops.reference import (aggregate_reference,

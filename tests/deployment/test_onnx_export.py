@@ -13,15 +13,17 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from torch.utils import _pytree as pytree
 
-from mmevo.deployment import (OnnxModel, TensorOutputs, adaptive_avg_pool2d,
-                              export_onnx, match_rows, two_stage_detections,
-                              two_stage_forward)
-from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
-                          Involution, LocalSelfAttention)
+from mmevo.deploy import (OnnxModel, TensorOutputs, adaptive_avg_pool2d,
+                          export_onnx, match_rows)
+from mmevo.deploy.mmdet import two_stage_detections, two_stage_forward
+from mmevo.layers import Involution
 from mmevo.models.backbones.acmix_resnet import ACmixResNet
 from mmevo.models.backbones.rednet import RedNet
 from mmevo.models.necks.involution_fpn import InvolutionFPN
 from mmevo.registry import MODELS
+
+# the layer cases shared with test_aoti.py (this folder is on sys.path)
+from layer_cases import LAYERS
 
 
 def assert_parity(model, path, inputs, match=None):
@@ -56,29 +58,6 @@ def check_export(module,
     path = tmp_path / 'model.onnx'
     export_onnx(model, x, str(path), dynamic=dynamic, dynamo=dynamo)
     assert_parity(model, path, [x, *others])
-
-
-LAYERS = {
-    'EvolutionConv':
-    lambda s: EvolutionConv(
-        16, 3, groups=4, stride=s, dilation=2, padding_mode='reflect'),
-    'Involution':
-    lambda s: Involution(16, 7, stride=s, group_channels=8),
-    'DynamicFilter':
-    lambda s: DynamicFilter(16, 3, stride=s),
-    'LocalSelfAttention':
-    lambda s: LocalSelfAttention(
-        16,
-        kernel_size=5,
-        num_heads=4,
-        stride=s,
-        padding_mode='reflect',
-        rel_pos_bias=True),
-    'ELSA':
-    lambda s: ELSA(16, num_heads=2, stride=s),
-    'ACmix':
-    lambda s: ACmix(16, 16, stride=s),
-}
 
 
 def _layer_cases():

@@ -1,13 +1,22 @@
-"""Inference latency: onnxruntime (CPU) against PyTorch eager.
+"""Inference latency of the deployed models: onnxruntime (CPU) and
+AOTInductor packages against PyTorch eager.
 
-One process; each model is exported once with plain ``torch.onnx.export``
-(H and W dynamic, :func:`mmevo.deployment.export_onnx`), then timed: a round
-runs PyTorch and onnxruntime of every model in turn, so a load change on a
+One process; each model is exported once (H and W dynamic): to ONNX with
+plain ``torch.onnx.export`` (:func:`mmevo.deploy.export_onnx`) and, with
+``--runtimes ... aoti``, to an AOTInductor package
+(:func:`mmevo.deploy.export_aoti`, weights frozen, mmevo's kernels;
+``aoti-inline``: the ops inlined as standard operators). Then timed: a
+round runs every runtime of every model in turn, so a load change on a
 shared machine hits all alike, each timed on its second call (the threads
 of the runtime before have stopped spinning); median over ``--iters``
-rounds after ``--warmup``. Both use ``torch.get_num_threads()`` threads (set
-OMP_NUM_THREADS). Ratios: onnxruntime / PyTorch of the same model, and each
-model to ResNet-50 on the same runtime.
+rounds after ``--warmup``. All use ``torch.get_num_threads()`` threads (set
+OMP_NUM_THREADS). Ratios: each runtime to PyTorch eager of the same model,
+and each model to ResNet-50 on the same runtime; the largest difference to
+eager of each export, relative to the output's largest value.
+
+``--cpp-runner`` (deploy/cpp's ``aoti_runner``) also times the
+``aoti-inline`` packages in C++ without Python, in a process of its own
+after the rounds (median of ``--iters`` runs after one).
 
 Models: ``resnet50`` (mmdet's ResNet) and ``rednet50`` backbones at B1
 ``--size``^2, and ``demo``, the demo RetinaNet's tensor outputs at 128^2.
@@ -18,12 +27,15 @@ everything else of the graph, so its time bounds from below what any
 formulation of the window sum can reach in onnxruntime.
 
 Example:
-    OMP_NUM_THREADS=2 python tools/analysis/benchmark_onnx.py
+    OMP_NUM_THREADS=2 python tools/analysis/benchmark_onnx.py \
+        --models resnet50 rednet50 demo --runtimes torch onnxruntime aoti
 """
 import argparse
 import contextlib
 import os.path as osp
+import re
 import statistics
+import subprocess
 import tempfile
 import time
 from unittest import mock
@@ -31,12 +43,14 @@ from unittest import mock
 import torch
 
 from mmevo.apis import MAX_SIDE, int_in_range
-from mmevo.deployment import OnnxModel, TensorOutputs, export_onnx
+from mmevo.deploy import (AotiModel, OnnxModel, TensorOutputs, export_aoti,
+                          export_onnx, max_difference)
 from mmevo.ops import export
 
 DEMO = osp.join(
     osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs',
     'demo', 'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
+RUNTIMES = ('torch', 'onnxruntime', 'aoti', 'aoti-inline')
 
 
 def build(name, size):
@@ -74,64 +88,130 @@ def _centre_tap(input, kernel, stride, padding, dilation, padding_mode):
     return (x * kernel[:, :, k, k].unsqueeze(2)).flatten(1, 2)
 
 
+def _exports(name, model, x, runtimes, tmp, exporter):
+    """``{runtime: callable}`` of ``name``'s exports, and the package
+    paths of ``aoti-inline``."""
+    runs, packages = {}, {}
+    windowless = name.endswith('-windowless')
+    if 'onnxruntime' in runtimes:
+        path = osp.join(tmp, f'{name}.onnx')
+        with (mock.patch.object(export, 'aggregate', _centre_tap)
+              if windowless else contextlib.nullcontext()):
+            export_onnx(model, x, path, dynamo=exporter == 'dynamo')
+        runs['onnxruntime'] = OnnxModel(path)
+    if windowless:
+        return runs, packages
+    if 'torch' in runtimes:
+
+        def eager(x, model=model):
+            with torch.no_grad():
+                return model(x)
+
+        runs['torch'] = eager
+    for runtime in ('aoti', 'aoti-inline'):
+        if runtime in runtimes:
+            path = osp.join(tmp, f'{name}-{runtime}.pt2')
+            export_aoti(model, x, path, inline_ops=runtime == 'aoti-inline')
+            runs[runtime] = AotiModel(path)
+            packages[runtime] = path
+    return runs, packages
+
+
+def _cpp_median(runner, path, x, iters):
+    """Median ms of ``iters`` runs of the package in the C++ runner."""
+    out = subprocess.run([
+        runner, path, '--shape', *map(str, x.shape), '--iters',
+        str(iters), '--threads',
+        str(torch.get_num_threads())
+    ],
+                         capture_output=True,
+                         text=True,
+                         check=True).stdout
+    return float(re.search(r'median ([0-9.]+) ms', out).group(1))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument(
         '--models',
         nargs='+',
         default=['resnet50', 'rednet50', 'rednet50-windowless', 'demo'])
+    parser.add_argument(
+        '--runtimes',
+        nargs='+',
+        choices=RUNTIMES,
+        default=['torch', 'onnxruntime'])
     parser.add_argument('--size', type=int_in_range(1, MAX_SIDE), default=224)
     parser.add_argument('--warmup', type=int_in_range(0), default=3)
     parser.add_argument('--iters', type=int_in_range(1), default=10)
     parser.add_argument(
         '--exporter', choices=['dynamo', 'torchscript'], default='torchscript')
+    parser.add_argument(
+        '--cpp-runner',
+        help="deploy/cpp's aoti_runner: also time the aoti-inline packages "
+        'in C++')
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    runs = {}
+    runs, inputs, packages, errs = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             model, x = build(name, args.size)
-            path = osp.join(tmp, f'{name}.onnx')
-            windowless = name.endswith('-windowless')
-            with (mock.patch.object(export, 'aggregate', _centre_tap)
-                  if windowless else contextlib.nullcontext()):
-                export_onnx(model, x, path, dynamo=args.exporter == 'dynamo')
-
-            def eager(model=model, x=x):
+            runs[name], packages[name] = _exports(name, model, x,
+                                                  args.runtimes, tmp,
+                                                  args.exporter)
+            inputs[name] = x
+            if not name.endswith('-windowless'):
                 with torch.no_grad():
-                    model(x)
-
-            session = OnnxModel(path)
-            runs[name] = {'onnxruntime': lambda s=session, x=x: s(x)}
-            if not windowless:
-                runs[name]['torch'] = eager
+                    expected = model(x)
+                for runtime, run in runs[name].items():
+                    errs[(name, runtime)] = max_difference(
+                        run(x), expected)[0]
         times = {(n, r): [] for n in runs for r in runs[n]}
         for it in range(args.warmup + args.iters):
             for (name, runtime), samples in times.items():
+                run, x = runs[name][runtime], inputs[name]
                 # an untimed call first: onnxruntime's threads spin a while
                 # after a run, taking the cores from the next one timed
-                runs[name][runtime]()
+                run(x)
                 start = time.perf_counter()
-                runs[name][runtime]()
+                run(x)
                 if it >= args.warmup:
                     samples.append(time.perf_counter() - start)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f'threads {torch.get_num_threads()}, median of {args.iters}, ms')
-    print('| model | PyTorch eager | onnxruntime | onnxruntime / eager |')
-    print('|---|---|---|---|')
-    for name in runs:
-        o = med[(name, 'onnxruntime')]
-        if (name, 'torch') in med:
-            t = med[(name, 'torch')]
-            print(f'| {name} | {t:.1f} | {o:.1f} | {o / t:.2f} |')
-        else:
-            print(f'| {name} | - | {o:.1f} | - |')
-    if 'resnet50' in runs:
-        for name, runtime in med:
-            if name.startswith('rednet50'):
-                ratio = med[(name, runtime)] / med[('resnet50', runtime)]
-                print(f'{name} / resnet50 ({runtime}): {ratio:.2f}')
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        if args.cpp_runner:
+            for name in packages:
+                if 'aoti-inline' in packages[name]:
+                    med[(name, 'aoti-inline C++')] = _cpp_median(
+                        args.cpp_runner, packages[name]['aoti-inline'],
+                        inputs[name], args.iters)
+    _print(med, errs, args)
     return med
+
+
+def _print(med, errs, args):
+    runtimes = [r for r in RUNTIMES if r in args.runtimes]
+    if args.cpp_runner and 'aoti-inline' in runtimes:
+        runtimes.append('aoti-inline C++')
+    models = list(dict.fromkeys(n for n, _ in med))
+    print(f'threads {torch.get_num_threads()}, median of {args.iters}, ms')
+    print(f"| model | {' | '.join(runtimes)} |")
+    print(f"|---|{'---|' * len(runtimes)}")
+    for name in models:
+        cells = [
+            f'{med[(name, r)]:.1f}' if (name, r) in med else '-'
+            for r in runtimes
+        ]
+        print(f"| {name} | {' | '.join(cells)} |")
+    for (name, runtime), ms in med.items():
+        if runtime != 'torch' and (name, 'torch') in med:
+            print(f'{name} {runtime} / eager: {ms / med[(name, "torch")]:.2f}')
+        if name.startswith('rednet50') and ('resnet50', runtime) in med:
+            ratio = ms / med[('resnet50', runtime)]
+            print(f'{name} / resnet50 ({runtime}): {ratio:.2f}')
+    for (name, runtime), err in errs.items():
+        if runtime != 'torch':
+            print(f'{name} {runtime} vs eager: max relative difference '
+                  f'{err:.1e}')
 
 
 if __name__ == '__main__':

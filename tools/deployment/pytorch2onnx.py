@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
 from mmevo import apis  # noqa: E402
-from mmevo.deployment import (OnnxModel, TensorOutputs,  # noqa: E402
-                              export_onnx, match_rows, two_stage_detections)
+from mmevo.apis.deploy import report_parity  # noqa: E402
+from mmevo.deploy import OnnxModel, export_onnx, exportable  # noqa: E402
 from mmevo.integrations import mmengine as fixes  # noqa: E402
 
 
@@ -56,12 +56,7 @@ def main(argv=None):
         model = apis.build_model(
             apis.load_config(args.config), args.checkpoint,
             hint='export the checkpoint the config trained')
-    kind = apis.model_kind(model)
-    if kind is None:
-        apis.fail('only detectors and encoder-decoder segmentors can be '
-                  f'exported, got {type(model).__name__}')
-    model = TensorOutputs(
-        model, two_stage_detections if kind == 'two-stage' else None)
+    model, kind = exportable(model)
     x = torch.randn(1, 3, *args.shape)
     export_onnx(
         model,
@@ -69,31 +64,7 @@ def main(argv=None):
         args.out,
         dynamic=args.dynamic,
         dynamo=args.exporter == 'dynamo')
-    with torch.no_grad():
-        expected = model(x)
-    outputs = OnnxModel(args.out)(x)
-    shapes = [tuple(t.shape) for t in outputs]
-    if shapes != [tuple(t.shape) for t in expected]:
-        apis.fail(f'onnxruntime gives outputs of shapes {shapes}, PyTorch '
-                  f'{[tuple(t.shape) for t in expected]}')
-    tolerance = 1e-4
-    if kind == 'two-stage':
-        outputs = match_rows(outputs, expected)
-        # NMS is no continuous function: of two overlapping proposals
-        # whose scores differ by a float rounding either may stay, the
-        # detections then differ by about the gap between the two
-        tolerance = 1e-2
-    errs = [
-        float((o - r).abs().max() /
-              r.abs().max().clamp(min=1e-6)) if o.numel() else 0.
-        for o, r in zip(outputs, expected)
-    ]
-    err = max(errs)
-    print(f'[export] {args.out}: {len(outputs)} outputs, onnxruntime vs '
-          f'PyTorch max relative difference {err:.1e}')
-    if err > tolerance:
-        apis.fail(f'onnxruntime differs from PyTorch by {err:.1e} (output '
-                  f'{errs.index(err)} of {len(errs)})')
+    report_parity(model, OnnxModel(args.out), [x], kind, 'onnxruntime')
     return args.out
 
 

@@ -1,0 +1,114 @@
+"""AOTInductor deployment: ``torch.export`` then AOTInductor into a
+``.pt2`` package, which PyTorch loads from Python (:class:`AotiModel`)
+or from C++ without Python (``deploy/cpp``).
+
+Unlike the ONNX graph, the package keeps mmevo's operators
+(``torch.ops.mmevo.*``, run by mmevo's kernels): AOTInductor compiles
+everything else (convolutions with their batch norms folded into the
+frozen weights, the kernel generation's elementwise ops) into one C++
+program that calls them. With ``inline_ops`` the package holds their
+formulation in standard operators instead (:mod:`mmevo.ops.export`): it
+then runs where mmevo's op library is not loaded.
+"""
+import functools
+
+import torch
+
+from mmevo.ops import export as ops_export
+
+from .export import naming_failing_layer
+from .rewrites import export_rewrites
+
+#: the decompositions of ``inline_ops``: the ops' standard-operator
+#: formulation (arguments resolved, as the operators take them)
+INLINE_OPS = {
+    torch.ops.mmevo.evolution_aggregate.default:
+    ops_export.aggregate,
+    torch.ops.mmevo.local_correlation.default:
+    functools.partial(ops_export.correlation, softmax=False),
+    torch.ops.mmevo.local_attention_weights.default:
+    functools.partial(ops_export.correlation, softmax=True),
+}
+
+
+def export_program(model, x, dynamic=True, inline_ops=False):
+    """``torch.export.export(model, (x, ))`` with H and W dynamic, under
+    :func:`mmevo.deploy.export_rewrites`.
+
+    Args:
+        model (nn.Module): in eval mode; returns a tensor or a tuple of them.
+        x (Tensor): the example input (B, C, H, W); B stays fixed.
+        dynamic (bool): H and W dynamic. Default: True.
+        inline_ops (bool): mmevo's operators decomposed into standard
+            ones (:data:`INLINE_OPS`). Default: False.
+
+    Returns:
+        torch.export.ExportedProgram: the program.
+
+    Raises:
+        RuntimeError: naming the evolution layer (and its settings) that
+            was running when the export failed.
+    """
+    shapes = None
+    if dynamic:
+        dim = torch.export.Dim.DYNAMIC
+        shapes = ({2: dim, 3: dim}, )
+    with naming_failing_layer(model, 'torch.export'), torch.no_grad(), \
+            export_rewrites(model):
+        program = torch.export.export(
+            model, (x, ), dynamic_shapes=shapes, strict=False)
+    if inline_ops:
+        program = program.run_decompositions(INLINE_OPS)
+    return program
+
+
+def export_aoti(model, x, path, dynamic=True, inline_ops=False):
+    """Compile ``model`` into an AOTInductor package at ``path``, its
+    weights frozen (constants of the program, batch norms folded).
+
+    The package runs on the device of ``model`` and ``x`` (CPU or CUDA).
+
+    Args:
+        model (nn.Module): in eval mode; returns a tensor or a tuple of them
+            (e.g. a :class:`mmevo.deploy.TensorOutputs`).
+        x (Tensor): the example input (B, C, H, W); B stays fixed.
+        path (str): the ``.pt2`` file to write.
+        dynamic (bool): H and W dynamic, so one package serves every size.
+            Default: True.
+        inline_ops (bool): the evolution ops as standard operators, for a
+            runtime without mmevo's op library. Default: False.
+
+    Returns:
+        str: ``path``.
+
+    Example:
+        >>> model = TensorOutputs(RedNet(50).eval(), lambda m, x: m(x))
+        >>> export_aoti(model, torch.randn(1, 3, 224, 224), 'rednet.pt2')
+        >>> outputs = AotiModel('rednet.pt2')(torch.randn(1, 3, 160, 192))
+    """
+    program = export_program(model, x, dynamic, inline_ops)
+    return torch._inductor.aoti_compile_and_package(
+        program, package_path=path, inductor_configs={'freezing': True})
+
+
+class AotiModel:
+    """An AOTInductor package loaded in this process, called like the
+    PyTorch model it came from.
+
+    mmevo's operators that the package calls are registered by the import
+    of :mod:`mmevo.deploy` (the evolution ops and NMS / RoIAlign).
+
+    Args:
+        path (str): the ``.pt2`` file.
+
+    Example:
+        >>> outputs = AotiModel('model.pt2')(torch.randn(1, 3, 64, 64))
+    """
+
+    def __init__(self, path):
+        self.runner = torch._inductor.aoti_load_package(path)
+
+    def __call__(self, x):
+        """Tuple of output tensors for the input ``x`` (a tensor)."""
+        with torch.no_grad():
+            return tuple(self.runner(x))

@@ -1,0 +1,133 @@
+"""Module forwards rewritten for the length of an export, on the model's
+own module instances.
+
+Some stock forwards hold the example's sizes in the graph: Python ints the
+exporters freeze, or ops they export for static sizes only. While
+exporting, :func:`export_rewrites` runs those modules as the same numbers on
+symbolic sizes: ``nn.AdaptiveAvgPool2d`` as :func:`adaptive_avg_pool2d`
+and mmseg's ``Upsample`` by its scale factor (:mod:`mmevo.deploy.mmseg`),
+so Semantic FPN and UPerNet (pyramid pooling) export with dynamic H and W.
+Only the instances inside the exported model change, and only until the
+export ends; their classes, and every other model, keep the stock forward.
+"""
+import contextlib
+import functools
+import sys
+
+import torch
+from torch import nn
+from torch.nn.modules.utils import _pair
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """``F.adaptive_avg_pool2d(x, output_size)`` in standard operators on
+    the symbolic input size, for a graph that serves every size.
+
+    PyTorch's bins (row ``i`` of ``o`` averages rows ``floor(i * H / o)``
+    to ``ceil((i + 1) * H / o)``, overlapping when ``H`` is not a multiple
+    of ``o``, repeated when ``H < o``) as 0/1 matrices built in the graph
+    from ``arange`` of the input size: two MatMuls sum the bins, one Div
+    by the bin areas averages them. The exporters' own adaptive pooling
+    needs the example's sizes: the TorchScript one refuses dynamic ones,
+    the dynamo one keeps the example's bins (wrong numbers at other sizes).
+
+    Args:
+        x (Tensor): (B, C, H, W) or (C, H, W).
+        output_size (int | tuple[int | None, int | None]): the output's
+            (h, w); ``None`` keeps the input's size.
+
+    Returns:
+        Tensor: (B, C, h, w) or (C, h, w).
+
+    Example:
+        >>> x = torch.randn(1, 8, 13, 7)
+        >>> torch.allclose(adaptive_avg_pool2d(x, 6),
+        ...                F.adaptive_avg_pool2d(x, 6), atol=1e-6)
+        True
+    """
+    out_h, out_w = _pair(output_size)
+    if not all(
+            o is None or isinstance(o, int) and o >= 1
+            for o in (out_h, out_w)):
+        raise ValueError(f'output_size must be a positive int, None or a '
+                         f'pair of them, got {output_size!r}')
+    sums, area = x, 1
+    if out_h is not None:
+        rows, counts = _bins(x.shape[-2], out_h, x)
+        sums, area = rows @ sums, counts[:, None]
+    if out_w is not None:
+        cols, counts = _bins(x.shape[-1], out_w, x)
+        sums, area = sums @ cols.transpose(0, 1), area * counts
+    return sums / area
+
+
+def _bins(size, out, like):
+    """(out, size) 0/1 matrix of the input rows in each of the ``out``
+    adaptive pooling bins, and the bins' lengths."""
+    i = torch.arange(out, device=like.device)
+    start = torch.div(i * size, out, rounding_mode='floor')
+    end = torch.div((i + 1) * size + out - 1, out, rounding_mode='floor')
+    pos = torch.arange(size, device=like.device)
+    inside = (pos >= start[:, None]) & (pos < end[:, None])
+    return inside.to(like.dtype), (end - start).to(like.dtype)
+
+
+def _pool(module, x, stock):
+    """``nn.AdaptiveAvgPool2d`` while exporting: :func:`adaptive_avg_pool2d`
+    (e.g. mmseg's pyramid pooling, 2, 3 and 6 bins); 1 x 1 stays the stock
+    global average, which exports for any size. The module, not mmseg's
+    ``PPM``: every head that pools with it (PPM, PSPHead, ...) exports with
+    dynamic sizes, and ``F.adaptive_avg_pool2d`` itself stays stock."""
+    if _pair(module.output_size) == (1, 1):
+        return stock(x)
+    return adaptive_avg_pool2d(x, module.output_size)
+
+
+def _rewrites():
+    """``{class: rewrite(module, x, stock)}``. mmseg's only when mmseg is
+    imported: a model holding its modules has imported it, and exporting
+    any other model imports no mmseg."""
+    rewrites = {nn.AdaptiveAvgPool2d: _pool}
+    if 'mmseg.models.utils' in sys.modules:
+        from .mmseg import REWRITES
+        rewrites.update(REWRITES)
+    return rewrites
+
+
+@contextlib.contextmanager
+def export_rewrites(model):
+    """Inside the block, the modules of ``model`` whose stock forward would
+    hold the example's sizes run their rewrite (see the module docstring).
+
+    The rewrite is set as the ``forward`` of each such instance (a subclass
+    with a forward of its own keeps it) and removed on exit, also when the
+    export fails: classes are never patched, so other models, other
+    threads and the same model after the block run the stock forwards.
+
+    Args:
+        model (nn.Module): the model being exported.
+
+    Example:
+        >>> with export_rewrites(model):
+        ...     torch.onnx.export(model, (x, ), 'model.onnx')
+    """
+    rewrites = _rewrites()
+    patched = []
+    try:
+        for module in model.modules():
+            rewrite = next((fn for cls, fn in rewrites.items()
+                            if isinstance(module, cls)
+                            and type(module).forward is cls.forward), None)
+            if rewrite is None:
+                continue
+            # an instance's own forward (a hook library's) is put back too
+            own = vars(module).get('forward')
+            module.forward = functools.partial(
+                rewrite, module, stock=module.forward)
+            patched.append((module, own))
+        yield
+    finally:
+        for module, own in reversed(patched):
+            del module.forward
+            if own is not None:
+                module.forward = own

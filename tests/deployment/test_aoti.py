@@ -1,0 +1,117 @@
+"""AOTInductor deployment (mmevo/deploy/aoti.py): ``torch.export`` of the
+evolution layers with H and W dynamic keeps mmevo's operators (or inlines
+their standard-operator formulation), equal to PyTorch at other sizes; the
+compiled package equals PyTorch too."""
+import pytest
+import torch
+
+from mmevo.deploy import AotiModel, TensorOutputs, export_aoti
+from mmevo.deploy.aoti import export_program
+from mmevo.layers import Involution, LocalSelfAttention
+
+# this folder is on sys.path
+from layer_cases import LAYERS
+
+MMEVO_OPS = {
+    'mmevo.evolution_aggregate.default', 'mmevo.local_correlation.default',
+    'mmevo.local_attention_weights.default'
+}
+
+
+def graph_ops(program):
+    return {
+        str(n.target)
+        for n in program.graph.nodes if n.op == 'call_function'
+    }
+
+
+def assert_close(outputs, expected):
+    assert len(outputs) == len(expected)
+    for out, ref in zip(outputs, expected):
+        assert out.shape == ref.shape
+        err = (out - ref).abs().max() / ref.abs().max().clamp(min=1e-6)
+        assert err <= 1e-4, float(err)
+
+
+def flat(module):
+    return TensorOutputs(module.eval(), lambda m, x: m(x))
+
+
+@pytest.mark.parametrize('name', list(LAYERS))
+@pytest.mark.parametrize('stride', [1, 2])
+def test_layer_program_dynamic(name, stride):
+    """One program for every size: mmevo's operators in the graph, equal
+    to the eager layer at odd sizes, another aspect and maps smaller than
+    the reflect padding."""
+    torch.manual_seed(0)
+    model = flat(LAYERS[name](stride))
+    program = export_program(model, torch.randn(1, 16, 9, 11))
+    assert graph_ops(program) & MMEVO_OPS
+    # torch.export takes a dynamic size for >= 2: the smallest map here
+    # gives outputs of 2 at stride 2
+    for hw in [(9, 11), (6, 13), (3 * stride, 2 * stride)]:
+        x = torch.randn(1, 16, *hw)
+        with torch.no_grad():
+            assert_close(program.module()(x), model(x))
+
+
+@pytest.mark.parametrize('stride', [1, 2])
+def test_inlined_program_has_no_mmevo_ops(stride):
+    torch.manual_seed(0)
+    model = flat(
+        torch.nn.Sequential(
+            Involution(16, 7, stride=stride, group_channels=8),
+            LocalSelfAttention(
+                16,
+                kernel_size=5,
+                num_heads=4,
+                padding_mode='reflect',
+                rel_pos_bias=True)))
+    x = torch.randn(1, 16, 9, 11)
+    program = export_program(model, x, dynamic=False, inline_ops=True)
+    assert not graph_ops(program) & MMEVO_OPS
+    assert not any(op.startswith('mmevo.') for op in graph_ops(program))
+    with torch.no_grad():
+        assert_close(program.module()(x), model(x))
+
+
+def test_export_error_names_the_layer(tmp_path):
+
+    class Broken(Involution):
+
+        def generate(self, x):  # a kernel one row short reaches the op
+            x, kernel = super().generate(x)
+            return x, kernel[..., :-1, :]
+
+    model = torch.nn.Sequential()
+    model.add_module('inv', Broken(16, 3))
+    with pytest.raises(
+            RuntimeError,
+            match=r"torch.export failed in layer 'model.inv' \(Broken: "
+            r'kernel_size=3, stride=1'):
+        export_aoti(
+            flat(model), torch.randn(1, 16, 8, 8), str(tmp_path / 'x.pt2'))
+    assert not (tmp_path / 'x.pt2').exists()
+
+
+@pytest.mark.slow
+def test_layers_package_dynamic(tmp_path):
+    """The compiled package (1-3 minutes on a 2-core CPU) at the export
+    size and others, against eager PyTorch."""
+    torch.manual_seed(0)
+    model = flat(
+        torch.nn.Sequential(
+            Involution(16, 7, stride=2, group_channels=8),
+            LocalSelfAttention(
+                16,
+                kernel_size=5,
+                num_heads=4,
+                padding_mode='reflect',
+                rel_pos_bias=True)))
+    path = str(tmp_path / 'layers.pt2')
+    assert export_aoti(model, torch.randn(1, 16, 9, 11), path) == path
+    package = AotiModel(path)
+    for hw in [(9, 11), (16, 7), (5, 4)]:
+        x = torch.randn(1, 16, *hw)
+        with torch.no_grad():
+            assert_close(package(x), model(x))

@@ -1,0 +1,89 @@
+"""Compile a model into an AOTInductor package (``.pt2``).
+
+``torch.export`` (H and W dynamic with ``--dynamic``) then AOTInductor, the
+weights frozen: the package holds the graph ``pytorch2onnx.py`` exports
+(a backbone's features; a single-stage detector's raw head outputs; the
+detections of a two-stage one, with the mask head's outputs on them; a
+segmentor's logits), calling mmevo's own kernels
+(``torch.ops.mmevo.*``). ``tools/deployment/aoti_test.py`` evaluates it
+on the config's test set. The package is checked against PyTorch at the
+export size and, with ``--dynamic``, at another size.
+
+Example:
+    python tools/deployment/pytorch2aoti.py CONFIG CHECKPOINT \
+        --out work_dirs/demo/model.pt2 --shape 128 128 --dynamic
+"""
+import argparse
+import warnings
+
+# as in tools/train.py: mmengine's pkg_resources import warns on every start
+warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
+
+import torch  # noqa: E402
+
+import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
+from mmevo import apis  # noqa: E402
+from mmevo.apis.deploy import report_parity  # noqa: E402
+from mmevo.deploy import AotiModel, export_aoti, exportable  # noqa: E402
+from mmevo.integrations import mmengine as fixes  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Compile a model into an AOTInductor package')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--out', required=True, help='the .pt2 file')
+    apis.add_shape_arg(
+        parser,
+        default=[128, 128],
+        help=f'example input size (default: 128 128; at most {apis.MAX_SIDE})')
+    parser.add_argument(
+        '--dynamic',
+        action='store_true',
+        help='dynamic height and width (one package for every size)')
+    parser.add_argument(
+        '--device',
+        choices=['cpu', 'cuda'],
+        default='cpu',
+        help='the device the package runs on (default: cpu)')
+    parser.add_argument(
+        '--inline-ops',
+        action='store_true',
+        help="mmevo's ops as standard operators: for a runtime without "
+        "mmevo's op library (slower)")
+    return parser.parse_args(argv)
+
+
+def other_size(shape):
+    """An input size of another aspect, odd, for the check of a dynamic
+    package: 3/4 of the height, 5/4 of the width, rounded to odd."""
+    h, w = shape
+    return [max(1, h * 3 // 4) | 1, max(1, w * 5 // 4) | 1]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        apis.fail('--device cuda: no CUDA device is available')
+    fixes.safe_globals.install()  # mmengine's own checkpoints load
+    with apis.one_line_errors():
+        # a partial checkpoint would compile a half-initialised model
+        model = apis.build_model(
+            apis.load_config(args.config), args.checkpoint, args.device,
+            hint='compile the checkpoint the config trained')
+    model, kind = exportable(model)
+    shapes = [args.shape] + ([other_size(args.shape)] if args.dynamic else [])
+    inputs = [torch.randn(1, 3, *hw, device=args.device) for hw in shapes]
+    export_aoti(
+        model,
+        inputs[0],
+        args.out,
+        dynamic=args.dynamic,
+        inline_ops=args.inline_ops)
+    report_parity(model, AotiModel(args.out), inputs, kind, 'AOTInductor')
+    return args.out
+
+
+if __name__ == '__main__':
+    main()
