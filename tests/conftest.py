@@ -1,0 +1,26 @@
+"""Fixtures of the whole suite: the device the GPU-path tests run on.
+
+Tests marked ``cuda`` run the Triton kernels: on CUDA tensors when there is
+a GPU (``tools/analysis/gpu_check.sh`` runs ``pytest -m cuda`` there), else
+on CPU tensors through Triton's interpreter. Triton decides whether a kernel
+is interpreted when the kernel is decorated, so ``TRITON_INTERPRET=1`` is
+set here, before any test module can import triton.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    assert 'triton' not in sys.modules or os.environ.get(
+        'TRITON_INTERPRET') == '1', (
+            'triton was imported before TRITON_INTERPRET=1 could be set')
+    os.environ['TRITON_INTERPRET'] = '1'
+
+
+@pytest.fixture
+def device():
+    """``cuda`` on a GPU, else ``cpu`` (Triton kernels interpreted)."""
+    return torch.device('cuda' if CUDA else 'cpu')
