@@ -33,6 +33,21 @@ def cpu_extension():
         extra_link_args=['-fopenmp'])
 
 
+# The models subclass mmdet's (the backbones its ResNet, the neck and heads
+# its FPN / RPNHead / FCNMaskHead), so every task's extra brings mmdet.
+DET = ['mmdet>=3.3.0', 'pycocotools']
+EXTRAS = {
+    'det': DET,
+    'seg': DET + ['mmsegmentation>=1.2.2', 'ftfy', 'regex'],
+    'cls': DET + ['mmpretrain>=1.2.0'],
+    'gpu': ['triton>=3.0'],
+    # ONNX export (torch.onnx's dynamo exporter needs onnxscript) and
+    # onnxruntime for tools/deployment
+    'deploy': ['onnx==1.23.2', 'onnxruntime==1.31.1', 'onnxscript==0.7.2'],
+    'tests': ['pytest', 'triton>=3.0'],
+}
+EXTRAS['all'] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+
 setup(
     name='mmevo',
     version=get_version(),
@@ -44,20 +59,9 @@ setup(
     python_requires='>=3.9',
     packages=find_packages(exclude=('configs', 'tools', 'tests', 'docs')),
     include_package_data=True,
-    # mmdet is a hard requirement: the backbones subclass mmdet's ResNet, the
-    # neck and heads mmdet's FPN / RPNHead / FCNMaskHead.
-    install_requires=[
-        'torch>=2.1', 'mmengine>=0.10.0', 'mmcv>=2.0.0', 'mmdet>=3.3.0',
-        'pycocotools'
-    ],
-    extras_require={
-        'seg': ['mmsegmentation>=1.2.2', 'ftfy', 'regex'],
-        'gpu': ['triton>=3.0'],
-        # ONNX export (torch.onnx's dynamo exporter needs onnxscript) and
-        # onnxruntime for tools/deployment
-        'deploy': ['onnx==1.23.2', 'onnxruntime==1.31.1', 'onnxscript==0.7.2'],
-        'tests': ['pytest', 'triton>=3.0'],
-    },
+    # The ops need torch only, the layers mmengine and mmcv (mmcv.cnn).
+    install_requires=['torch>=2.1', 'mmengine>=0.10.0', 'mmcv>=2.0.0'],
+    extras_require=EXTRAS,
     ext_modules=[cpu_extension()],
     cmdclass={'build_ext': BuildExtension},
     zip_safe=False,

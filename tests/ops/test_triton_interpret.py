@@ -36,6 +36,7 @@ from mmevo.ops.reference import (aggregate_reference,
                                  correlation_reference)
 
 tk = importlib.import_module('mmevo.ops.triton_backend')
+pytestmark = pytest.mark.cuda
 
 # (B, C, G, H, W, K, stride, padding, dilation)
 GEOMETRIES = [

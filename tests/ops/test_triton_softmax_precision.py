@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 REPO = os.path.dirname(
@@ -30,6 +31,7 @@ print(float((got.double() - ref).abs().max()))
 '''
 
 
+@pytest.mark.cuda
 def test_attention_weights_bf16_logits_fp32():
     env = dict(os.environ, PYTHONPATH=REPO)
     if not torch.cuda.is_available():

@@ -1,13 +1,13 @@
-"""tools/analysis/gpu_check.sh, the one-command GPU check, run on the CPU.
+"""tools/analysis/gpu_check.sh, the one-command GPU check, run small on the
+CPU.
 
-Without CUDA it runs the Triton kernels through the interpreter
-(``TRITON_INTERPRET=1``, set by the script before triton is imported, hence
-a subprocess), on a small sweep; the CUDA-only sections are not run. A
-planted mismatch must make it exit non-zero.
+Without CUDA the script sets ``TRITON_INTERPRET=1`` before triton is
+imported (hence a subprocess) and runs the selected ``cuda`` tests on CPU
+tensors; the timings need CUDA and are not run. A failing test must make
+it exit 1, and so must a run in which no test passed.
 """
 import importlib.util
 import json
-import math
 import os
 import os.path as osp
 import subprocess
@@ -18,19 +18,35 @@ import torch
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SCRIPT = osp.join(REPO, 'tools', 'analysis', 'gpu_check.sh')
+PLANTED = '''
+import pytest
+
+
+@pytest.mark.cuda
+def test_passes():
+    assert 1 + 1 == 2
+
+
+@pytest.mark.cuda
+def test_planted_mismatch():
+    assert abs(1.001 - 1.0) <= 1e-6
+
+
+def test_not_a_cuda_test():
+    raise AssertionError('deselected by -m cuda: never runs')
+'''
 
 
 def run_check(args, **env):
     """Run the one command; $OUT only if given in ``env``."""
     full = {k: v for k, v in os.environ.items() if k != 'OUT'}
     full.update(PY=sys.executable, **env)
-    return subprocess.run(
-        ['bash', SCRIPT] + args,
-        cwd=REPO,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=600)
+    return subprocess.run(['bash', SCRIPT] + args,
+                          cwd=REPO,
+                          env=full,
+                          capture_output=True,
+                          text=True,
+                          timeout=900)
 
 
 def load_gpu_check():
@@ -41,64 +57,86 @@ def load_gpu_check():
     return module
 
 
+@pytest.mark.slow
 def test_gpu_check_passes_on_cpu(tmp_path):
     out = tmp_path / 'out'
     res = run_check([
         '--out',
-        str(out), '--geometries', '2', '--sections', 'ops', 'double',
-        'determinism', 'layers', 'speed', '--layers', 'EvolutionConv',
-        'LocalSelfAttention'
+        str(out), '--', '-k',
+        'second_derivatives or reruns or torch_backend[EvolutionConv] or '
+        'compiles_fullgraph'
     ])
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads((out / 'gpu_check.json').read_text())
-    assert result['passed'] and not result['failures']
-    by_section = {}
-    for c in result['checks']:
-        assert c['passed'] and c['worst'] <= c['tol'], c
-        by_section.setdefault(c['section'], []).append(c)
-    # 2 geometries x 3 dtypes x 3 ops; forward and every input gradient.
-    assert len(by_section['ops']) == 18
-    assert all(len(c['errors']) == 3 for c in by_section['ops'])
-    assert {c['name'].split()[0]
-            for c in by_section['double']
-            } == {'aggregate', 'correlation', 'attention'}
-    assert len(by_section['determinism']) == 1
-    assert len(by_section['layers']) == 4  # float64 and bf16 autocast
-    expected_device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    assert result['device_kind'].startswith(expected_device)
+    assert result['passed'] and not result['reasons']
+    outcomes = {t['id']: t['outcome'] for t in result['tests']}
+    passed = sorted(
+        i.split('::')[1].split('[')[0] for i, o in outcomes.items()
+        if o == 'passed')
+    assert all(i.startswith('tests/') for i in outcomes)
     if not torch.cuda.is_available():
-        assert 'speed' not in by_section and not result['speed']
+        # One geometry, fp32 and bf16, on the interpreter.
+        assert passed == [
+            'test_reruns_are_bit_identical', 'test_reruns_are_bit_identical',
+            'test_second_derivatives_match_reference',
+            'test_triton_matches_torch_backend'
+        ]
+        assert result['meta']['device_kind'].startswith('cpu')
+        # The CUDA-only test is reported skipped, the timings not run.
+        assert list(outcomes.values()).count('skipped') == 1
+        assert not result['benchmarks']
     md = (out / 'gpu_check.md').read_text()
     assert md.startswith('# GPU check: PASSED')
+    assert 'tests/layers/test_layers_triton.py' in md
 
 
-def test_gpu_check_fails_on_a_mismatch(tmp_path):
-    """A planted error of 1e-3 in one result: exit 1, recorded as failed,
-    and the output goes to $OUT."""
+@pytest.mark.slow
+def test_gpu_check_fails_on_a_failing_test(tmp_path):
+    """A planted mismatch among the cuda tests: exit 1, reported, output
+    in $OUT; the unmarked test does not run."""
+    test = tmp_path / 'test_planted.py'
+    test.write_text(PLANTED)
     out = tmp_path / 'out'
-    res = run_check(['--sections', 'double'],
-                    OUT=str(out),
-                    MMEVO_GPU_CHECK_PERTURB='1e-3')
+    res = run_check(['--tests', str(test), '--no-benchmarks'], OUT=str(out))
     assert res.returncode == 1, res.stdout + res.stderr
     result = json.loads((out / 'gpu_check.json').read_text())
     assert not result['passed']
-    assert result['failures'] == ['aggregate second derivatives']
+    outcomes = {t['id'].split('::')[1]: t['outcome'] for t in result['tests']}
+    assert outcomes == {
+        'test_passes': 'passed',
+        'test_planted_mismatch': 'failed'
+    }
+    assert len(result['reasons']) == 1
+    assert 'test_planted_mismatch' in result['reasons'][0]
     assert (out / 'gpu_check.md').read_text().startswith('# GPU check: FAILED')
 
 
-def test_rel_err_and_layer_errors():
+def test_verdict():
     gc = load_gpu_check()
-    ref = torch.tensor([1., -2., 4.], dtype=torch.float64)
-    err = gc.rel_err(ref + torch.tensor([0., 0., 1e-3]), ref)
-    assert err == pytest.approx(1e-3 / 4)
-    assert gc.rel_err(torch.tensor([1., float('nan'), 4.]), ref) == math.inf
-    assert gc.rel_err(ref[:2], ref) == math.inf
-    zero = torch.zeros(2, dtype=torch.float64)
-    assert gc.rel_err(torch.tensor([0., 1e-9]), zero) == pytest.approx(1e-9)
-    # A tensor that is zero in theory is compared at 1% of the largest.
-    got = {'out': ref.clone(), 'grad_b': torch.tensor([1e-5]), 'grad_c': None}
-    refs = {'out': ref, 'grad_b': torch.tensor([1e-17]), 'grad_c': None}
-    errs = gc.layer_errors(got, refs, 'max')
-    assert errs == {'out': 0., 'grad_b': pytest.approx(1e-5 / 0.04)}
-    got['grad_b'] = torch.tensor([1.])  # a real mismatch still shows
-    assert gc.layer_errors(got, refs, 'max')['grad_b'] > 1
+    ok = dict(id='a.py::t', outcome='passed', seconds=1., message='')
+    skip = dict(ok, id='a.py::s', outcome='skipped', message='needs CUDA')
+    assert gc.verdict([ok, skip], 0, [], cuda=False) == []
+    # On a GPU every cuda test runs: a skip fails the check.
+    assert gc.verdict([ok, skip], 0, [], cuda=True) == [
+        'skipped on CUDA: a.py::s (needs CUDA)'
+    ]
+    assert gc.verdict([], 5, [], cuda=False) == [
+        'no test passed', 'pytest exited with status 5'
+    ]
+    assert gc.verdict([skip], 0, [], cuda=False) == ['no test passed']
+    bench = dict(name='train step', returncode=1)
+    assert gc.verdict([ok], 0, [bench], cuda=True) == [
+        'benchmark failed: train step (status 1)'
+    ]
+    # pytest failed although no test did (a collection error, say).
+    assert gc.verdict([ok], 1, [], cuda=False) == [
+        'pytest exited with status 1'
+    ]
+
+
+def test_cuda_test_files_are_the_marked_ones():
+    gc = load_gpu_check()
+    files = gc.cuda_test_files(REPO)
+    assert 'tests/ops/test_triton_sweep.py' in files
+    assert 'tests/layers/test_layers_triton.py' in files
+    assert 'tests/ops/test_evolution_ops.py' not in files

@@ -1,19 +1,22 @@
 """Train-step time and peak memory of ResNet-50, RedNet-50, ACmix-ResNet-50.
 
 One process, the same input for every model (default B4 x 3 x 224 x 224,
-fp32, CPU). A train step is forward + backward of the backbone (all four
-stage outputs, loss = sum of their means). Time: median over ``--iters``
-rounds after ``--warmup`` rounds; a round runs one step of every model in
-turn, so a load change on a shared machine hits all models alike. Peak
+fp32, CPU; ``--device cuda`` on a GPU). A train step is forward + backward
+of the backbone (all four stage outputs, loss = sum of their means). Time:
+median over ``--iters`` rounds after ``--warmup`` rounds; a round runs
+one step of every model in turn, so a load change on a shared machine hits
+all models alike. Peak
 memory: the largest amount of tensor memory allocated at once during one
 step, above what was allocated before
 it (the weights), read from the PyTorch profiler's allocation events, so
-it covers every op, compiled extensions included. Ratios are to ResNet-50.
+it covers every op, compiled extensions included (on CUDA, from
+``torch.cuda.max_memory_allocated``). Ratios are to ResNet-50.
 
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_backbones.py
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_backbones.py \\
         --models rednet50 --profile
+    python tools/analysis/benchmark_backbones.py --device cuda --batch 32
 """
 import argparse
 import statistics
@@ -25,23 +28,71 @@ from torch.profiler import ProfilerActivity, profile
 from mmevo.apis import MAX_SIDE, int_in_range
 
 
-def build(name):
-    """Return the backbone called ``name`` (mmdet's ResNet or mmevo's)."""
-    from mmdet.models.backbones import ResNet
+def build(name, builder='mmdet'):
+    """Return the backbone called ``name``: mmdet's ResNet or mmevo's
+    (``builder='mmdet'``), or torchvision's ResNet (``'torchvision'``)."""
+    if builder == 'torchvision':
+        model = torchvision_backbone(name)
+    else:
+        from mmdet.models.backbones import ResNet
 
-    from mmevo.models import ACmixResNet, RedNet
-    builders = {
-        'resnet50': lambda: ResNet(50, norm_eval=False),
-        'rednet50': lambda: RedNet(50),
-        'acmix_resnet50': lambda: ACmixResNet(50),
-    }
-    if name not in builders:
-        raise ValueError(f'model must be one of {sorted(builders)}, '
-                         f'got {name!r}')
-    model = builders[name]()
-    model.init_weights()
+        from mmevo.models import ACmixResNet, RedNet
+        builders = {
+            'resnet50': lambda: ResNet(50, norm_eval=False),
+            'rednet50': lambda: RedNet(50),
+            'acmix_resnet50': lambda: ACmixResNet(50),
+        }
+        if name not in builders:
+            raise ValueError(f'model must be one of {sorted(builders)}, '
+                             f'got {name!r}')
+        model = builders[name]()
+        model.init_weights()
     model.train()  # mmdet's ResNet.train returns None: no chaining
     return model
+
+
+class _Stages(torch.nn.Module):
+    """A torchvision ResNet without its head: the four stage outputs."""
+
+    def __init__(self, net):
+        super().__init__()
+        del net.avgpool, net.fc
+        self.net = net
+
+    def forward(self, x):
+        net = self.net
+        x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+        outs = []
+        for stage in (net.layer1, net.layer2, net.layer3, net.layer4):
+            x = stage(x)
+            outs.append(x)
+        return outs
+
+
+def torchvision_backbone(name):
+    """ResNet-50 or RedNet-50 (its involution middle layers and stem) from
+    torchvision's ResNet-50: the layers and parameter shapes of mmdet's
+    ``ResNet(50)`` and mmevo's ``RedNet(50)``, for a machine where mmdet
+    does not import (its models need mmcv's compiled ops)."""
+    from torch import nn
+    from torchvision.models import resnet50
+
+    from mmevo.layers import Involution
+    if name not in ('resnet50', 'rednet50'):
+        raise ValueError('the torchvision builder has resnet50 and rednet50, '
+                         f'got {name!r}')
+    net = resnet50()
+    if name == 'rednet50':
+        for stage in (net.layer1, net.layer2, net.layer3, net.layer4):
+            for block in stage:
+                conv = block.conv2
+                block.conv2 = Involution(conv.in_channels, 7, conv.stride[0])
+        # RedNet's stem; torchvision's bn1 and ReLU follow its last conv.
+        net.conv1 = nn.Sequential(
+            nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32),
+            nn.ReLU(inplace=True), Involution(32, 7, 1), nn.BatchNorm2d(32),
+            nn.ReLU(inplace=True), nn.Conv2d(32, 64, 3, 1, 1, bias=False))
+    return _Stages(net)
 
 
 def train_step(model, x):
@@ -51,13 +102,20 @@ def train_step(model, x):
     sum(o.mean() for o in outs).backward()
 
 
+def sync(x):
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+
+
 def time_steps(models, x, warmup, iters):
     """Median wall time (s) of a train step of each model, interleaved."""
     times = {name: [] for name in models}
     for it in range(warmup + iters):
         for name, model in models.items():
+            sync(x)
             start = time.perf_counter()
             train_step(model, x)
+            sync(x)
             if it >= warmup:
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
@@ -66,6 +124,13 @@ def time_steps(models, x, warmup, iters):
 def peak_memory(model, x):
     """Peak bytes allocated during one train step, above the start."""
     model.zero_grad(set_to_none=True)
+    if x.is_cuda:
+        sync(x)
+        torch.cuda.reset_peak_memory_stats(x.device)
+        base = torch.cuda.memory_allocated(x.device)
+        train_step(model, x)
+        sync(x)
+        return torch.cuda.max_memory_allocated(x.device) - base
     with profile(
             activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         train_step(model, x)
@@ -107,6 +172,13 @@ def parse_args():
         default=['resnet50', 'rednet50', 'acmix_resnet50'],
         help='resnet50 (the reference for the ratios), rednet50, '
         'acmix_resnet50')
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument(
+        '--builder',
+        default='mmdet',
+        choices=['mmdet', 'torchvision'],
+        help="the models' code: mmdet's ResNet and mmevo's backbones, or "
+        "torchvision's ResNet (resnet50, rednet50; no mmdet needed)")
     parser.add_argument('--batch', type=int_in_range(1, 1024), default=4)
     parser.add_argument('--size', type=int_in_range(1, MAX_SIDE), default=224)
     parser.add_argument('--warmup', type=int_in_range(0), default=1)
@@ -122,10 +194,15 @@ def parse_args():
 def main():
     args = parse_args()
     torch.manual_seed(0)
-    x = torch.randn(args.batch, 3, args.size, args.size)
-    print(f'input {tuple(x.shape)} fp32, {torch.get_num_threads()} threads, '
-          f'torch {torch.__version__}; mmevo.ops: {ops_backend()}')
-    models = {name: build(name) for name in args.models}
+    x = torch.randn(args.batch, 3, args.size, args.size, device=args.device)
+    where = (torch.cuda.get_device_name(x.device) if x.is_cuda else
+             f'{torch.get_num_threads()} threads; mmevo.ops: {ops_backend()}')
+    print(f'input {tuple(x.shape)} fp32 on {where}, torch {torch.__version__}'
+          f', {args.builder} models')
+    models = {
+        name: build(name, args.builder).to(x.device)
+        for name in args.models
+    }
     seconds = time_steps(models, x, args.warmup, args.iters)
     rows = []
     for name, model in models.items():

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Put the pure-Python wheels the GPU check needs into .whl/ (run it where
-# there is network; the GPU machine has none): mmengine 0.10.7 and the deps
-# of mmengine / mmcv a bare CUDA machine lacks, and mmcv 2.1.0 built without
-# its compiled ops, so that `mmevo.layers` (mmengine + mmcv.cnn) imports there.
-# tools/analysis/gpu_check.sh installs them into a temporary folder.
+# Put the pure-Python wheels the GPU check needs on a bare CUDA machine
+# (torch, torchvision, triton, numpy, opencv there; no network) into .whl/;
+# run it where there is network. mmengine 0.10.7 and mmcv 2.1.0 built
+# without its compiled ops, so that `mmevo.layers` (mmengine + mmcv.cnn)
+# imports there, with the deps of the two a bare machine lacks; and pytest
+# with its own, used only where the machine has no pytest. Not mmdet: its
+# models need mmcv's compiled ops (the train-step timing builds torchvision's
+# ResNet there). tools/analysis/gpu_check.sh installs them into a temporary
+# folder.
 # Usage: bash tools/analysis/gpu_wheels.sh   (PY=python with pip to override)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +20,7 @@ trap 'rm -rf "$tmp"' EXIT
 # Target: CPython 3.12 on x86-64 Linux; only pure wheels are expected.
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux2014_x86_64 -d "$DEST" \
-    mmengine==0.10.7 addict termcolor yapf platformdirs
+    mmengine==0.10.7 addict termcolor yapf platformdirs pytest pluggy iniconfig
 
 # mmcv ships only an sdist for our torch; built without ops it is pure
 # Python. Its setup.py imports pkg_resources (setuptools < 70), so it builds
