@@ -19,7 +19,11 @@ from mmevo.engine import state_dict_mismatch
 # exit status of a usage error (as argparse): missing config or data
 USAGE = 2
 # the Makefile target that generates a synthetic set (and trains its demo)
-_MAKE_TARGETS = {'det': 'make demo', 'seg': 'make demo-seg'}
+_MAKE_TARGETS = {
+    'det': 'make demo',
+    'seg': 'make demo-seg',
+    'cls': 'make demo-cls'
+}
 # keys listed per kind in the mismatch message (then: "... and N more")
 _MAX_KEYS = 10
 

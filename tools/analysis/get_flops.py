@@ -1,4 +1,5 @@
-"""Parameters and FLOPs of a whole detector or segmentor built from a config.
+"""Parameters and FLOPs of a whole detector, segmentor or classifier built
+from a config.
 
 Counts with mmengine's jit-based ``FlopAnalyzer`` (one multiply-add = one
 FLOP), with the handles of :mod:`mmevo.ops.flops` registered so the work of
@@ -15,10 +16,13 @@ tables measured:
   of our numbers is that convention exactly; docs/benchmarks.md compares.
 * forward: the published ``forward_dummy`` of mmdet 2.x / mmseg 0.x: one
   image, a two-stage detector's RoI head on 1000 proposals (the mask head on
-  the first 100), a segmentor's decode head without the auxiliary head.
+  the first 100), a segmentor's decode head without the auxiliary head; a
+  classifier's backbone, neck and head (mmcls 0.x: 224x224).
 
 Example:
     python tools/analysis/get_flops.py configs/rednet50_fpn_coco.py
+    python tools/analysis/get_flops.py \
+        configs/rednet/rednet50_64xb32-warmup-coslr_in1k.py
     python tools/analysis/get_flops.py \
         configs/rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024.py \
         --shape 2048 1024
@@ -41,7 +45,8 @@ from mmevo.ops.flops import FLOP_HANDLES, MMEVO_OPS
 #: tables: mmdet 2.x ``get_flops.py --shape 1280 800`` and mmseg 0.x
 #: ``--shape 2048 1024`` built inputs (1, 3, H, W) with H the first number.
 #: Every stride divides both sides, so the transposed shape counts the same.
-DEFAULT_SHAPES = {'det': (1280, 800), 'seg': (2048, 1024)}
+#: ImageNet classifiers: 224x224 (mmcls 0.x's default).
+DEFAULT_SHAPES = {'det': (1280, 800), 'seg': (2048, 1024), 'cls': (224, 224)}
 #: Proposals the published two-stage ``forward_dummy`` fed its RoI head.
 NUM_PROPOSALS = 1000
 
@@ -51,7 +56,8 @@ class DummyForward(nn.Module):
     by the FLOP counter: tensor in, tensors out.
 
     Args:
-        model (nn.Module): an mmdet 3.x detector or mmseg 1.x segmentor.
+        model (nn.Module): an mmdet 3.x detector, an mmseg 1.x segmentor or
+            an mmpretrain classifier.
         num_proposals (int): fixed proposals for a two-stage RoI head.
 
     Example:
@@ -79,8 +85,9 @@ class DummyForward(nn.Module):
             proposals = [InstanceData(bboxes=boxes.to(inputs.device))]
             roi_outs = model.roi_head.forward(feats, proposals)
             return tuple(_flatten(rpn_outs)) + tuple(_flatten(roi_outs))
-        # Single-stage detectors and segmentors: mode='tensor' is the
-        # network without post-processing (no auxiliary head, as published).
+        # Single-stage detectors, segmentors and classifiers: mode='tensor'
+        # is the network without post-processing (no auxiliary head, as
+        # published; a classifier's logits).
         return tuple(_flatten(model._forward(inputs)))
 
 
@@ -100,7 +107,8 @@ def build_model(cfg):
     mode, weights not loaded (FLOPs and parameter counts do not need them).
 
     Args:
-        cfg (mmengine.Config): a merged detector or segmentor config.
+        cfg (mmengine.Config): a merged detector, segmentor or classifier
+            config.
 
     Returns:
         nn.Module: the model.
@@ -111,8 +119,10 @@ def build_model(cfg):
 
 
 def task_of(model):
-    """'det' or 'seg', from the model's data preprocessor."""
+    """'det', 'seg' or 'cls', from the model's data preprocessor."""
     name = type(model.data_preprocessor).__name__
+    if name.startswith('Cls'):
+        return 'cls'
     return 'seg' if name.startswith('Seg') else 'det'
 
 
@@ -157,7 +167,8 @@ def count_flops(model, shape):
 
 def parse_args():
     parser = argparse.ArgumentParser(
-        description='Parameters and FLOPs of a detector or segmentor')
+        description='Parameters and FLOPs of a detector, segmentor or '
+        'classifier')
     parser.add_argument('config', help='config file')
     parser.add_argument(
         '--shape',
@@ -165,7 +176,8 @@ def parse_args():
         nargs=2,
         metavar=('H', 'W'),
         help='input height and width (default: 1280 800 for detection, '
-        '2048 1024 for segmentation, as mmdet 2.x / mmseg 0.x get_flops)')
+        '2048 1024 for segmentation, 224 224 for classification, as mmdet '
+        '2.x / mmseg 0.x / mmcls 0.x get_flops)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
