@@ -58,7 +58,8 @@ def _shape_mask(rng, cls, h, w):
     if cls == 'cross':
         arm = radius * rng.uniform(0.3, 0.45)
         for dx, dy in ((radius, arm), (arm, radius)):
-            box = cv2.boxPoints(((cx, cy), (2 * dx, 2 * dy), np.rad2deg(angle)))
+            box = cv2.boxPoints(
+                ((cx, cy), (2 * dx, 2 * dy), np.rad2deg(angle)))
             cv2.fillPoly(mask, [np.rint(box).astype(np.int32)], 1)
     else:
         cv2.fillPoly(mask, [_polygon(cls, cx, cy, radius, angle)], 1)

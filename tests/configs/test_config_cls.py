@@ -82,7 +82,8 @@ def test_model_and_scope(rel_path):
     assert model.head.type == 'LinearClsHead'
     assert (model.head.num_classes, model.head.in_channels) == (1000, 2048)
     assert tuple(model.head.topk) == (1, 5)
-    assert cfg.val_evaluator == dict(type='Accuracy', topk=(1, 5))
+    assert cfg.val_evaluator.type == 'Accuracy'
+    assert tuple(cfg.val_evaluator.topk) == (1, 5)
 
 
 @pytest.mark.parametrize('rel_path', CONFIGS)
@@ -131,8 +132,8 @@ def test_data(rel_path):
     ]
     assert (val.pipeline[1].scale, val.pipeline[1].edge) == (256, 'short')
     assert val.pipeline[2].crop_size == 224
-    assert cfg.train_dataloader.sampler == dict(
-        type='DefaultSampler', shuffle=True)
+    sampler = cfg.train_dataloader.sampler
+    assert (sampler.type, sampler.shuffle) == ('DefaultSampler', True)
 
 
 def simulate_lr(cfg, epoch_length):
@@ -190,9 +191,11 @@ def test_rednet_schedule_is_mmcv_cosine_with_linear_warmup():
 
 
 def test_acmix_schedule_is_the_published_iteration_formula():
-    """main.py ``adjust_learning_rate_iter_warmup`` (--lr_scheduler cosine),
-    with mmengine one iteration later in the warm-up: main.py sets the lr of
-    iteration t from t + 1, mmengine from t (both start at 0.25 x lr)."""
+    """main.py ``adjust_learning_rate_iter_warmup`` (--lr_scheduler cosine).
+    In the warm-up main.py sets iteration t from t + 1 (0.25 + 0.75 (t + 1)
+    / 5L), mmengine's LinearLR from t (0.25 + 0.75 t / (5L - 1)): both go
+    from 0.25 x lr to lr over the 5 epochs, at most 0.75 lr / 5L apart;
+    the cosine is the same formula."""
     cfg = load('configs/acmix/acmix-resnet50_4xb32-warmup-coslr-90e_in1k.py')
     length, lr0, epochs = 7, 0.1, 90
     lrs = simulate_lr(cfg, length)
@@ -205,11 +208,14 @@ def test_acmix_schedule_is_the_published_iteration_formula():
             (epoch - 5) * length + step) / ((epochs - 5) * length)))
 
     flat = [lr for row in lrs for lr in row]
+    warm = 5 * length
     assert flat[0] == pytest.approx(lr0 / 4)
-    for t in range(5 * length - 1):  # warm-up
-        assert flat[t + 1] == pytest.approx(
-            published(t // length, t % length), rel=1e-9)
-    for t in range(5 * length, epochs * length):  # cosine
+    assert flat[warm - 1] == pytest.approx(published(4, length - 1)) == lr0
+    for t in range(warm):
+        assert abs(flat[t] - published(t // length, t % length)) <= (
+            0.75 * lr0 / warm + 1e-12)
+        assert flat[t] == pytest.approx(lr0 * (0.25 + 0.75 * t / (warm - 1)))
+    for t in range(warm, epochs * length):  # cosine
         assert flat[t] == pytest.approx(
             published(t // length, t % length), rel=1e-9, abs=1e-15)
 
@@ -236,7 +242,8 @@ def test_label_smoothing_is_the_published_one(rel_path):
         soft = one_hot * 0.9 + (1 - one_hot) * 0.1 / 999
     expected = (-soft * logits.log_softmax(-1)).sum(-1).mean()
     loss = _loss(rel_path)(logits, target)
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    # (mmpretrain builds the smoothed target in float32)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def build(rel_path):

@@ -22,8 +22,9 @@ from mmevo.datasets import (CLS_CLASSES, MissingDataError, check_data_exists,
 from mmevo.datasets.synthetic_cls import draw_classification_image
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEMO = osp.join(ROOT, 'configs', 'demo',
-                'rednet26-tiny_1xb32-warmup-coslr-30e_synthetic-imagenet-64px.py')
+DEMO = osp.join(
+    ROOT, 'configs', 'demo',
+    'rednet26-tiny_1xb32-warmup-coslr-30e_synthetic-imagenet-64px.py')
 
 
 def _tree(root):

@@ -68,6 +68,11 @@ def official_checkpoint(seed=0):
             value = torch.randn(shape, generator=gen) * (2 / fan_in)**0.5
         if key.endswith('bn3.weight'):
             value = value * 0.3  # the residual branches do not dominate
+        if key.endswith('conv2.conv.weight'):
+            # an involution is quadratic in its input: with fixed BN
+            # statistics its output would square from block to block; a
+            # small input-dependent part of the kernel keeps it O(input)
+            value = value * 0.1 / shape[0]**0.5
         state[key] = value
     return state
 
@@ -132,8 +137,7 @@ def reference_logits(sd, x):
 def test_classifier_builds_under_mmpretrain_scope(base, backbone_type):
     from mmpretrain.models import (GlobalAveragePooling, ImageClassifier,
                                    LinearClsHead)
-    model = build_classifier(base, depth=26, base_channels=16,
-                             stem_channels=32)
+    model = build_classifier(base, depth=26)
     assert type(model) is ImageClassifier
     assert type(model.backbone) is backbone_type
     assert isinstance(model.neck, GlobalAveragePooling)
@@ -184,7 +188,10 @@ def test_official_checkpoint_gives_the_official_logits(official):
         torch.testing.assert_close(float64, expected, rtol=1e-9, atol=1e-9)
         float32 = model.float()(x, mode='tensor')
     torch.testing.assert_close(
-        float32.double(), expected, rtol=1e-3, atol=1e-3 * expected.abs().max())
+        float32.double(),
+        expected,
+        rtol=1e-3,
+        atol=1e-3 * expected.abs().max())
 
 
 def test_official_checkpoint_scores_through_the_data_preprocessor(official):

@@ -88,6 +88,8 @@ class DummyForward(nn.Module):
         # Single-stage detectors, segmentors and classifiers: mode='tensor'
         # is the network without post-processing (no auxiliary head, as
         # published; a classifier's logits).
+        if not hasattr(model, '_forward'):  # mmpretrain: no _forward
+            return tuple(_flatten(model(inputs, mode='tensor')))
         return tuple(_flatten(model._forward(inputs)))
 
 

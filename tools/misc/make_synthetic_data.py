@@ -2,7 +2,7 @@
 
 Example:
     python tools/misc/make_synthetic_data.py            # all sets into data/
-    python tools/misc/make_synthetic_data.py cls        # the ImageNet-layout one
+    python tools/misc/make_synthetic_data.py cls        # ImageNet layout
     python tools/misc/make_synthetic_data.py det --out-dir /tmp/shapes
 """
 import argparse

@@ -5,7 +5,9 @@
 # scaled by a linear warm-up from 0.25. The published run (mmcv 1.x,
 # CosineAnnealing with warmup='linear') laid the warm-up over the cosine
 # rather than before it: both schedulers start at 0 here, and their factors
-# multiply (eta_min=0), which is the same schedule.
+# multiply (eta_min=0), which is the same schedule. mmengine's LinearLR
+# reaches its end factor at iteration end - 1: end=3131 gives mmcv's factor
+# 0.25 + 0.75 * t / 3130, full lr from iteration 3130 on.
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(
@@ -17,7 +19,7 @@ param_scheduler = [
         end_factor=1.0,
         by_epoch=False,
         begin=0,
-        end=3130),
+        end=3131),
     dict(
         type='CosineAnnealingLR',
         T_max=130,
