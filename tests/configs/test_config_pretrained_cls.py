@@ -19,7 +19,7 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.runner import Runner
 
 import mmevo  # noqa: F401
-from mmevo.datasets import make_synthetic_imagenet
+from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
 from configs_helpers import ROOT, load
 
 REFERENCE = ROOT / 'tests' / 'models' / 'data'
@@ -58,7 +58,8 @@ def _trained(tmp_path):
     make_synthetic_imagenet(root, num_train=4, num_val=0)
     cfg = load(IN1K)
     cfg.train_dataloader.update(batch_size=2, num_workers=0)
-    cfg.train_dataloader.dataset.update(data_root=root)
+    cfg.train_dataloader.dataset.update(
+        data_root=root, metainfo=dict(classes=CLS_CLASSES))
     cfg.train_dataloader.dataset.pipeline[1].scale = 64
     cfg.train_cfg.max_epochs = 1
     cfg.val_dataloader = cfg.val_cfg = cfg.val_evaluator = None
