@@ -160,7 +160,8 @@ def test_test_tool_takes_an_official_checkpoint(tiny_imagenet, tmp_path,
     refused in one line naming it."""
     cfg = _small_config(
         tmp_path, REDNET50, tiny_imagenet,
-        'val_dataloader = dict(dataset=dict(split="val", '
+        'val_dataloader = dict(batch_size=4, num_workers=0, '
+        'persistent_workers=False, dataset=dict(data_root=data_root, '
         f'metainfo=dict(classes={CLS_CLASSES!r})))\n'
         'test_dataloader = val_dataloader\n')
     ckpt = str(tmp_path / 'rednet50_official.pth')
