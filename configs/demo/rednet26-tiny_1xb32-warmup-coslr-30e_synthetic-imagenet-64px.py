@@ -4,7 +4,8 @@
 # scored with mmpretrain's top-1 Accuracy. The RedNet-26 ImageNet config in
 # small: Nesterov SGD, a linear warm-up from 0.25 laid over an epoch-wise
 # cosine decay to 0, label smoothing 0.1, RandomResizedCrop and flips. Sized
-# for a 2-core CPU: a few minutes.
+# for a 2-core CPU: about 2 minutes (measured: 115 s train + validation,
+# top-1 95.0; chance is 10).
 _base_ = '../rednet/rednet26_64xb32-warmup-coslr_in1k.py'
 
 data_root = 'data/synthetic_imagenet'
