@@ -7,7 +7,7 @@ export OMP_NUM_THREADS ?= 2
 # costs up to 10x per training step (measured on the demo).
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo demo-seg deploy-demo test lint format gpu-check gpu-wheels \
+.PHONY: install demo demo-seg demo-cls deploy-demo test lint format gpu-check gpu-wheels \
 	clean
 
 LINT_PATHS := mmevo tools tests configs setup.py
@@ -22,6 +22,14 @@ demo: install
 demo-seg: install
 	$(PY) tools/misc/make_synthetic_data.py seg --if-missing
 	$(PY) tools/train.py configs/demo/fpn_rednet26-tiny_1xb8-500iter_synthetic-cityscapes-128x256.py --work-dir work_dirs/demo-seg
+
+# Trains and validates, then evaluates the last checkpoint again with
+# tools/test.py (the same top-1 from the saved weights).
+DEMO_CLS := configs/demo/rednet26-tiny_1xb32-warmup-coslr-30e_synthetic-imagenet-64px.py
+demo-cls: install
+	$(PY) tools/misc/make_synthetic_data.py cls --if-missing
+	$(PY) tools/train.py $(DEMO_CLS) --work-dir work_dirs/demo-cls
+	$(PY) tools/test.py $(DEMO_CLS) $$(cat work_dirs/demo-cls/last_checkpoint) --work-dir work_dirs/demo-cls-test
 
 # Export the demo checkpoint (``make demo`` first) to ONNX and evaluate it
 # with onnxruntime; compare with the PyTorch score of ``make demo``.

@@ -1,4 +1,4 @@
-"""Parameters and FLOPs of a whole detector or segmentor.
+"""Parameters and FLOPs of a whole detector, segmentor or classifier.
 
 Counts with mmengine's jit-based ``FlopAnalyzer`` (one multiply-add = one
 FLOP), with the handles of :mod:`mmevo.ops.flops` registered so the work of
@@ -14,7 +14,8 @@ tables measured:
   ignores (ReLU, pooling). Neither convention is the other exactly.
 * forward: the published ``forward_dummy`` of mmdet 2.x / mmseg 0.x: one
   image, a two-stage detector's RoI head on 1000 proposals (the mask head on
-  the first 100), a segmentor's decode head without the auxiliary head.
+  the first 100), a segmentor's decode head without the auxiliary head; a
+  classifier's backbone, neck and head (mmcls 0.x: 224x224).
 
 Example:
     >>> flops = count_flops(build_model(cfg), (800, 1280))
@@ -33,7 +34,8 @@ from mmevo.ops.flops import FLOP_HANDLES
 #: tables: mmdet 2.x ``get_flops.py --shape 1280 800`` and mmseg 0.x
 #: ``--shape 2048 1024`` built inputs (1, 3, H, W) with H the first number.
 #: Every stride divides both sides, so the transposed shape counts the same.
-DEFAULT_SHAPES = {'det': (1280, 800), 'seg': (2048, 1024)}
+#: ImageNet classifiers: 224x224 (mmcls 0.x's default).
+DEFAULT_SHAPES = {'det': (1280, 800), 'seg': (2048, 1024), 'cls': (224, 224)}
 #: Proposals the published two-stage ``forward_dummy`` fed its RoI head.
 NUM_PROPOSALS = 1000
 
@@ -43,7 +45,8 @@ class DummyForward(nn.Module):
     by the FLOP counter: tensor in, tensors out.
 
     Args:
-        model (nn.Module): an mmdet 3.x detector or mmseg 1.x segmentor.
+        model (nn.Module): an mmdet 3.x detector, an mmseg 1.x segmentor or
+            an mmpretrain classifier.
         num_proposals (int): fixed proposals for a two-stage RoI head.
 
     Example:
@@ -71,8 +74,9 @@ class DummyForward(nn.Module):
             proposals = [InstanceData(bboxes=boxes.to(inputs.device))]
             roi_outs = model.roi_head.forward(feats, proposals)
             return tuple(_flatten(rpn_outs)) + tuple(_flatten(roi_outs))
-        # Single-stage detectors and segmentors: mode='tensor' is the
-        # network without post-processing (no auxiliary head, as published).
+        # Single-stage detectors, segmentors and classifiers: mode='tensor'
+        # is the network without post-processing (no auxiliary head, as
+        # published; a classifier's logits).
         return tuple(_flatten(model(inputs, mode='tensor')))
 
 
@@ -85,6 +89,15 @@ def _flatten(outs):
     for out in outs:
         flat.extend(_flatten(out))
     return flat
+
+
+def task_of(model):
+    """'det', 'seg' or 'cls', from the model's data preprocessor (the key
+    of :data:`DEFAULT_SHAPES`)."""
+    name = type(model.data_preprocessor).__name__
+    if name.startswith('Cls'):
+        return 'cls'
+    return 'seg' if name.startswith('Seg') else 'det'
 
 
 def count_parameters(model):

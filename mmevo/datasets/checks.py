@@ -17,7 +17,12 @@ _HOW_TO_GET = {
     'CityscapesDataset':
     'download and convert Cityscapes as described in '
     'docs/datasets.md (Cityscapes)',
+    'ImageNet':
+    'download ImageNet (ILSVRC 2012) and lay it out as described in '
+    'docs/datasets.md (ImageNet)',
 }
+# The generated demo set of each dataset type (``make_synthetic_data.py``).
+_SYNTHETIC_KIND = {'CityscapesDataset': 'seg', 'ImageNet': 'cls'}
 # The demo sets are generated, not downloaded.
 _SYNTHETIC_HINT = ('generate it with '
                    '`python tools/misc/make_synthetic_data.py {}`')
@@ -28,9 +33,9 @@ class MissingDataError(FileNotFoundError):
 
     Args:
         message (str): One line: what is missing and how to get it.
-        synthetic (str, optional): 'det' or 'seg' when the missing set is a
-            generated demo set (``make_synthetic_data.py det|seg``), for a
-            program to add its own hint. Default: None.
+        synthetic (str, optional): 'det', 'seg' or 'cls' when the missing
+            set is a generated demo set (``make_synthetic_data.py
+            det|seg|cls``), for a program to add its own hint. Default: None.
     """
 
     def __init__(self, message, synthetic=None):
@@ -53,16 +58,30 @@ def _dataset_cfgs(dataset, key):
 
 def _needed_paths(dataset):
     """(what, path) pairs a leaf dataset config reads, joined with
-    ``data_root`` as mmengine's ``BaseDataset`` joins them."""
+    ``data_root`` as mmengine's ``BaseDataset`` joins them.
+
+    mmpretrain's datasets take ``data_prefix`` as a string too, and its
+    ``ImageNet`` a ``split``: the images are then under ``<split>/`` (in
+    class folders, or listed by ``meta/<split>.txt`` when that file exists,
+    which is optional)."""
     root = dataset.get('data_root') or ''
     if root:
         yield 'data_root', root
     ann_file = dataset.get('ann_file') or ''
     if ann_file:
         yield 'ann_file', osp.join(root, ann_file)
-    for key, prefix in sorted((dataset.get('data_prefix') or {}).items()):
+    prefixes = dataset.get('data_prefix') or {}
+    if isinstance(prefixes, str):
+        prefixes = {'': prefixes}
+    split = dataset.get('split') or ''
+    if split and not prefixes:
+        prefixes = {'': split}
+    for key, prefix in sorted(prefixes.items()):
         if isinstance(prefix, str) and prefix:
-            yield f'data_prefix.{key}', osp.join(root, prefix)
+            what = f'data_prefix.{key}' if key else 'data_prefix'
+            if not dataset.get('data_prefix'):
+                what = f"split '{split}' folder"
+            yield what, osp.join(root, prefix)
 
 
 def check_data_exists(cfg, dataloaders=('train_dataloader', )):
@@ -101,8 +120,7 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
                 dtype = dataset.get('type', 'the dataset')
                 synthetic = None
                 if 'synthetic' in path:
-                    synthetic = 'seg' if dtype == 'CityscapesDataset' \
-                        else 'det'
+                    synthetic = _SYNTHETIC_KIND.get(dtype, 'det')
                     how = _SYNTHETIC_HINT.format(synthetic)
                 else:
                     how = _HOW_TO_GET.get(

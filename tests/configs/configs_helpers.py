@@ -12,15 +12,18 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / 'configs'
 
 
-def all_configs():
-    """Every config under ``configs/`` except the demo configs and ``_base_``
-    fragments, as paths relative to the repository root (sorted)."""
+def all_configs(classification=False):
+    """Every detection and segmentation config under ``configs/`` (with
+    ``classification``: every ImageNet one, ``*_in1k.py``), except the demo
+    configs and ``_base_`` fragments, as paths relative to the repository
+    root (sorted)."""
     paths = []
     for path in sorted(CONFIG_DIR.rglob('*.py')):
         rel = path.relative_to(CONFIG_DIR)
         if rel.parts[0] == 'demo' or '_base_' in rel.parts:
             continue
-        paths.append(str(path.relative_to(ROOT)))
+        if path.name.endswith('_in1k.py') == classification:
+            paths.append(str(path.relative_to(ROOT)))
     return paths
 
 

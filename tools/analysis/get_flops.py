@@ -1,4 +1,5 @@
-"""Parameters and FLOPs of a whole detector or segmentor built from a config.
+"""Parameters and FLOPs of a whole detector, segmentor or classifier built
+from a config.
 
 Counts with mmengine's ``FlopAnalyzer`` and mmevo's op handles, on the
 published ``forward_dummy`` (see :mod:`mmevo.apis.complexity`). Prints the
@@ -10,6 +11,8 @@ tables.
 Example:
     python tools/analysis/get_flops.py configs/rednet50_fpn_coco.py
     python tools/analysis/get_flops.py \
+        configs/rednet/rednet50_64xb32-warmup-coslr_in1k.py
+    python tools/analysis/get_flops.py \
         configs/rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024.py \
         --shape 2048 1024
 """
@@ -18,18 +21,20 @@ import argparse
 import mmevo  # noqa: F401  registers mmevo's modules
 from mmevo import apis
 from mmevo.apis.complexity import (DEFAULT_SHAPES, count_flops,
-                                   count_parameters)
+                                   count_parameters, task_of)
 from mmevo.ops.flops import MMEVO_OPS
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Parameters and FLOPs of a detector or segmentor')
+        description='Parameters and FLOPs of a detector, segmentor or '
+        'classifier')
     parser.add_argument('config', help='config file')
     apis.add_shape_arg(
         parser,
         help='input height and width (default: 1280 800 for detection, '
-        '2048 1024 for segmentation, as mmdet 2.x / mmseg 0.x get_flops; '
+        '2048 1024 for segmentation, 224 224 for classification, as mmdet '
+        '2.x / mmseg 0.x / mmcls 0.x get_flops; '
         f'at most {apis.MAX_SIDE})')
     apis.add_cfg_options(parser)
     return parser.parse_args(argv)
@@ -40,8 +45,7 @@ def main(argv=None):
     with apis.one_line_errors():
         model = apis.build_model(apis.load_config(args.config,
                                                   args.cfg_options))
-    kind = 'seg' if apis.model_kind(model) == 'seg' else 'det'
-    shape = tuple(args.shape) if args.shape else DEFAULT_SHAPES[kind]
+    shape = tuple(args.shape) if args.shape else DEFAULT_SHAPES[task_of(model)]
     total_params, trainable = count_parameters(model)
     flops = count_flops(model, shape)
     total = sum(flops.values())

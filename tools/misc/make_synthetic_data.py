@@ -1,7 +1,8 @@
 """Generate the synthetic demo data sets (deterministic, no download).
 
 Example:
-    python tools/misc/make_synthetic_data.py            # both sets into data/
+    python tools/misc/make_synthetic_data.py            # all sets into data/
+    python tools/misc/make_synthetic_data.py cls        # ImageNet layout
     python tools/misc/make_synthetic_data.py det --out-dir /tmp/shapes
 """
 import argparse
@@ -12,22 +13,27 @@ import warnings
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 from mmevo.datasets import make_synthetic_cityscapes  # noqa: E402
-from mmevo.datasets import make_synthetic_coco
+from mmevo.datasets import make_synthetic_coco, make_synthetic_imagenet
 
 MAKERS = dict(
     det=(make_synthetic_coco, 'data/synthetic_coco'),
-    seg=(make_synthetic_cityscapes, 'data/synthetic_cityscapes'))
+    seg=(make_synthetic_cityscapes, 'data/synthetic_cityscapes'),
+    cls=(make_synthetic_imagenet, 'data/synthetic_imagenet'))
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Generate the synthetic COCO-format detection set and/or '
-        'the Cityscapes-layout segmentation set.')
+        description='Generate the synthetic COCO-format detection set, the '
+        'Cityscapes-layout segmentation set and/or the ImageNet-layout '
+        'classification set.')
     parser.add_argument(
-        'which', nargs='?', choices=['det', 'seg', 'all'], default='all')
+        'which',
+        nargs='?',
+        choices=['det', 'seg', 'cls', 'all'],
+        default='all')
     parser.add_argument(
         '--out-dir',
-        help='output directory (with det or seg); default: ' +
+        help='output directory (with det, seg or cls); default: ' +
         ', '.join(f'{k}: {v[1]}' for k, v in MAKERS.items()))
     parser.add_argument('--num-train', type=int, help='training images')
     parser.add_argument('--num-val', type=int, help='validation images')
@@ -38,7 +44,7 @@ def parse_args(argv=None):
         help='skip a set already complete with the same arguments')
     args = parser.parse_args(argv)
     if args.out_dir and args.which == 'all':
-        parser.error('--out-dir needs det or seg')
+        parser.error('--out-dir needs det, seg or cls')
     return args
 
 
@@ -49,7 +55,7 @@ def main(argv=None):
         for k, v in (('num_train', args.num_train), ('num_val', args.num_val))
         if v is not None
     }
-    for which in (['det', 'seg'] if args.which == 'all' else [args.which]):
+    for which in (list(MAKERS) if args.which == 'all' else [args.which]):
         maker, default_dir = MAKERS[which]
         start = time.time()
         maker(
