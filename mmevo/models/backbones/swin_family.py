@@ -16,10 +16,7 @@ from mmengine.model.weight_init import trunc_normal_
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmevo.ops import check_int
-
-# Buffers of the published checkpoints that the models rebuild themselves.
-OFFICIAL_BUFFERS = ('relative_id', 'relative_position_index', 'attn_mask')
-
+from .swin_convert import official_state_dict
 
 def pad_to_window(x, window_size):
     """Zero-pad (B, H, W, C) at the bottom/right to multiples of the window.
@@ -44,9 +41,9 @@ def window_partition(x, window_size):
 
 def window_reverse(windows, window_size, B, H, W):
     """Inverse of :func:`window_partition` (explicit B: empty batches)."""
-    h, w = H // window_size, W // window_size
-    x = windows.reshape(B, h, w, window_size, window_size, -1).transpose(2, 3)
-    return x.reshape(B, H, W, -1)
+    h, w, C = H // window_size, W // window_size, windows.shape[-1]
+    x = windows.reshape(B, h, w, window_size, window_size, C).transpose(2, 3)
+    return x.reshape(B, H, W, C)
 
 
 def window_geometry(H, W, window_size, shift_size, pad_small_map):
@@ -165,40 +162,6 @@ class SwinStage(nn.Module):
         return x
 
 
-def official_state_dict(checkpoint, prefix=''):
-    """The backbone part of an official checkpoint, in the backbone's names.
-
-    Takes a loaded checkpoint: a classification one (``model``: keys
-    ``patch_embed.*``, ``layers.*``, ``norm.*``, ``head.*``), a detection one
-    (``state_dict`` with ``backbone.*``, pass ``prefix='backbone.'``) or a
-    bare state dict. Drops the buffers the model rebuilds and the classifier
-    head, renames the final ``norm`` to ``norm3``.
-    """
-    if not isinstance(checkpoint, dict):
-        raise TypeError(f'checkpoint must be a dict, got '
-                        f'{type(checkpoint).__name__}')
-    state = checkpoint
-    for key in ('state_dict', 'model'):
-        if key in checkpoint:
-            state = checkpoint[key]
-            break
-    out = {}
-    for name, value in state.items():
-        if name.startswith('module.'):
-            name = name[len('module.'):]
-        if prefix:
-            if not name.startswith(prefix):
-                continue
-            name = name[len(prefix):]
-        if name.rsplit('.', 1)[-1] in OFFICIAL_BUFFERS or \
-                name.startswith('head.'):
-            continue
-        if name.startswith('norm.'):
-            name = 'norm3.' + name[len('norm.'):]
-        out[name] = value
-    return out
-
-
 class SwinFamily(BaseModule):
     """The Swin skeleton: patch embedding, four stages, one norm per output.
 
@@ -262,7 +225,8 @@ class SwinFamily(BaseModule):
 
         self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size)
         self.pos_drop = nn.Dropout(drop_rate)
-        rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        rates = torch.linspace(
+            0, drop_path_rate, sum(depths), device='cpu').tolist()
         self.layers = nn.ModuleList()
         for i, (depth, heads) in enumerate(zip(depths, num_heads)):
             dim = self.num_features[i]
@@ -358,10 +322,3 @@ def check_heads(dims, num_heads):
             raise ValueError(f'stage {i}: width {dim} must be divisible by '
                              f'num_heads[{i}] ({heads})')
 
-
-__all__ = [
-    'OFFICIAL_BUFFERS', 'Mlp', 'PatchEmbed', 'PatchMerging', 'SwinFamily',
-    'SwinStage', 'check_heads', 'official_state_dict',
-    'pad_to_window', 'relative_index', 'shift_mask', 'window_geometry',
-    'window_partition', 'window_reverse'
-]

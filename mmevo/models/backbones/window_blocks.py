@@ -36,14 +36,15 @@ def windowed_attention(q, k, v, bias, mask, attn_drop):
     q, k, v: (B * nW, heads, N, head_dim), q already scaled; bias (heads, N,
     N); mask (nW, N, N) or None. Returns (B * nW, N, heads * head_dim).
     """
+    Bw, G, N, D = q.shape
     attn = q @ k.transpose(-2, -1) + bias.unsqueeze(0)
     if mask is not None:
-        nW, N = mask.shape[0], mask.shape[1]
-        attn = attn.view(-1, nW, attn.shape[1], N, N) + mask[None, :, None]
-        attn = attn.view(-1, attn.shape[2], N, N)
+        nW = mask.shape[0]
+        # explicit sizes, no -1: empty batches have no size to infer
+        attn = attn.view(Bw // nW, nW, G, N, N) + mask[None, :, None]
+        attn = attn.view(Bw, G, N, N)
     attn = attn_drop(attn.softmax(-1))
-    out = attn @ v
-    return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
+    return (attn @ v).transpose(1, 2).reshape(Bw, N, G * D)
 
 
 class ELSAWindowAttention(nn.Module):
@@ -73,7 +74,8 @@ class ELSAWindowAttention(nn.Module):
         B, Hp, Wp, C = x.shape
         windows = window_partition(x, window_size)
         Bw, N = windows.shape[:2]
-        feat = self.pre_proj(windows).reshape(Bw, N, 3, self.num_heads, -1)
+        feat = self.pre_proj(windows).reshape(Bw, N, 3, self.num_heads,
+                                              C // self.num_heads)
         v, q, k = feat.permute(2, 0, 3, 1, 4).unbind(0)
         index = self.bias.index_for(window_size)
         bias = self.rb[:, index.flatten()].view(-1, N, N)
