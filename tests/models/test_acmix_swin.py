@@ -88,7 +88,9 @@ def test_published_initialisation():
 def test_classifier_parameters_equal_official(arch, count):
     from mmpretrain.models import ImageClassifier
     assert official('params')[f'acmix_swin_{arch}_cls'] == count
-    with torch.device('meta'):
+    from mmengine.registry import DefaultScope
+    with torch.device('meta'), \
+            DefaultScope.overwrite_default_scope('mmpretrain'):
         model = ImageClassifier(
             backbone=dict(
                 type='ACmixSwinTransformer', arch=arch, out_indices=(3, )),

@@ -114,7 +114,9 @@ def test_gradients_match_formulas():
 def test_classifier_parameters_equal_official(arch, count):
     from mmpretrain.models import ImageClassifier
     assert official('params')[f'elsa_swin_{arch}_cls'] == count
-    with torch.device('meta'):
+    from mmengine.registry import DefaultScope
+    with torch.device('meta'), \
+            DefaultScope.overwrite_default_scope('mmpretrain'):
         model = ImageClassifier(
             backbone=dict(type='ELSASwinTransformer', arch=arch,
                           out_indices=(3, )),

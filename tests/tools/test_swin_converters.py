@@ -35,14 +35,18 @@ def official_checkpoint(family, with_buffers, seed=0):
 
 
 def classifier(family):
+    from mmengine.registry import DefaultScope
     from mmpretrain.models import ImageClassifier
-    return ImageClassifier(
-        backbone=dict(
-            type=f'{"ELSA" if family == "elsa" else "ACmix"}SwinTransformer',
-            arch='tiny',
-            out_indices=(3, )),
-        neck=dict(type='GlobalAveragePooling'),
-        head=dict(type='LinearClsHead', num_classes=1000, in_channels=768))
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        return ImageClassifier(
+            backbone=dict(
+                type=f'{"ELSA" if family == "elsa" else "ACmix"}'
+                'SwinTransformer',
+                arch='tiny',
+                out_indices=(3, )),
+            neck=dict(type='GlobalAveragePooling'),
+            head=dict(
+                type='LinearClsHead', num_classes=1000, in_channels=768))
 
 
 @pytest.mark.parametrize('with_buffers', [True, False])

@@ -18,6 +18,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from mmevo.ops import check_int
 from .swin_convert import official_state_dict
 
+
 def pad_to_window(x, window_size):
     """Zero-pad (B, H, W, C) at the bottom/right to multiples of the window.
 
@@ -321,4 +322,3 @@ def check_heads(dims, num_heads):
         if dim % heads:
             raise ValueError(f'stage {i}: width {dim} must be divisible by '
                              f'num_heads[{i}] ({heads})')
-
