@@ -1,0 +1,20 @@
+"""Convert an official ACmix-Swin classification checkpoint (LeapLabTHU/ACmix)
+to an mmpretrain ``ImageClassifier`` checkpoint (``ACmixSwinTransformer``
+backbone with ``out_indices=(3,)``, ``GlobalAveragePooling``,
+``LinearClsHead``)."""
+import argparse
+
+from mmevo.models.backbones.swin_convert import convert_checkpoint_file
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('src', help='official checkpoint (path or URL)')
+    parser.add_argument('dst', help='where to save the converted one')
+    args = parser.parse_args(argv)
+    convert_checkpoint_file(args.src, args.dst, 'acmix')
+    print(f'saved {args.dst}')
+
+
+if __name__ == '__main__':
+    main()
