@@ -1,6 +1,8 @@
 """The work-dir lock: a second holder is refused with the first one's pid,
-host and start time; a killed holder (kill -9) does not leave it held. (Two
+host and start time; a killed holder (kill -9) does not leave it held, nor
+does a forked child (a dataloader worker) that outlives the release. (Two
 ``tools/train.py`` runs: tests/tools/test_work_dir_lock.py.)"""
+import multiprocessing
 import os
 import signal
 import socket
@@ -53,3 +55,23 @@ def test_a_live_holder_is_named_and_a_killed_one_frees_it(tmp_path):
             assert f.read().startswith(f'pid {os.getpid()} on ')
     # released: taken again at once
     lock_work_dir(str(tmp_path / 'w')).release()
+
+
+def _wait(event):
+    event.wait(60)
+
+
+def test_a_forked_child_does_not_hold_the_lock(tmp_path):
+    """A persistent dataloader worker forked while the run held the lock
+    kept it held after the run released it."""
+    context = multiprocessing.get_context('fork')
+    done = context.Event()
+    lock = lock_work_dir(str(tmp_path / 'w'))
+    child = context.Process(target=_wait, args=(done, ))
+    child.start()
+    try:
+        lock.release()
+        lock_work_dir(str(tmp_path / 'w')).release()
+    finally:
+        done.set()
+        child.join(60)
