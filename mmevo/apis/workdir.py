@@ -93,6 +93,7 @@ def lock_work_dir(work_dir):
             'end or choose another --work-dir') from None
     started = time.strftime('%Y-%m-%d %H:%M:%S %Z')
     os.ftruncate(fd, 0)
-    os.write(fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
-             f'{started}\n'.encode())
+    os.write(
+        fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
+        f'{started}\n'.encode())
     return WorkDirLock(fd, path)

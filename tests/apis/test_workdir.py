@@ -27,10 +27,11 @@ time.sleep(600)
 
 def hold_lock(work_dir):
     """A process that holds ``work_dir``'s lock until it is killed."""
-    proc = subprocess.Popen([sys.executable, '-c', HOLD, str(work_dir)],
-                            env=dict(os.environ, PYTHONPATH=REPO),
-                            stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, '-c', HOLD, str(work_dir)],
+        env=dict(os.environ, PYTHONPATH=REPO),
+        stdout=subprocess.PIPE,
+        text=True)
     assert proc.stdout.readline().strip() == 'locked'
     return proc
 
