@@ -338,6 +338,11 @@ def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason='issue 23: onnx_test.py does not yet compare the number of '
+    "the ONNX model's outputs with the config's head (a TypeError from "
+    'predict_by_feat)')
 def test_onnx_model_of_another_kind_is_one_line(tiny_coco, tmp_path, capsys):
     import onnx
     from onnx import TensorProto, helper
@@ -353,7 +358,12 @@ def test_onnx_model_of_another_kind_is_one_line(tiny_coco, tmp_path, capsys):
                                           [1, 3, 128, 128])
         ])
     path = str(tmp_path / 'seg.onnx')
-    onnx.save(helper.make_model(graph), path)
+    # the IR and opset of the exporter's models: this onnx's default IR may
+    # be newer than onnxruntime reads
+    onnx.save(
+        helper.make_model(
+            graph, ir_version=8, opset_imports=[helper.make_opsetid('', 18)]),
+        path)
     with pytest.raises(SystemExit) as info:
         load_tool('deployment/onnx_test').main([
             str(cfg), path, '--work-dir',
