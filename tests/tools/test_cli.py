@@ -324,6 +324,9 @@ def test_a_legacy_format_checkpoint_is_evaluated(tiny_coco, tmp_path):
     ('analysis/visualize_kernels', [
         'x.pth', 'x.jpg', '--list-layers', '--max-groups', '0'
     ], 'argument --max-groups: expected an integer >= 1, got 0'),
+    ('analysis/visualize_kernels', [
+        'x.pth', 'x.jpg', '--layer', 'backbone.x', '--points', *['1,1'] * 65
+    ], 'argument --points: expected at most 64 points, got 65'),
 ])
 def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
     """Refused by the parser, before any model is built (a subprocess: the

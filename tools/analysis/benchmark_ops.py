@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from mmevo.apis import int_in_range
+from mmevo.apis import device_arg, int_in_range
 from mmevo.ops import evolution_aggregate
 from mmevo.ops.library import use_backend
 
@@ -144,26 +144,9 @@ def _positive_float(text):
 _positive_float.__name__ = 'float'  # argparse names the type in its message
 
 
-def _device(text):
-    """An argparse ``type``: a device torch knows and this machine has."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(
-            f"expected a device such as 'cpu' or 'cuda:0', got {text!r}"
-        ) from None
-    if device.type == 'cuda' and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(
-            f'expected an available device, got {text!r}: no CUDA device')
-    return device
-
-
-_device.__name__ = 'device'
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--device', type=_device, default='cpu')
+    parser.add_argument('--device', type=device_arg, default='cpu')
     parser.add_argument(
         '--dtype',
         default='float32',
