@@ -58,19 +58,21 @@ def test_a_live_holder_is_named_and_a_killed_one_frees_it(tmp_path):
     lock_work_dir(str(tmp_path / 'w')).release()
 
 
-def _wait(event):
-    event.wait(60)
+def _wait(started, done):
+    started.set()  # (the fork handlers ran before the target)
+    done.wait(60)
 
 
 def test_a_forked_child_does_not_hold_the_lock(tmp_path):
     """A persistent dataloader worker forked while the run held the lock
     kept it held after the run released it."""
     context = multiprocessing.get_context('fork')
-    done = context.Event()
+    started, done = context.Event(), context.Event()
     lock = lock_work_dir(str(tmp_path / 'w'))
-    child = context.Process(target=_wait, args=(done, ))
+    child = context.Process(target=_wait, args=(started, done))
     child.start()
     try:
+        assert started.wait(60)
         lock.release()
         lock_work_dir(str(tmp_path / 'w')).release()
     finally:
