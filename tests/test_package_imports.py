@@ -102,10 +102,7 @@ import mmevo
 print(json.dumps([m for m in ('ops', 'layers', 'models')
                   if hasattr(mmevo, m)]))
 ''')
-    expected = {
-        'mmdet': ['ops', 'layers'],
-        'mmcv': ['ops']
-    }[blocked[0]]
+    expected = {'mmdet': ['ops', 'layers'], 'mmcv': ['ops']}[blocked[0]]
     assert present == expected
 
 
