@@ -56,7 +56,9 @@ def main(argv=None):
         runner = apis.build_runner(cfg)
         if not args.allow_partial:
             apis.check_checkpoint_fits(
-                runner.model, state, 'evaluate it anyway with --allow-partial',
+                runner.model,
+                state,
+                'evaluate it anyway with --allow-partial',
                 name=args.checkpoint)
         del state
     return runner.test()

@@ -102,8 +102,7 @@ def main(argv=None):
         if resume:
             apis.check_resume_fits(runner, state, cfg.load_from)
             del state
-        if not any(
-                isinstance(h, fixes.RandomStateHook) for h in runner.hooks):
+        if not any(isinstance(h, fixes.RandomStateHook) for h in runner.hooks):
             runner.register_hook(fixes.RandomStateHook())
         runner.train()
     return runner

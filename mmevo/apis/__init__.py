@@ -14,8 +14,8 @@ from .checkpoint import (CheckpointError, check_checkpoint_fits,
                          find_resumable_checkpoint, optimizer_mismatch,
                          read_checkpoint, state_dict_mismatch)
 from .cli import (MAX_SIDE, USAGE, add_cfg_options, add_evaluation_args,
-                  add_launcher_args, add_shape_arg, fail, int_in_range,
-                  launch_rank, one_line_errors)
+                  add_launcher_args, add_shape_arg, device_arg, fail,
+                  int_in_range, launch_rank, one_line_errors)
 from .runner import (build_model, build_runner, check_data, default_work_dir,
                      dump_results, load_config)
 from .workdir import LOCK_FILE, WorkDirBusyError, WorkDirLock, lock_work_dir
@@ -25,8 +25,8 @@ __all__ = [
     'checkpoint_error', 'find_resumable_checkpoint', 'optimizer_mismatch',
     'read_checkpoint', 'state_dict_mismatch', 'MAX_SIDE', 'USAGE',
     'add_cfg_options', 'add_evaluation_args', 'add_launcher_args',
-    'add_shape_arg', 'fail', 'int_in_range', 'launch_rank',
+    'add_shape_arg', 'device_arg', 'fail', 'int_in_range', 'launch_rank',
     'one_line_errors', 'build_model', 'build_runner', 'check_data',
-    'default_work_dir', 'dump_results', 'load_config',
-    'LOCK_FILE', 'WorkDirBusyError', 'WorkDirLock', 'lock_work_dir'
+    'default_work_dir', 'dump_results', 'load_config', 'LOCK_FILE',
+    'WorkDirBusyError', 'WorkDirLock', 'lock_work_dir'
 ]

@@ -66,7 +66,11 @@ def checkpoint_error(path):
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         with open(path, 'rb') as f:
-            legacy = f.read(2) == b'\x80\x02'  # pickle protocol 2: torch's
+            # a pickle (torch's default protocol 2, or one chosen with
+            # torch.save's pickle_protocol): the legacy format
+            head = f.read(2)
+        legacy = head[:1] == b'\x80' and head[1:] in (b'\x02', b'\x03',
+                                                      b'\x04', b'\x05')
         if not legacy:
             return f'truncated or not a torch checkpoint ({e})'
         try:
@@ -309,8 +313,10 @@ def optimizer_mismatch(optim_wrapper, state):
     if isinstance(optim_wrapper, OptimWrapperDict):
         if not isinstance(state, dict) or set(state) != set(
                 optim_wrapper.keys()):
-            return [f'optimizers {sorted(optim_wrapper.keys())}, checkpoint '
-                    f'{sorted(state) if isinstance(state, dict) else state}']
+            return [
+                f'optimizers {sorted(optim_wrapper.keys())}, checkpoint '
+                f'{sorted(state) if isinstance(state, dict) else state}'
+            ]
         return [
             f'{name}: {problem}' for name, wrapper in optim_wrapper.items()
             for problem in optimizer_mismatch(wrapper, state[name])
@@ -322,8 +328,10 @@ def optimizer_mismatch(optim_wrapper, state):
         return ['not an optimizer state']
     saved_groups, groups = state['param_groups'], optimizer.param_groups
     if len(saved_groups) != len(groups):
-        return [f'{len(saved_groups)} param groups, the optimizer has '
-                f'{len(groups)}']
+        return [
+            f'{len(saved_groups)} param groups, the optimizer has '
+            f'{len(groups)}'
+        ]
     kind = {k for k, v in optimizer.defaults.items() if _numeric(v)}
     problems, params = [], {}
     for i, (saved, group) in enumerate(zip(saved_groups, groups)):
@@ -383,8 +391,7 @@ def check_resume_fits(runner, checkpoint, name):
             for p in optimizer_mismatch(wrapper, checkpoint['optimizer'])
         ]
     if problems:
-        raise CheckpointError(
-            f"--resume checkpoint '{name}' does not fit: "
-            f"{'; '.join(problems[:_MAX_KEYS])}"
-            + (f'; ... and {len(problems) - _MAX_KEYS} more'
-               if len(problems) > _MAX_KEYS else ''))
+        raise CheckpointError(f"--resume checkpoint '{name}' does not fit: "
+                              f"{'; '.join(problems[:_MAX_KEYS])}" +
+                              (f'; ... and {len(problems) - _MAX_KEYS} more'
+                               if len(problems) > _MAX_KEYS else ''))

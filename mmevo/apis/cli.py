@@ -90,6 +90,29 @@ def int_in_range(low, high=None):
     return parse
 
 
+def device_arg(text):
+    """An argparse ``type``: a device torch knows and this machine has
+    (``cuda`` without a GPU is a usage error, not a deep RuntimeError).
+
+    Example:
+        >>> parser.add_argument('--device', type=device_arg, default='cpu')
+    """
+    import torch
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a device such as 'cpu' or 'cuda:0', got {text!r}"
+        ) from None
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f'expected an available device, got {text!r}: no CUDA device')
+    return device
+
+
+device_arg.__name__ = 'device'
+
+
 def add_shape_arg(parser, default=None, help=''):
     """``--shape H W``: the input's height and width, each in
     ``[1, MAX_SIDE]``.

@@ -2,8 +2,11 @@
 
 The lock is held on an open file, so it ends with the process that holds it,
 however that ends (a crash, ``kill -9``): a dead run never blocks the next.
+A forked child (a dataloader worker) closes its copy of the file, so that it
+does not hold the lock on after the run released it or died.
 The file records who holds it, for the message of the run it stops.
 """
+import contextlib
 import fcntl
 import os
 import os.path as osp
@@ -18,6 +21,10 @@ class WorkDirBusyError(RuntimeError):
     """Another live process holds the work dir's lock (one-line message)."""
 
 
+# the locks this process holds, which a forked child lets go of
+_HELD = set()
+
+
 class WorkDirLock:
     """A held work-dir lock; :meth:`release` (or the process's end) frees
     it. Returned by :func:`lock_work_dir`; a context manager."""
@@ -25,8 +32,10 @@ class WorkDirLock:
     def __init__(self, fd, path):
         self.fd = fd
         self.path = path
+        _HELD.add(self)
 
     def release(self):
+        _HELD.discard(self)
         if self.fd is not None:
             os.close(self.fd)  # closing the file ends the flock
             self.fd = None
@@ -36,6 +45,21 @@ class WorkDirLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _close_in_child():
+    # a flock is held while any descriptor of the open file lives: without
+    # this, a persistent dataloader worker kept the work dir locked after
+    # the run ended (and after a kill -9, until the worker noticed)
+    for lock in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(lock.fd)
+        lock.fd = None
+    _HELD.clear()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_close_in_child)
 
 
 def lock_work_dir(work_dir):
@@ -69,6 +93,7 @@ def lock_work_dir(work_dir):
             'end or choose another --work-dir') from None
     started = time.strftime('%Y-%m-%d %H:%M:%S %Z')
     os.ftruncate(fd, 0)
-    os.write(fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
-             f'{started}\n'.encode())
+    os.write(
+        fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
+        f'{started}\n'.encode())
     return WorkDirLock(fd, path)

@@ -46,7 +46,9 @@ def _windows(x, kernel_size, out_hw, stride, padding, dilation, padding_mode):
         for v in range(kernel_size):
             win = x[:, :, rows[u]][:, :, :, cols[v]]
             mask = rvalid[u].view(-1, 1) & cvalid[v].view(1, -1)
-            yield u, v, win * mask.to(x.dtype)
+            # select, not multiply: a clamped index may fetch an Inf or NaN,
+            # and zero padding must read 0 there, as a convolution does
+            yield u, v, torch.where(mask, win, 0)
 
 
 def aggregate_reference(input, kernel, stride, padding, dilation,

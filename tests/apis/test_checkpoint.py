@@ -42,18 +42,40 @@ def test_auto_resume_skips_corrupt_checkpoints(tmp_path):
     assert find_resumable_checkpoint(str(tmp_path / 'none')) is None
 
 
-def test_legacy_format_is_accepted(tmp_path):
+@pytest.mark.parametrize('protocol', [2, 3])
+def test_legacy_format_is_accepted(tmp_path, protocol):
     state = dict(state_dict=dict(w=torch.arange(6.).reshape(2, 3)))
     path = tmp_path / 'legacy.pth'
-    torch.save(state, path, _use_new_zipfile_serialization=False)
+    torch.save(
+        state,
+        path,
+        _use_new_zipfile_serialization=False,
+        pickle_protocol=protocol)
     assert checkpoint_error(str(path)) is None
-    assert torch.equal(read_checkpoint(str(path))['state_dict']['w'],
-                       state['state_dict']['w'])
+    assert torch.equal(
+        read_checkpoint(str(path))['state_dict']['w'],
+        state['state_dict']['w'])
     # truncated, it is refused
     path.write_bytes(path.read_bytes()[:-40])
     assert checkpoint_error(str(path)).startswith('truncated legacy')
     with pytest.raises(CheckpointError, match='truncated legacy'):
         read_checkpoint(str(path))
+
+
+def test_a_legacy_protocol_torch_cannot_check_is_one_line(tmp_path):
+    # protocol 4: torch's weights-only unpickler does not read it
+    path = tmp_path / 'legacy4.pth'
+    torch.save(
+        dict(state_dict={}),
+        path,
+        _use_new_zipfile_serialization=False,
+        pickle_protocol=4)
+    with pytest.warns(UserWarning, match='pickle protocol'):
+        with pytest.raises(CheckpointError) as info:
+            read_checkpoint(str(path))
+    assert str(info.value) == (
+        f"checkpoint '{path}' cannot be loaded: refused by the weights-only "
+        'load: Unsupported operand 149')
 
 
 class _Payload:
@@ -157,9 +179,9 @@ def test_optimizer_state_must_fit():
                                   'param group 0 lacks betas, eps of AdamW '
                                   '(another optimizer type)'
                               ]
-    assert optimizer_mismatch(_wrapper(model),
-                              _trained_state(model, 'AdamW'))[0].startswith(
-                                  'param group 0 lacks dampening, momentum')
+    assert optimizer_mismatch(_wrapper(model), _trained_state(
+        model,
+        'AdamW'))[0].startswith('param group 0 lacks dampening, momentum')
     # other parameters, other groups, no optimizer state at all
     bigger = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
     assert optimizer_mismatch(_wrapper(model), _trained_state(bigger)) == [
@@ -167,12 +189,10 @@ def test_optimizer_state_must_fit():
     ]
     state = _trained_state(model)
     state['param_groups'] = state['param_groups'] * 2
-    assert optimizer_mismatch(_wrapper(model), state) == [
-        '2 param groups, the optimizer has 1'
-    ]
-    assert optimizer_mismatch(_wrapper(model), [0.1]) == [
-        'not an optimizer state'
-    ]
+    assert optimizer_mismatch(
+        _wrapper(model), state) == ['2 param groups, the optimizer has 1']
+    assert optimizer_mismatch(_wrapper(model),
+                              [0.1]) == ['not an optimizer state']
     both = OptimWrapperDict(a=_wrapper(model), b=_wrapper(wider))
     assert optimizer_mismatch(
         both, dict(a=_trained_state(model), b=_trained_state(model))) == [

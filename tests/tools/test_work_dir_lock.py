@@ -30,13 +30,14 @@ def _train(cfg, work_dir, **kwargs):
         k: v
         for k, v in os.environ.items() if k not in ('RANK', 'SLURM_PROCID')
     }
-    return subprocess.Popen(
-        [sys.executable,
-         os.path.join(REPO, 'tools', 'train.py'), cfg, '--work-dir',
-         work_dir],
-        env=dict(env, PYTHONPATH=REPO, OMP_NUM_THREADS='1'),
-        text=True,
-        **kwargs)
+    return subprocess.Popen([
+        sys.executable,
+        os.path.join(REPO, 'tools', 'train.py'), cfg, '--work-dir', work_dir
+    ],
+                            env=dict(
+                                env, PYTHONPATH=REPO, OMP_NUM_THREADS='1'),
+                            text=True,
+                            **kwargs)
 
 
 def test_second_run_on_a_live_work_dir_is_refused(tiny_coco, tmp_path):
@@ -57,10 +58,7 @@ def test_second_run_on_a_live_work_dir_is_refused(tiny_coco, tmp_path):
             assert time.monotonic() < deadline, 'the first run never locked'
             time.sleep(0.2)
         second = _train(
-            str(cfg),
-            work_dir,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)
+            str(cfg), work_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = second.communicate(timeout=300)
         assert second.returncode == 1, err[-3000:]
         assert 'Traceback' not in err

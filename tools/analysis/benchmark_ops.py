@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from mmevo.apis import device_arg, int_in_range
 from mmevo.ops import evolution_aggregate
 from mmevo.ops.library import use_backend
 
@@ -128,19 +129,35 @@ def forward_bandwidth(fn, x, w, device, repeat):
     return nbytes / (ms * 1e-3), ms
 
 
+def _positive_float(text):
+    """An argparse ``type``: a float > 0 (a bandwidth divides)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f'expected a number, got {text!r}') from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f'expected a number > 0, got {text}')
+    return value
+
+
+_positive_float.__name__ = 'float'  # argparse names the type in its message
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--device', type=device_arg, default='cpu')
     parser.add_argument(
         '--dtype',
         default='float32',
         choices=['float32', 'float16', 'bfloat16'])
-    parser.add_argument('--repeat', type=int, default=5)
+    # the median of no timing is an error
+    parser.add_argument('--repeat', type=int_in_range(1), default=5)
     parser.add_argument(
         '--impls', nargs='+', default=list(IMPLS), choices=list(IMPLS))
     parser.add_argument(
         '--peak-gbps',
-        type=float,
+        type=_positive_float,
         default=None,
         help='peak memory bandwidth of the GPU in GB/s (known: ' +
         ', '.join(PEAK_BANDWIDTH) + ')')
@@ -151,9 +168,7 @@ def main():
         'with OMP_NUM_THREADS=1 it ignores other processes on a busy '
         'machine')
     args = parser.parse_args()
-    if args.repeat < 1:  # (the median of none is an error)
-        parser.error(f'--repeat must be >= 1, got {args.repeat}')
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.manual_seed(0)
     clock_name = 'CPU' if args.cpu_time else 'wall'

@@ -43,8 +43,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     with apis.one_line_errors():
-        model = apis.build_model(apis.load_config(args.config,
-                                                  args.cfg_options))
+        model = apis.build_model(
+            apis.load_config(args.config, args.cfg_options))
     shape = tuple(args.shape) if args.shape else DEFAULT_SHAPES[task_of(model)]
     total_params, trainable = count_parameters(model)
     flops = count_flops(model, shape)

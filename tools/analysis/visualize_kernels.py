@@ -28,9 +28,11 @@ import numpy as np  # noqa: E402
 
 import mmevo  # noqa: E402,F401  (registers the layers and models)
 from mmevo import apis  # noqa: E402
-from mmevo.apis.kernels import (  # noqa: E402
-    capture_kernel, evolution_layers, preprocess)
+from mmevo.apis import kernels  # noqa: E402
 from mmevo.integrations import mmengine as fixes  # noqa: E402
+
+# the most --points drawn (a row of the figure each)
+MAX_POINTS = 64
 
 
 def parse_point(text):
@@ -75,7 +77,7 @@ def parse_args(argv=None):
         default=800,
         help='rescale the image so its longer side is at most '
         'this (0: keep)')
-    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--device', type=apis.device_arg, default='cpu')
     parser.add_argument(
         '--list-layers',
         action='store_true',
@@ -84,6 +86,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if not args.list_layers and (args.layer is None or not args.points):
         parser.error('--layer and --points are required (or --list-layers)')
+    if len(args.points) > MAX_POINTS:  # a row each: the figure grows
+        parser.error(f'argument --points: expected at most {MAX_POINTS} '
+                     f'points, got {len(args.points)}')
     return args
 
 
@@ -138,7 +143,7 @@ def main(argv=None):
             apis.load_config(args.config, args.cfg_options), args.checkpoint,
             args.device, 'draw the kernels of the config the checkpoint '
             'trained')
-    layers = evolution_layers(model)
+    layers = kernels.evolution_layers(model)
     if args.list_layers:
         for name, layer in layers.items():
             print(f'{name}\t{type(layer).__name__}')
@@ -159,9 +164,9 @@ def main(argv=None):
     if args.max_size and max(height, width) > args.max_size:
         scale = args.max_size / max(height, width)
         image = mmcv.imrescale(image, scale)
-    inputs = preprocess(model, image).to(args.device)
+    inputs = kernels.preprocess(model, image).to(args.device)
     try:
-        kernel = capture_kernel(model, layers[args.layer], inputs)
+        kernel = kernels.capture_kernel(model, layers[args.layer], inputs)
     except ValueError as e:
         apis.fail(f'--layer {args.layer}: {e}')
 

@@ -132,8 +132,8 @@ def install():
         >>> from mmengine.fileio import get_file_backend
         >>> get_file_backend('x', backend_args=dict(backend='atomic_local'))
     """
-    check_mmengine('atomic checkpoint backend',
-                   [(LocalBackend, 'put'), (LocalBackend, 'put_text')])
+    check_mmengine('atomic checkpoint backend', [(LocalBackend, 'put'),
+                                                 (LocalBackend, 'put_text')])
     registered = backends.get(BACKEND)
     if registered is AtomicLocalBackend:
         return

@@ -87,8 +87,8 @@ def safe_globals():
         >>> with torch.serialization.safe_globals(safe_globals()):
         ...     ckpt = torch.load('work_dirs/demo/epoch_1.pth')
     """
-    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr')
-            ] + _numpy_globals()
+    return [HistoryBuffer,
+            (_history_buffer_getattr, 'builtins.getattr')] + _numpy_globals()
 
 
 def install():

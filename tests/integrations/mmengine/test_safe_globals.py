@@ -16,8 +16,8 @@ from mmevo.integrations.mmengine import (WRITTEN_FOR, UpstreamVersionWarning,
                                          _version, install_all, safe_globals)
 
 REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
+    os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _runner_like_checkpoint():
@@ -134,15 +134,17 @@ def test_importing_installs_nothing():
 def test_install_is_idempotent(recwarn):
     install_all()
     install_all()
-    assert not [w for w in recwarn
-                if issubclass(w.category, UpstreamVersionWarning)]
+    assert not [
+        w for w in recwarn if issubclass(w.category, UpstreamVersionWarning)
+    ]
 
 
 def test_another_mmengine_version_warns_or_is_refused(monkeypatch):
     monkeypatch.setattr(_version.mmengine, '__version__', '0.99.0')
-    with pytest.warns(UpstreamVersionWarning,
-                      match=f'written for mmengine {WRITTEN_FOR}, found '
-                      '0.99.0'):
+    with pytest.warns(
+            UpstreamVersionWarning,
+            match=f'written for mmengine {WRITTEN_FOR}, found '
+            '0.99.0'):
         safe_globals.install()
 
     class Hook:
