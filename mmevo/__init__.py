@@ -42,7 +42,7 @@ def _found(name):
         return False
 
 
-def register_all_modules():
+def register_all_modules(install_fixes: bool = True) -> list:
     """Register mmevo's layers, models and datasets in mmengine's
     registries and turn on mmevo's mmengine fixes
     (:func:`mmevo.integrations.mmengine.install_all`); idempotent.
@@ -50,6 +50,10 @@ def register_all_modules():
     A subpackage whose libraries are not installed (``mmevo.models``
     without mmdet, say) is skipped; an installed library that fails to
     import raises its error as usual.
+
+    Args:
+        install_fixes (bool): Also turn on the mmengine fixes. Default:
+            True, as the tools and a config's ``custom_imports`` do.
 
     Returns:
         list[str]: the subpackages registered.
@@ -67,7 +71,7 @@ def register_all_modules():
     ]
     for name in done:
         importlib.import_module(f'{__name__}.{name}')
-    if _found('mmengine'):
+    if install_fixes and _found('mmengine'):
         from .integrations.mmengine import install_all
         install_all()
     return done

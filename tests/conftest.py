@@ -22,6 +22,13 @@ if not CUDA:
     os.environ['TRITON_INTERPRET'] = '1'
 
 
+# mmevo's modules registered for the whole suite, whatever a test module
+# imports first; the mmengine fixes stay off unless a test turns them on.
+import mmevo  # noqa: E402
+
+mmevo.register_all_modules(install_fixes=False)
+
+
 @pytest.fixture
 def device():
     """``cuda`` on a GPU, else ``cpu`` (Triton kernels interpreted)."""
