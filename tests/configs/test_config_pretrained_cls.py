@@ -8,6 +8,12 @@ of either and leaves the classifier head out; the published detection stem
 (K=7) skips the two stem tensors of the ImageNet stem (K=3) with mmengine's
 size-mismatch warning, as ``test_config_pretrained.py`` states for the bare
 published layout.
+
+The runner checkpoint's ``message_hub`` holds mmengine ``HistoryBuffer``s,
+which torch >= 2.6's ``weights_only`` ``torch.load`` (mmengine 0.10.7 calls
+it so) refuses unless mmevo's allowlist is installed: the checkpoints are
+loaded here as mmevo's ``tools/train.py`` loads them, after
+``install_all()``.
 """
 import json
 import logging
@@ -20,6 +26,7 @@ from mmengine.runner import Runner
 
 import mmevo  # noqa: F401
 from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
+from mmevo.integrations.mmengine import install_all
 from configs_helpers import ROOT, load
 
 REFERENCE = ROOT / 'tests' / 'models' / 'data'
@@ -76,6 +83,7 @@ def _trained(tmp_path):
 
 @pytest.fixture(scope='module')
 def checkpoints(tmp_path_factory):
+    install_all()  # as tools/train.py does
     tmp = tmp_path_factory.mktemp('cls_ckpts')
     return {
         'official': (tmp / 'official.pth', _official(tmp / 'official.pth')),
