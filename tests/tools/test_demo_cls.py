@@ -179,8 +179,7 @@ def _official_format_checkpoint(path, drop=None):
         in state
     if drop:
         del state[drop]
-    torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state),
-               path)
+    torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state), path)
 
 
 def test_test_tool_takes_an_official_checkpoint(tiny_imagenet, tmp_path,
