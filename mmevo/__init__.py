@@ -1,24 +1,29 @@
 """mmevo: dynamic-kernel ("evolution") vision operators for OpenMMLab.
 
-What each subpackage needs, and so when ``import mmevo`` (which also runs
-first on ``import mmevo.ops``) imports it:
+``import mmevo`` (which also runs first on ``import mmevo.ops``) imports
+torch and mmevo's ops, and changes no global state beyond defining the
+``torch.ops.mmevo`` operators. What each subpackage needs:
 
-* ``mmevo.ops``: torch only; always imported.
-* ``mmevo.layers``: + mmengine and mmcv (``mmcv.cnn``).
+* ``mmevo.ops``: torch only;
+* ``mmevo.layers``: + mmengine and mmcv (``mmcv.cnn``);
 * ``mmevo.models``: + mmdet (its backbones, necks and heads subclass
-  mmdet's).
-* ``mmevo.datasets``: OpenCV (cv2) and numpy.
+  mmdet's);
+* ``mmevo.datasets``: OpenCV (cv2) and numpy;
+* ``mmevo.integrations``: fixes of upstream libraries, each turned on by its
+  ``install()``; ``mmevo.apis``: what the tools do; ``mmevo.deploy``: ONNX
+  and AOTInductor.
 
-``mmevo.integrations`` (fixes of upstream libraries, each turned on by its
-``install()``) and ``mmevo.apis`` (what the tools do) are not imported here.
-
-A subpackage is imported when ``importlib.util.find_spec`` finds every
-package it needs, without importing them; so mmevo's modules are registered
-whenever OpenMMLab is installed, and ``import mmevo.ops`` works with torch
-alone. Only a package that is *not found* is skipped: an installed one that
-fails to import (a broken mmdet) raises its error here as usual.
+mmevo's OpenMMLab modules are registered in mmengine's registries by
+:func:`register_all_modules`. The documented entry of a config,
+``custom_imports=dict(imports=['mmevo'])``, imports this package in a
+process that already runs mmengine: then, and only then, the import calls
+:func:`register_all_modules` itself. So a config needs nothing else, and
+``import mmevo.ops`` in a plain PyTorch program imports no OpenMMLab
+library.
 """
+import importlib
 import importlib.util
+import sys
 
 from . import ops  # noqa: F401
 from .version import __version__
@@ -37,8 +42,39 @@ def _found(name):
         return False
 
 
-for _name, _packages in _REQUIRES.items():
-    if all(_found(package) for package in _packages):
-        importlib.import_module(f'{__name__}.{_name}')
+def register_all_modules():
+    """Register mmevo's layers, models and datasets in mmengine's
+    registries and turn on mmevo's mmengine fixes
+    (:func:`mmevo.integrations.mmengine.install_all`); idempotent.
 
-__all__ = ['__version__']
+    A subpackage whose libraries are not installed (``mmevo.models``
+    without mmdet, say) is skipped; an installed library that fails to
+    import raises its error as usual.
+
+    Returns:
+        list[str]: the subpackages registered.
+
+    Example:
+        >>> import mmevo
+        >>> mmevo.register_all_modules()
+        ['layers', 'models', 'datasets']
+        >>> from mmengine.registry import MODELS
+        >>> backbone = MODELS.build(dict(type='RedNet', depth=26))
+    """
+    done = [
+        name for name, packages in _REQUIRES.items() if all(
+            _found(package) for package in packages)
+    ]
+    for name in done:
+        importlib.import_module(f'{__name__}.{name}')
+    if _found('mmengine'):
+        from .integrations.mmengine import install_all
+        install_all()
+    return done
+
+
+# A config's custom_imports: the process already runs mmengine.
+if 'mmengine' in sys.modules:
+    register_all_modules()
+
+__all__ = ['__version__', 'register_all_modules']

@@ -1,4 +1,5 @@
-"""What each mmevo subpackage pulls in (see ``mmevo/__init__.py``).
+"""What ``import mmevo`` and each subpackage pull in, and what registers
+mmevo's modules (see ``mmevo/__init__.py``).
 
 Each check runs in a fresh interpreter; a ``sys.meta_path`` finder makes the
 named packages unimportable, as if they were not installed.
@@ -78,19 +79,56 @@ print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))
     assert 'mmdet' not in loaded and 'mmseg' not in loaded
 
 
-def test_import_mmevo_registers_everything():
-    names = run_blocked((), '''
+NAMES = ('RedNet', 'ACmixResNet', 'ELSASwinTransformer',
+         'ACmixSwinTransformer', 'InvolutionFPN', 'InvolutionRPNHead',
+         'InvolutionFCNMaskHead', 'Involution', 'ACmix', 'ELSA',
+         'LocalSelfAttention', 'DynamicFilter', 'EvolutionConv')
+UNREGISTERED = f'''
+from mmengine.registry import MODELS
+print(json.dumps([n for n in {NAMES!r} if MODELS.get(n) is None]))
+'''
+
+
+def test_import_mmevo_ops_imports_and_changes_nothing_else():
+    """With everything installed: torch and mmevo's own modules only, and
+    torch.serialization's allowlist untouched."""
+    out = run_blocked((), '''
+import json
+import torch
+before = [repr(g) for g in torch.serialization.get_safe_globals()]
+import mmevo.ops
+print(json.dumps({
+    'loaded': sorted({m.split('.')[0] for m in sys.modules}),
+    'changed': [repr(g) for g in torch.serialization.get_safe_globals()]
+               != before,
+}))
+''')
+    assert set(out['loaded']) & {
+        'mmdet', 'mmseg', 'mmpretrain', 'mmcv', 'mmengine', 'cv2', 'onnx'
+    } == set()
+    assert not out['changed']
+
+
+def test_register_all_modules_registers_everything():
+    missing = run_blocked((), '''
 import json
 import mmevo
-from mmengine.registry import MODELS
-names = ['RedNet', 'ACmixResNet', 'InvolutionFPN', 'InvolutionRPNHead',
-         'InvolutionFCNMaskHead', 'Involution', 'ACmix', 'ELSA',
-         'LocalSelfAttention', 'DynamicFilter', 'EvolutionConv']
-print(json.dumps([n for n in names if MODELS.get(n) is None]
-                 + [m for m in ('layers', 'models', 'datasets')
-                    if not hasattr(mmevo, m)]))
-''')
-    assert names == []
+assert 'mmengine' not in sys.modules
+assert mmevo.register_all_modules() == ['layers', 'models', 'datasets']
+''' + UNREGISTERED)
+    assert missing == []
+
+
+def test_custom_imports_of_a_config_registers_everything(tmp_path):
+    """The documented entry: ``custom_imports=dict(imports=['mmevo'])``."""
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text("custom_imports = dict(imports=['mmevo'])\n")
+    missing = run_blocked((), f'''
+import json
+from mmengine.config import Config
+Config.fromfile({str(cfg)!r})
+''' + UNREGISTERED)
+    assert missing == []
 
 
 @pytest.mark.parametrize('blocked', [('mmdet', ), ('mmcv', )])
@@ -99,12 +137,11 @@ def test_without_a_dependency_only_its_subpackages_are_skipped(blocked):
         blocked, '''
 import json
 import mmevo
-print(json.dumps([m for m in ('ops', 'layers', 'models')
-                  if hasattr(mmevo, m)]))
+print(json.dumps(['ops'] + mmevo.register_all_modules()))
 ''')
     expected = {
-        'mmdet': ['ops', 'layers'],
-        'mmcv': ['ops']
+        'mmdet': ['ops', 'layers', 'datasets'],
+        'mmcv': ['ops', 'datasets']
     }[blocked[0]]
     assert present == expected
 
@@ -134,6 +171,7 @@ class Finder:
 
 sys.meta_path.insert(0, Finder())
 import mmevo
+mmevo.register_all_modules()
 '''
     ],
                          cwd=ROOT,

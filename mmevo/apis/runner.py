@@ -12,6 +12,7 @@ from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import MODELS, RUNNERS, init_default_scope
 from mmengine.runner import Runner
 
+import mmevo
 from mmevo.datasets import (MissingDataError, check_data_exists,
                             check_pretrained_exists)
 from .checkpoint import check_checkpoint_fits
@@ -29,7 +30,9 @@ def default_work_dir(config, suffix=''):
 
 
 def load_config(path, cfg_options=None, work_dir=None, work_dir_suffix=''):
-    """The config at ``path`` with the command line's overrides.
+    """The config at ``path`` with the command line's overrides; mmevo's
+    modules registered first (:func:`mmevo.register_all_modules`), so that
+    its types build whatever the config imports.
 
     Args:
         path (str): The config file.
@@ -46,6 +49,7 @@ def load_config(path, cfg_options=None, work_dir=None, work_dir_suffix=''):
     """
     if not osp.isfile(path):
         raise MissingDataError(f"config file '{path}' does not exist")
+    mmevo.register_all_modules()
     cfg = Config.fromfile(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
