@@ -13,7 +13,7 @@ The runner checkpoint's ``message_hub`` holds mmengine ``HistoryBuffer``s,
 which torch >= 2.6's ``weights_only`` ``torch.load`` (mmengine 0.10.7 calls
 it so) refuses unless mmevo's allowlist is installed: the checkpoints are
 loaded here as mmevo's ``tools/train.py`` loads them, after
-``install_all()``.
+``mmevo.register_all_modules()``.
 """
 import json
 import logging
@@ -24,9 +24,8 @@ from mmengine.logging import MMLogger
 from mmengine.registry import MODELS, init_default_scope
 from mmengine.runner import Runner
 
-import mmevo  # noqa: F401
+import mmevo
 from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
-from mmevo.integrations.mmengine import install_all
 from configs_helpers import ROOT, load
 
 REFERENCE = ROOT / 'tests' / 'models' / 'data'
@@ -84,7 +83,7 @@ def _trained(tmp_path):
 
 @pytest.fixture(scope='module')
 def checkpoints(tmp_path_factory):
-    install_all()  # as tools/train.py does
+    mmevo.register_all_modules()  # as tools/train.py does
     tmp = tmp_path_factory.mktemp('cls_ckpts')
     return {
         'official': (tmp / 'official.pth', _official(tmp / 'official.pth')),

@@ -116,11 +116,9 @@ else:  # what that tool does: Config.fromfile, then Runner.from_cfg().train()
     print('RAN Runner.from_cfg')
 assert 'mmevo' in sys.modules  # found through the config's custom_imports
 
-# mmengine 0.10.7 loads with torch >= 2.6's weights_only default, which
-# refuses the runner checkpoint's HistoryBuffers: allow them (mmevo's
-# tools/test.py does this itself)
-from mmevo.integrations.mmengine import safe_globals
-safe_globals.install()
+# The runner checkpoint's HistoryBuffers load under torch >= 2.6's
+# weights_only default (mmengine 0.10.7's torch.load) only with mmevo's
+# allowlist: custom_imports installed it (mmevo.register_all_modules).
 from mmpretrain.apis import ImageClassificationInferencer, get_model
 model = get_model(config, pretrained=work_dir + '/epoch_1.pth')
 assert type(model.backbone).__name__ == 'RedNet'
@@ -136,9 +134,9 @@ def test_mmpretrain_train_tool_with_custom_imports(tiny_imagenet, tmp_path):
     ``mmpretrain/.mim/tools/train.py``; without it, what it does:
     ``Config.fromfile``, then ``Runner.from_cfg(cfg).train()``) on the demo
     config, in a fresh interpreter that never imports mmevo itself; then
-    ``mmpretrain.apis`` on the checkpoint (after mmevo's checkpoint
-    allowlist: mmengine 0.10.7 under torch >= 2.6 cannot read a runner
-    checkpoint without it)."""
+    ``mmpretrain.apis`` on the checkpoint, which mmengine 0.10.7 reads
+    under torch >= 2.6 only with mmevo's checkpoint allowlist: the config's
+    ``custom_imports`` must have installed it."""
     import mmpretrain
     tool = osp.join(
         osp.dirname(mmpretrain.__file__), '.mim', 'tools', 'train.py')
