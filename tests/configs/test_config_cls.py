@@ -20,8 +20,12 @@ import torch
 import yaml
 from mmengine.registry import PARAM_SCHEDULERS, DefaultScope
 
-import mmevo  # noqa: F401  registers mmevo's modules
+import mmevo
 from configs_helpers import ROOT, all_configs, load
+
+# ``import mmevo`` registers nothing when it comes first in the process (a
+# conftest may import it before mmengine): register explicitly.
+mmevo.register_all_modules()
 
 # name: (backbone, depth, published top-1, published params with the head M)
 REDNET = {

@@ -28,6 +28,10 @@ import mmevo
 from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
 from configs_helpers import ROOT, load
 
+# ``import mmevo`` registers nothing when it comes first in the process (a
+# conftest may import it before mmengine): register explicitly.
+mmevo.register_all_modules()  # also as tools/train.py does
+
 REFERENCE = ROOT / 'tests' / 'models' / 'data'
 IN1K = 'configs/rednet/rednet50_64xb32-warmup-coslr_in1k.py'
 STEM = {'stem.1.conv2.conv.weight', 'stem.1.conv2.conv.bias'}
@@ -83,7 +87,6 @@ def _trained(tmp_path):
 
 @pytest.fixture(scope='module')
 def checkpoints(tmp_path_factory):
-    mmevo.register_all_modules()  # as tools/train.py does
     tmp = tmp_path_factory.mktemp('cls_ckpts')
     return {
         'official': (tmp / 'official.pth', _official(tmp / 'official.pth')),

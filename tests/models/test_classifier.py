@@ -20,8 +20,12 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from mmengine.runner import load_checkpoint
 
-import mmevo  # noqa: F401  registers mmevo's modules
+import mmevo
 from mmevo.models import ACmixResNet, RedNet
+
+# ``import mmevo`` registers nothing when it comes first in the process (a
+# conftest may import it before mmengine): register explicitly.
+mmevo.register_all_modules()
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DATA = osp.join(osp.dirname(__file__), 'data')

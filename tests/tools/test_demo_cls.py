@@ -15,8 +15,13 @@ import sys
 import pytest
 import torch
 
+import mmevo
 from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
 from tool_utils import REPO, load_tool
+
+# ``import mmevo`` registers nothing when it comes first in the process (a
+# conftest may import it before mmengine): register explicitly.
+mmevo.register_all_modules()
 
 DEMO_CLS = osp.join(
     REPO, 'configs', 'demo',
