@@ -21,9 +21,7 @@ model = dict(
         stem_channels=32,
         base_channels=16),
     head=dict(
-        num_classes=10,
-        in_channels=512,
-        loss=dict(num_classes=10),
+        num_classes=10, in_channels=512, loss=dict(num_classes=10),
         topk=(1, )))
 
 train_pipeline = [

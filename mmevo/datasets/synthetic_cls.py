@@ -64,8 +64,8 @@ def _shape_mask(rng, cls, h, w):
     else:
         cv2.fillPoly(mask, [_polygon(cls, cx, cy, radius, angle)], 1)
         if cls == 'ring':
-            cv2.fillPoly(mask,
-                         [_polygon(cls, cx, cy, 0.55 * radius, angle)], 0)
+            cv2.fillPoly(mask, [_polygon(cls, cx, cy, 0.55 * radius, angle)],
+                         0)
     return mask.astype(bool)
 
 

@@ -20,15 +20,19 @@ import torch
 import yaml
 from mmengine.registry import PARAM_SCHEDULERS, DefaultScope
 
-import mmevo  # noqa: F401  registers mmevo's modules
+import mmevo
 from configs_helpers import ROOT, all_configs, load
+
+# ``import mmevo`` registers nothing when it comes first in the process (a
+# conftest may import it before mmengine): register explicitly.
+mmevo.register_all_modules()
 
 # name: (backbone, depth, published top-1, published params with the head M)
 REDNET = {
     f'rednet/rednet{d}_64xb32-warmup-coslr_in1k': ('RedNet', d, top1, params)
     for d, top1, params in ((26, 75.96, 9.23), (38, 77.48, 12.39),
-                            (50, 78.35, 15.54), (101, 78.92, 25.65),
-                            (152, 79.12, 33.99))
+                            (50, 78.35, 15.54), (101, 78.92,
+                                                 25.65), (152, 79.12, 33.99))
 }
 ACMIX = {
     f'acmix/acmix-resnet{d}_4xb32-warmup-coslr-90e_in1k':
@@ -183,8 +187,8 @@ def test_rednet_schedule_is_mmcv_cosine_with_linear_warmup():
         for step, lr in enumerate(row):
             t = epoch * length + step
             k = (1 - t / 3130) * (1 - 0.25) if t < 3130 else 0
-            assert lr == pytest.approx(regular * (1 - k), rel=1e-9,
-                                       abs=1e-12), (epoch, step)
+            assert lr == pytest.approx(
+                regular * (1 - k), rel=1e-9, abs=1e-12), (epoch, step)
     assert lrs[0][0] == pytest.approx(0.2)
     assert lrs[-1][-1] == pytest.approx(0.8 * 0.5 *
                                         (1 + math.cos(math.pi * 129 / 130)))
@@ -202,18 +206,20 @@ def test_acmix_schedule_is_the_published_iteration_formula():
 
     def published(epoch, step):
         if epoch < 5:
-            return lr0 / 4 + 3 * lr0 / 4 * (1 + step + epoch * length) / (
-                5. * length)
-        return 0.5 * lr0 * (1 + math.cos(math.pi * (
-            (epoch - 5) * length + step) / ((epochs - 5) * length)))
+            return lr0 / 4 + 3 * lr0 / 4 * (1 + step +
+                                            epoch * length) / (5. * length)
+        return 0.5 * lr0 * (1 + math.cos(math.pi *
+                                         ((epoch - 5) * length + step) /
+                                         ((epochs - 5) * length)))
 
     flat = [lr for row in lrs for lr in row]
     warm = 5 * length
     assert flat[0] == pytest.approx(lr0 / 4)
     assert flat[warm - 1] == pytest.approx(published(4, length - 1)) == lr0
     for t in range(warm):
-        assert abs(flat[t] - published(t // length, t % length)) <= (
-            0.75 * lr0 / warm + 1e-12)
+        assert abs(flat[t] -
+                   published(t // length, t % length)) <= (0.75 * lr0 / warm +
+                                                           1e-12)
         assert flat[t] == pytest.approx(lr0 * (0.25 + 0.75 * t / (warm - 1)))
     for t in range(warm, epochs * length):  # cosine
         assert flat[t] == pytest.approx(
@@ -296,8 +302,9 @@ def test_one_training_step(rel_path):
     gen = torch.Generator().manual_seed(0)
     data = dict(
         inputs=[
-            torch.randint(0, 256, (3, 64, 64), generator=gen,
-                          dtype=torch.uint8) for _ in range(2)
+            torch.randint(
+                0, 256, (3, 64, 64), generator=gen, dtype=torch.uint8)
+            for _ in range(2)
         ],
         data_samples=[DataSample().set_gt_label(i) for i in (3, 997)])
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -314,8 +321,8 @@ def test_one_training_step(rel_path):
 def test_metafile_lists_every_imagenet_config():
     models = {}
     for folder in ('rednet', 'acmix'):
-        meta = yaml.safe_load((ROOT / 'configs' / folder /
-                               'metafile.yml').read_text())
+        meta = yaml.safe_load(
+            (ROOT / 'configs' / folder / 'metafile.yml').read_text())
         models.update({
             f'{folder}/{m["Name"]}': m
             for m in meta['Models'] if m['Name'].endswith('_in1k')
@@ -335,13 +342,13 @@ def test_metafile_lists_every_imagenet_config():
 
 def test_get_flops_counts_a_classifier_at_224():
     config = 'configs/rednet/rednet26_64xb32-warmup-coslr_in1k.py'
-    out = subprocess.run([sys.executable, 'tools/analysis/get_flops.py',
-                          config],
-                         cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                         capture_output=True,
-                         text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, 'tools/analysis/get_flops.py', config],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'Input shape: (1, 3, 224, 224)' in out.stdout
     params = re.search(r'Params: ([\d.]+) M trainable', out.stdout)

@@ -8,6 +8,12 @@ of either and leaves the classifier head out; the published detection stem
 (K=7) skips the two stem tensors of the ImageNet stem (K=3) with mmengine's
 size-mismatch warning, as ``test_config_pretrained.py`` states for the bare
 published layout.
+
+The runner checkpoint's ``message_hub`` holds mmengine ``HistoryBuffer``s,
+which torch >= 2.6's ``weights_only`` ``torch.load`` (mmengine 0.10.7 calls
+it so) refuses unless mmevo's allowlist is installed: the checkpoints are
+loaded here as mmevo's ``tools/train.py`` loads them, after
+``mmevo.register_all_modules()``.
 """
 import json
 import logging
@@ -18,9 +24,13 @@ from mmengine.logging import MMLogger
 from mmengine.registry import MODELS, init_default_scope
 from mmengine.runner import Runner
 
-import mmevo  # noqa: F401
+import mmevo
 from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
 from configs_helpers import ROOT, load
+
+# ``import mmevo`` registers nothing when it comes first in the process (a
+# conftest may import it before mmengine): register explicitly.
+mmevo.register_all_modules()  # also as tools/train.py does
 
 REFERENCE = ROOT / 'tests' / 'models' / 'data'
 IN1K = 'configs/rednet/rednet50_64xb32-warmup-coslr_in1k.py'
@@ -42,12 +52,12 @@ def _official(path):
     shapes.update({'head.fc.weight': [1000, 2048], 'head.fc.bias': [1000]})
     gen = torch.Generator().manual_seed(0)
     state = {
-        k: torch.tensor(5) if k.endswith('num_batches_tracked') else
+        k:
+        torch.tensor(5) if k.endswith('num_batches_tracked') else
         torch.rand(s, generator=gen) + 0.5
         for k, s in shapes.items()
     }
-    torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state),
-               path)
+    torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state), path)
     return state
 
 
@@ -68,7 +78,8 @@ def _trained(tmp_path):
     cfg.experiment_name = cfg.visualizer.name = 'pretrained_cls'
     Runner.from_cfg(cfg).train()
     ckpt = torch.load(
-        tmp_path / 'work' / 'epoch_1.pth', map_location='cpu',
+        tmp_path / 'work' / 'epoch_1.pth',
+        map_location='cpu',
         weights_only=False)
     assert {'meta', 'state_dict', 'message_hub', 'optimizer'} <= set(ckpt)
     return ckpt['state_dict']
@@ -102,8 +113,7 @@ def _init_backbone(rel_path, checkpoint):
 
 @pytest.mark.parametrize('kind', ['official', 'mmevo'])
 @pytest.mark.parametrize('rel_path', DENSE)
-def test_dense_config_starts_from_the_classifier(checkpoints, kind,
-                                                 rel_path):
+def test_dense_config_starts_from_the_classifier(checkpoints, kind, rel_path):
     path, state = checkpoints[kind]
     backbone, messages = _init_backbone(rel_path, path)
     ours = backbone.state_dict()
@@ -111,9 +121,9 @@ def test_dense_config_starts_from_the_classifier(checkpoints, kind,
         k[len('backbone.'):]: v
         for k, v in state.items() if k.startswith('backbone.')
     }
-    assert {k for k in state if not k.startswith('backbone.')} == {
-        'head.fc.weight', 'head.fc.bias'
-    }
+    assert {k
+            for k in state if not k.startswith('backbone.')
+            } == {'head.fc.weight', 'head.fc.bias'}
     assert set(ours) == set(body)
     for key, value in body.items():
         if key in STEM:
@@ -121,7 +131,7 @@ def test_dense_config_starts_from_the_classifier(checkpoints, kind,
         else:
             assert torch.equal(ours[key], value), key
     mismatched = [m for m in messages if 'size mismatch' in m]
-    assert mismatched and all(
-        'stem.1.conv2.conv' in m for m in mismatched), messages
+    assert mismatched and all('stem.1.conv2.conv' in m
+                              for m in mismatched), messages
     # nothing else is reported: the head is outside the prefix
     assert not any('unexpected key' in m and 'head' in m for m in messages)

@@ -43,8 +43,8 @@ def imagenet(tmp_path_factory):
 
 def test_layout_sizes_and_balance(imagenet):
     for split, num in (('train', 23), ('val', 10)):
-        assert sorted(os.listdir(osp.join(imagenet, split))) == list(
-            CLS_CLASSES)
+        assert sorted(os.listdir(osp.join(imagenet,
+                                          split))) == list(CLS_CLASSES)
         files = glob.glob(osp.join(imagenet, split, '*', '*.png'))
         assert len(files) == num
         for i in range(num):
@@ -73,8 +73,7 @@ def test_is_deterministic(imagenet, tmp_path):
         osp.join(other, 'train', CLS_CLASSES[0], '000000.png'),
         shallow=False)
     # skip_if_ready keeps a complete set; other arguments rewrite it
-    stamp = osp.getmtime(osp.join(again, 'val', CLS_CLASSES[3],
-                                  '000003.png'))
+    stamp = osp.getmtime(osp.join(again, 'val', CLS_CLASSES[3], '000003.png'))
     make_synthetic_imagenet(
         again, num_train=23, num_val=10, skip_if_ready=True)
     assert osp.getmtime(osp.join(again, 'val', CLS_CLASSES[3],
@@ -138,15 +137,14 @@ def _list_layout(folder_root, root):
     for split in ('train', 'val'):
         lines = []
         for label, name in enumerate(CLS_CLASSES):
-            for file in sorted(os.listdir(osp.join(folder_root, split,
-                                                   name))):
+            for file in sorted(os.listdir(osp.join(folder_root, split, name))):
                 src = osp.join(folder_root, split, name, file)
                 if split == 'train':
                     rel = f'{name}/{file}'
                 else:
                     rel = f'ILSVRC2012_val_{name}_{file}'
-                os.makedirs(osp.dirname(osp.join(root, split, rel)),
-                            exist_ok=True)
+                os.makedirs(
+                    osp.dirname(osp.join(root, split, rel)), exist_ok=True)
                 shutil.copy(src, osp.join(root, split, rel))
                 lines.append(f'{rel} {label}\n')
         with open(osp.join(root, 'meta', f'{split}.txt'), 'w') as f:
@@ -182,11 +180,10 @@ def _imagenet_cfg(root, **dataset):
         dict(
             train_dataloader=dict(
                 dataset=dict(
-                    type='ImageNet', data_root=root, split='train',
-                    **dataset)),
+                    type='ImageNet', data_root=root, split='train', **
+                    dataset)),
             val_dataloader=dict(
-                dataset=dict(type='ImageNet', data_root=root,
-                             split='val'))))
+                dataset=dict(type='ImageNet', data_root=root, split='val'))))
 
 
 def test_missing_imagenet_is_named(imagenet, tmp_path):
@@ -206,16 +203,15 @@ def test_missing_imagenet_is_named(imagenet, tmp_path):
             MissingDataError,
             match=r"val_dataloader: split 'val' folder '.*imagenet/val' does "
             r'not exist'):
-        check_data_exists(_imagenet_cfg(nowhere),
-                          ['train_dataloader', 'val_dataloader'])
+        check_data_exists(
+            _imagenet_cfg(nowhere), ['train_dataloader', 'val_dataloader'])
     # an explicit list file and image folder (mmpretrain's older style)
     cfg = _imagenet_cfg(
         imagenet, ann_file='meta/train.txt', data_prefix='train')
-    with pytest.raises(
-            MissingDataError, match=r"ann_file '.*meta/train.txt'"):
+    with pytest.raises(MissingDataError, match=r"ann_file '.*meta/train.txt'"):
         check_data_exists(cfg)
-    check_data_exists(_imagenet_cfg(imagenet),
-                      ['train_dataloader', 'val_dataloader'])
+    check_data_exists(
+        _imagenet_cfg(imagenet), ['train_dataloader', 'val_dataloader'])
 
 
 def test_missing_synthetic_set_points_to_the_generator(tmp_path):

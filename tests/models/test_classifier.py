@@ -20,8 +20,12 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from mmengine.runner import load_checkpoint
 
-import mmevo  # noqa: F401  registers mmevo's modules
+import mmevo
 from mmevo.models import ACmixResNet, RedNet
+
+# ``import mmevo`` registers nothing when it comes first in the process (a
+# conftest may import it before mmengine): register explicitly.
+mmevo.register_all_modules()
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DATA = osp.join(osp.dirname(__file__), 'data')
@@ -85,8 +89,8 @@ def _bn(x, sd, p):
 def _involution(x, sd, p, k, stride):
     """The published involution (16 channels a group, reduction 4)."""
     y = F.avg_pool2d(x, stride, stride) if stride > 1 else x
-    y = F.relu(_bn(F.conv2d(y, sd[f'{p}.conv1.conv.weight']), sd,
-                   f'{p}.conv1.bn'))
+    y = F.relu(
+        _bn(F.conv2d(y, sd[f'{p}.conv1.conv.weight']), sd, f'{p}.conv1.bn'))
     kernel = F.conv2d(y, sd[f'{p}.conv2.conv.weight'],
                       sd[f'{p}.conv2.conv.bias'])
     b, c = x.shape[:2]
@@ -104,8 +108,10 @@ def reference_logits(sd, x):
         _bn(
             F.conv2d(x, sd['backbone.stem.0.conv.weight'], None, 2, 1), sd,
             'backbone.stem.0.bn'))
-    x = F.relu(_bn(_involution(x, sd, 'backbone.stem.1', 3, 1), sd,
-                   'backbone.stem.2'))
+    x = F.relu(
+        _bn(
+            _involution(x, sd, 'backbone.stem.1', 3, 1), sd,
+            'backbone.stem.2'))
     x = F.relu(
         _bn(
             F.conv2d(x, sd['backbone.stem.4.conv.weight'], None, 1, 1), sd,
@@ -115,16 +121,17 @@ def reference_logits(sd, x):
         for j in range(blocks):
             p = f'backbone.layer{i + 1}.{j}'
             stride = 2 if i > 0 and j == 0 else 1
-            out = F.relu(_bn(F.conv2d(x, sd[f'{p}.conv1.weight']), sd,
-                             f'{p}.bn1'))
             out = F.relu(
-                _bn(_involution(out, sd, f'{p}.conv2', 7, stride), sd,
+                _bn(F.conv2d(x, sd[f'{p}.conv1.weight']), sd, f'{p}.bn1'))
+            out = F.relu(
+                _bn(
+                    _involution(out, sd, f'{p}.conv2', 7, stride), sd,
                     f'{p}.bn2'))
             out = _bn(F.conv2d(out, sd[f'{p}.conv3.weight']), sd, f'{p}.bn3')
             if j == 0:
                 x = _bn(
-                    F.conv2d(x, sd[f'{p}.downsample.0.weight'], None,
-                             stride), sd, f'{p}.downsample.1')
+                    F.conv2d(x, sd[f'{p}.downsample.0.weight'], None, stride),
+                    sd, f'{p}.downsample.1')
             x = F.relu(out + x)
     feat = x.mean(dim=(2, 3))
     return feat @ sd['head.fc.weight'].t() + sd['head.fc.bias']
@@ -160,8 +167,7 @@ def official(tmp_path_factory):
     """(checkpoint path, state dict) of an official-format RedNet-50."""
     state = official_checkpoint()
     path = tmp_path_factory.mktemp('official') / 'rednet50_in1k.pth'
-    torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state),
-               path)
+    torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state), path)
     return str(path), state
 
 

@@ -2,8 +2,7 @@
 
 The ``make demo-cls`` config, shortened (one epoch on a tiny synthetic set),
 trained by ``tools/train.py`` and evaluated again by ``tools/test.py``;
-mmpretrain's own path (a plain mmengine Runner from the config, as
-mmpretrain's ``tools/train.py`` builds it, and ``mmpretrain.apis``) with
+mmpretrain's own ``tools/train.py`` and ``mmpretrain.apis``, with
 nothing but the config's ``custom_imports`` to find mmevo; and an ImageNet
 config taking an official-format checkpoint strictly.
 """
@@ -16,8 +15,13 @@ import sys
 import pytest
 import torch
 
+import mmevo
 from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
 from tool_utils import REPO, load_tool
+
+# ``import mmevo`` registers nothing when it comes first in the process (a
+# conftest may import it before mmengine): register explicitly.
+mmevo.register_all_modules()
 
 DEMO_CLS = osp.join(
     REPO, 'configs', 'demo',
@@ -82,40 +86,65 @@ def test_demo_train_then_test(tiny_imagenet, tmp_path):
     assert all(p['pred_score'].shape == (10, ) for p in preds)
 
 
-def test_missing_demo_set_names_make_demo_cls(tmp_path, capsys):
+def test_missing_demo_set_names_the_generator(tmp_path, capsys):
     cfg = _small_config(tmp_path, DEMO_CLS, str(tmp_path / 'synthetic_none'))
     with pytest.raises(SystemExit) as info:
         load_tool('train').main([cfg])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1
-    assert 'make_synthetic_data.py cls' in err and 'make demo-cls' in err
+    # as for the synthetic COCO and Cityscapes sets: the generator command
+    assert "data_root '" in err and 'synthetic_none' in err
+    assert '`python tools/misc/make_synthetic_data.py cls`' in err
 
 
 MMPRETRAIN_PATH = """
+import os.path as osp
+import runpy
 import sys
-from mmengine.config import Config
-from mmengine.runner import Runner
 
-cfg = Config.fromfile(sys.argv[1])  # custom_imports: imports mmevo
-assert 'mmevo' in sys.modules
-cfg.work_dir = sys.argv[2]
-Runner.from_cfg(cfg).train()
+import mmpretrain
 
+config, work_dir, image = sys.argv[1:4]
+assert 'mmevo' not in sys.modules
+tool = osp.join(osp.dirname(mmpretrain.__file__), '.mim', 'tools', 'train.py')
+if osp.isfile(tool):  # mmpretrain's own tools/train.py, as `mim train` runs it
+    sys.argv = [tool, config, '--work-dir', work_dir]
+    runpy.run_path(tool, run_name='__main__')
+    print('RAN', tool)
+else:  # what that tool does: Config.fromfile, then Runner.from_cfg().train()
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+    cfg = Config.fromfile(config)  # custom_imports: imports mmevo
+    cfg.work_dir = work_dir
+    Runner.from_cfg(cfg).train()
+    print('RAN Runner.from_cfg')
+assert 'mmevo' in sys.modules  # found through the config's custom_imports
+
+# The runner checkpoint's HistoryBuffers load under torch >= 2.6's
+# weights_only default (mmengine 0.10.7's torch.load) only with mmevo's
+# allowlist: custom_imports installed it (mmevo.register_all_modules).
 from mmpretrain.apis import ImageClassificationInferencer, get_model
-model = get_model(sys.argv[1], pretrained=sys.argv[2] + '/epoch_1.pth')
+model = get_model(config, pretrained=work_dir + '/epoch_1.pth')
 assert type(model.backbone).__name__ == 'RedNet'
 inferencer = ImageClassificationInferencer(
-    model=sys.argv[1], pretrained=sys.argv[2] + '/epoch_1.pth')
-(result, ) = inferencer(sys.argv[3])
+    model=config, pretrained=work_dir + '/epoch_1.pth')
+(result, ) = inferencer(image)
 print('PREDICTED', result['pred_class'], result['pred_label'])
 """
 
 
-def test_mmpretrain_runner_path_with_custom_imports(tiny_imagenet, tmp_path):
-    """What mmpretrain's tools/train.py does (Config.fromfile, then
-    Runner.from_cfg(cfg).train()), in a fresh interpreter that never
-    imports mmevo itself; then mmpretrain.apis on the checkpoint."""
+def test_mmpretrain_train_tool_with_custom_imports(tiny_imagenet, tmp_path):
+    """mmpretrain's own ``tools/train.py`` (shipped in the package as
+    ``mmpretrain/.mim/tools/train.py``; without it, what it does:
+    ``Config.fromfile``, then ``Runner.from_cfg(cfg).train()``) on the demo
+    config, in a fresh interpreter that never imports mmevo itself; then
+    ``mmpretrain.apis`` on the checkpoint, which mmengine 0.10.7 reads
+    under torch >= 2.6 only with mmevo's checkpoint allowlist: the config's
+    ``custom_imports`` must have installed it."""
+    import mmpretrain
+    tool = osp.join(
+        osp.dirname(mmpretrain.__file__), '.mim', 'tools', 'train.py')
     cfg = _small_config(tmp_path, DEMO_CLS, tiny_imagenet)
     image = osp.join(tiny_imagenet, 'val', CLS_CLASSES[4], '000004.png')
     out = subprocess.run(
@@ -129,7 +158,11 @@ def test_mmpretrain_runner_path_with_custom_imports(tiny_imagenet, tmp_path):
         text=True,
         timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    ran = 'RAN ' + (tool if osp.isfile(tool) else 'Runner.from_cfg')
+    assert ran in out.stdout
     assert (tmp_path / 'work' / 'epoch_1.pth').is_file()
+    # the tool validated after the epoch with mmpretrain's Accuracy
+    assert 'accuracy/top1' in out.stdout + out.stderr
     label = out.stdout.split('PREDICTED')[-1].split()
     assert label[0] in CLS_CLASSES and 0 <= int(label[1]) < 10
 
@@ -149,8 +182,7 @@ def _official_format_checkpoint(path, drop=None):
         in state
     if drop:
         del state[drop]
-    torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state),
-               path)
+    torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state), path)
 
 
 def test_test_tool_takes_an_official_checkpoint(tiny_imagenet, tmp_path,
