@@ -75,6 +75,7 @@ def test_every_config_is_in_the_tables():
     assert found == set(ALL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(ALL))
 def test_config_builds(name):
     cfg = cfg_of(name)
@@ -258,3 +259,14 @@ def test_metafiles_hold_the_published_numbers():
             metrics = results['Semantic Segmentation']['Metrics']
             assert metrics['mIoU(ms+flip)'] == published
             assert metrics['mIoU'] == 'not published'
+
+
+def test_ade20k_data_root_is_checked(tmp_path, monkeypatch):
+    from mmevo.datasets.checks import MissingDataError, check_data_exists
+    monkeypatch.chdir(tmp_path)  # no data/ade/ here
+    cfg = cfg_of(sorted(ADE20K)[0])
+    with pytest.raises(MissingDataError) as info:
+        check_data_exists(cfg)
+    message = str(info.value)
+    assert "'data/ade/ADEChallengeData2016' does not exist" in message
+    assert 'docs/datasets.md' in message

@@ -5,9 +5,9 @@ import json
 import os.path as osp
 
 import pytest
+import swin_reference as ref
 import torch
 
-import swin_reference as ref
 from mmevo.models import ACmixSwinTransformer
 from mmevo.models.backbones.swin_convert import official_state_dict
 
@@ -34,7 +34,11 @@ def test_whole_model_matches_formulas(pad_small_map, size):
     with torch.no_grad():
         outs = model(x)
     expected = ref.swin_model(
-        x, p, TINY['depths'], TINY['num_heads'], 'acmix',
+        x,
+        p,
+        TINY['depths'],
+        TINY['num_heads'],
+        'acmix',
         pad_small_map=pad_small_map)
     for out, exp in zip(outs, expected):
         assert out.shape == exp.shape
@@ -43,8 +47,8 @@ def test_whole_model_matches_formulas(pad_small_map, size):
 
 @pytest.mark.parametrize('pad_small_map', [False, True])
 @pytest.mark.parametrize('dim,heads,size', [(24, 3, (9, 13)), (8, 1, (3, 5)),
-                                           (32, 4, (14, 14)),
-                                           (20, 5, (7, 8))])
+                                            (32, 4, (14, 14)),
+                                            (20, 5, (7, 8))])
 def test_window_blocks_match_formula(dim, heads, size, pad_small_map):
     torch.manual_seed(1)
     model = ACmixSwinTransformer(
@@ -59,10 +63,9 @@ def test_window_blocks_match_formula(dim, heads, size, pad_small_map):
         block = model.layers[0].blocks[index]
         p = ref.randomised(block, seed=index)
         block = block.double()
-        expected = ref.window_block(x, p, heads, 7, index, pad_small_map,
-                                    'acmix', qk_scale=0.4)
-        torch.testing.assert_close(
-            block(x), expected, rtol=1e-10, atol=1e-10)
+        expected = ref.window_block(
+            x, p, heads, 7, index, pad_small_map, 'acmix', qk_scale=0.4)
+        torch.testing.assert_close(block(x), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_published_initialisation():
@@ -95,8 +98,7 @@ def test_classifier_parameters_equal_official(arch, count):
             backbone=dict(
                 type='ACmixSwinTransformer', arch=arch, out_indices=(3, )),
             neck=dict(type='GlobalAveragePooling'),
-            head=dict(type='LinearClsHead', num_classes=1000,
-                      in_channels=768))
+            head=dict(type='LinearClsHead', num_classes=1000, in_channels=768))
     assert sum(p.numel() for p in model.parameters()) == count
 
 

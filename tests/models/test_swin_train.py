@@ -11,6 +11,7 @@ parameter-wise decay, warm-up, schedule) is the config's.
 """
 import os.path as osp
 
+import pytest
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
@@ -18,6 +19,8 @@ from mmengine.runner import Runner
 
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 from mmevo.integrations.mmengine.dist import convert_sync_bn_to_bn
+
+pytestmark = pytest.mark.slow  # about 30-60 s each on 2 cores
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 NARROW = dict(
