@@ -165,3 +165,27 @@ def test_frozen_stages_and_train_mode():
         if n.startswith(('patch_embed.', 'layers.0.', 'norm0.'))
     }
     assert not model.layers[0].training and model.layers[1].training
+
+
+@pytest.mark.slow
+def test_onnx_export_with_dynamic_hw(tmp_path):
+    # TorchScript exporter (the dynamo one is tested on ELSA-Swin, whose
+    # window blocks these are): exported at 224, checked at sizes that pad
+    from mmevo.deploy import OnnxModel, TensorOutputs, export_onnx
+    torch.manual_seed(9)
+    backbone = ACmixSwinTransformer(
+        embed_dims=16,
+        depths=(1, 1, 1, 2),
+        num_heads=(1, 2, 4, 8),
+        pad_small_map=True).eval()
+    model = TensorOutputs(backbone, lambda m, x: m(x))
+    path = str(tmp_path / 'acmix_swin.onnx')
+    export_onnx(model, torch.randn(1, 3, 224, 224), path, dynamo=False)
+    session = OnnxModel(path)
+    for size in [(224, 224), (70, 90), (33, 250)]:
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            expected = model(x)
+        for out, exp in zip(session(x), expected):
+            assert out.shape == exp.shape, size
+            assert (out - exp).abs().max() / exp.abs().max() <= 1e-4, size
