@@ -40,11 +40,15 @@ def elsa_block(x, p, num_heads, group_width, kernel_size=7):
     dim_qk = math.ceil((C // 3 * 2) / group_width) * group_width
     y = layer_norm(x, p, 'norm1').permute(0, 3, 1, 2)
     qkv = torch.einsum('bchw,oc->bohw', y, p['attn.pre_proj.weight'][:, :, 0,
-                                                                      0])
+                                                                     0])
     qkv = qkv + p['attn.pre_proj.bias'][:, None, None]
     q, k, v = qkv.split([dim_qk, dim_qk, C], 1)
-    h = F.conv2d(q * k, p['attn.attn.0.weight'], p['attn.attn.0.bias'],
-                 padding=K // 2, groups=dim_qk // group_width)
+    h = F.conv2d(
+        q * k,
+        p['attn.attn.0.weight'],
+        p['attn.attn.0.bias'],
+        padding=K // 2,
+        groups=dim_qk // group_width)
     logits = torch.einsum('bchw,oc->bohw', gelu(h),
                           p['attn.attn.2.weight'][:, :, 0, 0])
     logits = logits + p['attn.attn.2.bias'][:, None, None]
@@ -62,8 +66,14 @@ def _offset_index(di, dj, table):
     return (di + table - 1) * (2 * table - 1) + (dj + table - 1)
 
 
-def window_block(x, p, num_heads, window_size, shift, pad_small_map,
-                 layout, qk_scale=None):
+def window_block(x,
+                 p,
+                 num_heads,
+                 window_size,
+                 shift,
+                 pad_small_map,
+                 layout,
+                 qk_scale=None):
     """Shifted-window block on NHWC ``x``, ``layout`` 'elsa' (stage 4 of
     ELSA-Swin: chunks v, q, k; ``rb[h, offset(key - query)]``) or 'acmix'
     (chunks q, k, v; ``table[offset(query - key), h]``; plus the conv path
@@ -98,15 +108,17 @@ def window_block(x, p, num_heads, window_size, shift, pad_small_map,
     for a, (qi, qj) in enumerate(cells):
         for b, (ki, kj) in enumerate(cells):
             if layout == 'elsa':
-                bias[:, a, b] = p['attn.rb'][:, _offset_index(
-                    ki - qi, kj - qj, table)]
+                bias[:, a,
+                     b] = p['attn.rb'][:,
+                                       _offset_index(ki - qi, kj - qj, table)]
             else:
-                bias[:, a, b] = p['attn.relative_position_bias_table'][
-                    _offset_index(qi - ki, qj - kj, table)]
+                bias[:, a,
+                     b] = p['attn.relative_position_bias_table'][_offset_index(
+                         qi - ki, qj - kj, table)]
     for r0 in range(0, Hp, ws):
         for c0 in range(0, Wp, ws):
-            t = qkv_map[:, r0:r0 + ws, c0:c0 + ws].reshape(B, N, 3, num_heads,
-                                                           d)
+            t = qkv_map[:, r0:r0 + ws,
+                        c0:c0 + ws].reshape(B, N, 3, num_heads, d)
             if layout == 'elsa':
                 v, q, k = t.unbind(2)
             else:
@@ -151,20 +163,27 @@ def patch_merging(x, p):
 
 
 def sub(p, prefix):
-    return {
-        k[len(prefix):]: v
-        for k, v in p.items() if k.startswith(prefix)
-    }
+    return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
 
 
-def swin_model(img, p, depths, num_heads, family, group_width=4,
-               window_size=7, pad_small_map=False, out_indices=(0, 1, 2, 3)):
+def swin_model(img,
+               p,
+               depths,
+               num_heads,
+               family,
+               group_width=4,
+               window_size=7,
+               pad_small_map=False,
+               out_indices=(0, 1, 2, 3)):
     """Whole backbone: patch embedding (zero-padded to 4), stages, a norm
     per output (``norm{i}``; ``norm`` of a classifier is ``norm3``)."""
     H, W = img.shape[2:]
     img = F.pad(img, (0, -W % 4, 0, -H % 4))
-    x = F.conv2d(img, p['patch_embed.proj.weight'], p['patch_embed.proj.bias'],
-                 stride=4).permute(0, 2, 3, 1)
+    x = F.conv2d(
+        img,
+        p['patch_embed.proj.weight'],
+        p['patch_embed.proj.bias'],
+        stride=4).permute(0, 2, 3, 1)
     x = layer_norm(x, p, 'patch_embed.norm')
     outs = []
     for i, depth in enumerate(depths):
@@ -176,8 +195,7 @@ def swin_model(img, p, depths, num_heads, family, group_width=4,
                 x = window_block(x, bp, num_heads[i], window_size, j % 2,
                                  pad_small_map, family)
         if i in out_indices:
-            outs.append(
-                layer_norm(x, p, f'norm{i}').permute(0, 3, 1, 2))
+            outs.append(layer_norm(x, p, f'norm{i}').permute(0, 3, 1, 2))
         if i < 3:
             x = patch_merging(x, sub(p, f'layers.{i}.downsample.'))
     return outs

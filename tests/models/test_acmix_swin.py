@@ -5,9 +5,9 @@ import json
 import os.path as osp
 
 import pytest
+import swin_reference as ref
 import torch
 
-import swin_reference as ref
 from mmevo.models import ACmixSwinTransformer
 from mmevo.models.backbones.swin_convert import official_state_dict
 
@@ -34,7 +34,11 @@ def test_whole_model_matches_formulas(pad_small_map, size):
     with torch.no_grad():
         outs = model(x)
     expected = ref.swin_model(
-        x, p, TINY['depths'], TINY['num_heads'], 'acmix',
+        x,
+        p,
+        TINY['depths'],
+        TINY['num_heads'],
+        'acmix',
         pad_small_map=pad_small_map)
     for out, exp in zip(outs, expected):
         assert out.shape == exp.shape
@@ -43,8 +47,8 @@ def test_whole_model_matches_formulas(pad_small_map, size):
 
 @pytest.mark.parametrize('pad_small_map', [False, True])
 @pytest.mark.parametrize('dim,heads,size', [(24, 3, (9, 13)), (8, 1, (3, 5)),
-                                           (32, 4, (14, 14)),
-                                           (20, 5, (7, 8))])
+                                            (32, 4, (14, 14)),
+                                            (20, 5, (7, 8))])
 def test_window_blocks_match_formula(dim, heads, size, pad_small_map):
     torch.manual_seed(1)
     model = ACmixSwinTransformer(
@@ -59,10 +63,9 @@ def test_window_blocks_match_formula(dim, heads, size, pad_small_map):
         block = model.layers[0].blocks[index]
         p = ref.randomised(block, seed=index)
         block = block.double()
-        expected = ref.window_block(x, p, heads, 7, index, pad_small_map,
-                                    'acmix', qk_scale=0.4)
-        torch.testing.assert_close(
-            block(x), expected, rtol=1e-10, atol=1e-10)
+        expected = ref.window_block(
+            x, p, heads, 7, index, pad_small_map, 'acmix', qk_scale=0.4)
+        torch.testing.assert_close(block(x), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_published_initialisation():
@@ -95,8 +98,7 @@ def test_classifier_parameters_equal_official(arch, count):
             backbone=dict(
                 type='ACmixSwinTransformer', arch=arch, out_indices=(3, )),
             neck=dict(type='GlobalAveragePooling'),
-            head=dict(type='LinearClsHead', num_classes=1000,
-                      in_channels=768))
+            head=dict(type='LinearClsHead', num_classes=1000, in_channels=768))
     assert sum(p.numel() for p in model.parameters()) == count
 
 
@@ -163,3 +165,27 @@ def test_frozen_stages_and_train_mode():
         if n.startswith(('patch_embed.', 'layers.0.', 'norm0.'))
     }
     assert not model.layers[0].training and model.layers[1].training
+
+
+@pytest.mark.slow
+def test_onnx_export_with_dynamic_hw(tmp_path):
+    # TorchScript exporter (the dynamo one is tested on ELSA-Swin, whose
+    # window blocks these are): exported at 224, checked at sizes that pad
+    from mmevo.deploy import OnnxModel, TensorOutputs, export_onnx
+    torch.manual_seed(9)
+    backbone = ACmixSwinTransformer(
+        embed_dims=16,
+        depths=(1, 1, 1, 2),
+        num_heads=(1, 2, 4, 8),
+        pad_small_map=True).eval()
+    model = TensorOutputs(backbone, lambda m, x: m(x))
+    path = str(tmp_path / 'acmix_swin.onnx')
+    export_onnx(model, torch.randn(1, 3, 224, 224), path, dynamo=False)
+    session = OnnxModel(path)
+    for size in [(224, 224), (70, 90), (33, 250)]:
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            expected = model(x)
+        for out, exp in zip(session(x), expected):
+            assert out.shape == exp.shape, size
+            assert (out - exp).abs().max() / exp.abs().max() <= 1e-4, size

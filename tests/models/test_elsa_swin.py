@@ -7,9 +7,10 @@ import json
 import os.path as osp
 
 import pytest
+import swin_reference as ref
 import torch
 
-import swin_reference as ref
+from mmevo.layers import ELSA
 from mmevo.models import ELSASwinTransformer
 from mmevo.models.backbones.swin_convert import official_state_dict
 
@@ -40,7 +41,11 @@ def test_whole_model_matches_formulas(pad_small_map, size):
     with torch.no_grad():
         outs = model(x)
     expected = ref.swin_model(
-        x, p, TINY['depths'], TINY['num_heads'], 'elsa',
+        x,
+        p,
+        TINY['depths'],
+        TINY['num_heads'],
+        'elsa',
         pad_small_map=pad_small_map)
     for out, exp in zip(outs, expected):
         assert out.shape == exp.shape
@@ -48,9 +53,9 @@ def test_whole_model_matches_formulas(pad_small_map, size):
 
 
 @pytest.mark.parametrize('dim,heads,group_width,size', [(24, 3, 4, (5, 9)),
-                                                       (16, 2, 8, (7, 3)),
-                                                       (32, 4, 8, (1, 1)),
-                                                       (40, 5, 4, (6, 6))])
+                                                        (16, 2, 8, (7, 3)),
+                                                        (32, 4, 8, (1, 1)),
+                                                        (40, 5, 4, (6, 6))])
 def test_elsa_block_matches_formula(dim, heads, group_width, size):
     torch.manual_seed(1)
     model = ELSASwinTransformer(
@@ -68,7 +73,9 @@ def test_elsa_block_matches_formula(dim, heads, group_width, size):
     block = block.double()
     x = torch.randn(2, *size, dim, dtype=torch.float64)
     torch.testing.assert_close(
-        block(x), ref.elsa_block(x, p, heads, group_width), rtol=1e-10,
+        block(x),
+        ref.elsa_block(x, p, heads, group_width),
+        rtol=1e-10,
         atol=1e-10)
 
 
@@ -83,24 +90,27 @@ def test_last_stage_blocks_match_formula(size, pad_small_map):
         block = model.layers[3].blocks[index]
         p = ref.randomised(block, seed=index)
         block = block.double()
-        expected = ref.window_block(x, p, 4, 7, index, pad_small_map, 'elsa',
-                                    qk_scale=0.3)
-        torch.testing.assert_close(
-            block(x), expected, rtol=1e-10, atol=1e-10)
+        expected = ref.window_block(
+            x, p, 4, 7, index, pad_small_map, 'elsa', qk_scale=0.3)
+        torch.testing.assert_close(block(x), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_gradients_match_formulas():
     torch.manual_seed(3)
-    model = ELSASwinTransformer(
-        **TINY, drop_path_rate=0., pad_small_map=True)
+    model = ELSASwinTransformer(**TINY, drop_path_rate=0., pad_small_map=True)
     p = {k: v.requires_grad_() for k, v in ref.randomised(model).items()}
     model = model.double()
     x = torch.randn(1, 3, 23, 29, dtype=torch.float64, requires_grad=True)
     w = [torch.randn_like(o) for o in model(x)]
     sum((o * wi).sum() for o, wi in zip(model(x), w)).backward()
     x_ref = x.detach().clone().requires_grad_()
-    outs = ref.swin_model(x_ref, p, TINY['depths'], TINY['num_heads'],
-                          'elsa', pad_small_map=True)
+    outs = ref.swin_model(
+        x_ref,
+        p,
+        TINY['depths'],
+        TINY['num_heads'],
+        'elsa',
+        pad_small_map=True)
     sum((o * wi).sum() for o, wi in zip(outs, w)).backward()
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-9, atol=1e-12)
     for name, param in model.named_parameters():
@@ -108,9 +118,9 @@ def test_gradients_match_formulas():
             param.grad, p[name].grad, rtol=1e-9, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize('arch,count', [('tiny', 29140978),
-                                        ('small', 52874626),
-                                        ('base', 92682464)])
+@pytest.mark.parametrize('arch,count',
+                         [('tiny', 29140978), ('small', 52874626),
+                          ('base', 92682464)])
 def test_classifier_parameters_equal_official(arch, count):
     from mmpretrain.models import ImageClassifier
     assert official('params')[f'elsa_swin_{arch}_cls'] == count
@@ -118,8 +128,8 @@ def test_classifier_parameters_equal_official(arch, count):
     with torch.device('meta'), \
             DefaultScope.overwrite_default_scope('mmpretrain'):
         model = ImageClassifier(
-            backbone=dict(type='ELSASwinTransformer', arch=arch,
-                          out_indices=(3, )),
+            backbone=dict(
+                type='ELSASwinTransformer', arch=arch, out_indices=(3, )),
             neck=dict(type='GlobalAveragePooling'),
             head=dict(
                 type='LinearClsHead',
@@ -149,8 +159,9 @@ def test_keys_are_the_official_ones():
 def _fake_checkpoint(shapes, seed=0):
     g = torch.Generator().manual_seed(seed)
     return {
-        k: torch.randn(s, generator=g) if 'relative' not in k else
-        torch.randint(0, 169, s, generator=g)
+        k:
+        torch.randn(s, generator=g) if 'relative' not in k else torch.randint(
+            0, 169, s, generator=g)
         for k, s in shapes.items()
     }
 
@@ -161,8 +172,7 @@ def test_init_cfg_loads_official_checkpoints(tmp_path, kind):
     if kind == 'cls':
         ckpt, prefix, kwargs = dict(model=state), '', dict(out_indices=(3, ))
     else:
-        ckpt = dict(state_dict={f'backbone.{k}': v
-                                for k, v in state.items()})
+        ckpt = dict(state_dict={f'backbone.{k}': v for k, v in state.items()})
         ckpt['state_dict']['neck.conv.weight'] = torch.zeros(1)
         prefix, kwargs = 'backbone.', dict(pad_small_map=True)
     path = str(tmp_path / 'official.pth')
@@ -182,8 +192,7 @@ def test_presets_and_overrides():
     small = ELSASwinTransformer(arch='small', depths=(1, 1, 1, 1))
     assert small.group_width == 8 and small.embed_dims == 96
     assert small.layers[2].blocks[0].attn.attn[0].groups == 256 // 8
-    base = ELSASwinTransformer(arch='base', embed_dims=64,
-                               depths=(1, 1, 1, 1))
+    base = ELSASwinTransformer(arch='base', embed_dims=64, depths=(1, 1, 1, 1))
     assert base.num_heads == (4, 8, 16, 32)
     assert base.layers[0].blocks[0].attn.dim_qk == 48  # 64 // 3 * 2 -> 48
     tiny = ELSASwinTransformer(depths=(1, 1, 1, 1), group_width=8)
@@ -192,11 +201,11 @@ def test_presets_and_overrides():
     assert tiny.layers[0].blocks[0].attn.scale == 1
     assert tiny.layers[3].blocks[0].attn.scale == 32**-0.5
     rates = [
-        getattr(b.drop_path, 'drop_prob', 0.) for s in ELSASwinTransformer(
-            drop_path_rate=0.3).layers for b in s.blocks
+        getattr(b.drop_path, 'drop_prob', 0.)
+        for s in ELSASwinTransformer(drop_path_rate=0.3).layers
+        for b in s.blocks
     ]
-    torch.testing.assert_close(
-        torch.tensor(rates), torch.linspace(0, 0.3, 12))
+    torch.testing.assert_close(torch.tensor(rates), torch.linspace(0, 0.3, 12))
 
 
 @pytest.mark.parametrize('kwargs,message', [
@@ -218,8 +227,8 @@ def test_outputs_and_frozen_stages():
     assert [tuple(o.shape) for o in outs] == [(1, 32, 5, 9), (1, 128, 2, 3)]
     assert not hasattr(model, 'norm0')
     for name, param in model.named_parameters():
-        frozen = name.startswith(('patch_embed', 'layers.0', 'layers.1',
-                                  'norm1'))
+        frozen = name.startswith(
+            ('patch_embed', 'layers.0', 'layers.1', 'norm1'))
         assert param.requires_grad is not frozen, name
     assert not model.layers[1].training and model.layers[2].training
     assert model.train() is model
@@ -269,6 +278,123 @@ def test_builds_under_each_scope(scope):
     import importlib
     registry = importlib.import_module(f'{scope}.registry').MODELS
     model = registry.build(
-        dict(type='ELSASwinTransformer', depths=(1, 1, 1, 1),
-             embed_dims=16, num_heads=(1, 2, 4, 8)))
+        dict(
+            type='ELSASwinTransformer',
+            depths=(1, 1, 1, 1),
+            embed_dims=16,
+            num_heads=(1, 2, 4, 8)))
     assert isinstance(model, ELSASwinTransformer)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('how', ['autocast', 'cast'])
+def test_elsa_path_stays_in_low_precision(dtype, how):
+    # The official layer makes float32 ones/zeros (elsa.py:131,133): its CPU
+    # path promotes to float32 and post_proj raises on a cast model.
+    torch.manual_seed(6)
+    model = ELSASwinTransformer(**TINY, pad_small_map=True).eval()
+    x = torch.randn(1, 3, 45, 60)
+    with torch.no_grad():
+        full = model(x)
+    seen = []
+    for layer in model.modules():
+        if isinstance(layer, ELSA):
+            layer.register_forward_hook(lambda m, i, o: seen.append(
+                (i[0].dtype, o.dtype)))
+    with torch.no_grad():
+        if how == 'autocast':
+            with torch.autocast('cpu', dtype=dtype):
+                low = model(x)
+        else:
+            low = model.to(dtype)(x.to(dtype))
+    assert set(seen) == {(dtype, dtype)}
+    for a, b in zip(low, full):
+        assert a.dtype == dtype
+        assert (a.float() - b).abs().max() / b.abs().max() < 0.05
+
+
+def onnx_parity(model, path, sizes):
+    from mmevo.deploy import OnnxModel
+    session = OnnxModel(str(path))
+    for size in sizes:
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            expected = model(x)
+        outputs = session(x)
+        assert len(outputs) == len(expected)
+        for out, exp in zip(outputs, expected):
+            assert out.shape == exp.shape, size
+            err = (out - exp).abs().max() / exp.abs().max()
+            assert err <= 1e-4, (size, float(err))
+
+
+# exported at 224 (no padding anywhere), checked at sizes that pad each
+# stage and the last stage's windows (and at 224)
+OTHER_SIZES = [(224, 224), (70, 90), (33, 250), (300, 170)]
+NARROW = dict(embed_dims=16, depths=(1, 1, 1, 2), num_heads=(1, 2, 4, 8))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    'dynamo',
+    [
+        False,
+        # the dynamo exporter needs ~5-10 min on 2 busy cores for this model
+        True
+    ])
+def test_onnx_export_with_dynamic_hw(tmp_path, dynamo):
+    from mmevo.deploy import TensorOutputs, export_onnx
+    torch.manual_seed(7)
+    backbone = ELSASwinTransformer(**NARROW, pad_small_map=True).eval()
+    model = TensorOutputs(backbone, lambda m, x: m(x))
+    path = tmp_path / 'elsa_swin.onnx'
+    export_onnx(model, torch.randn(1, 3, 224, 224), str(path), dynamo=dynamo)
+    onnx_parity(model, path, OTHER_SIZES)
+
+
+@pytest.mark.slow
+def test_classification_geometry_refuses_traced_sizes(tmp_path):
+    # pad_small_map=False picks window and shift from each map's size (at
+    # 224 the last stage is one unshifted 7x7 window; at 256 it is padded
+    # and shifted): no single graph holds both
+    from mmevo.deploy import TensorOutputs, export_onnx
+    backbone = ELSASwinTransformer(**NARROW).eval()
+    model = TensorOutputs(backbone, lambda m, x: m(x))
+    with pytest.raises(RuntimeError, match='pad_small_map=False'):
+        export_onnx(
+            model,
+            torch.randn(1, 3, 224, 224),
+            str(tmp_path / 'm.onnx'),
+            dynamo=False)
+    block = backbone.layers[3].blocks[1]
+    dim = torch.export.Dim.DYNAMIC
+    with pytest.raises(Exception, match='pad_small_map=False'):
+        torch.export.export(
+            block, (torch.randn(1, 9, 11, 128), ),
+            dynamic_shapes=({
+                1: dim,
+                2: dim
+            }, ))
+
+
+@pytest.mark.slow
+def test_window_block_exports_with_dynamic_shapes():
+    # torch.export (the dynamo exporter's front end) of a shifted block of
+    # the detection geometry: one program for every size, padding included
+    torch.manual_seed(8)
+    block = ELSASwinTransformer(**NARROW, pad_small_map=True).layers[3]
+    block = block.blocks[1].eval()
+    dim = torch.export.Dim.DYNAMIC
+    program = torch.export.export(
+        block, (torch.randn(1, 9, 11, 128), ),
+        dynamic_shapes=({
+            1: dim,
+            2: dim
+        }, ))
+    # (torch.export's program keeps a guard of two or more windows per side,
+    # 0/1 specialisation; the ONNX graphs above have no such guard and are
+    # checked on one-window maps, e.g. (70, 90))
+    for size in [(9, 11), (13, 20), (8, 30), (15, 8)]:
+        x = torch.randn(1, *size, 128)  # B stays that of the export
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(x), block(x))

@@ -15,8 +15,7 @@ from tool_utils import REPO, load_tool
 sys.path.insert(0, osp.join(REPO, 'tests', 'models'))
 import swin_reference as ref  # noqa: E402
 
-DATA = osp.join(REPO, 'tests', 'models', 'data',
-                'swin_family_state_dict.json')
+DATA = osp.join(REPO, 'tests', 'models', 'data', 'swin_family_state_dict.json')
 BUFFERS = ('relative_id', 'relative_position_index', 'attn_mask')
 
 
@@ -45,29 +44,24 @@ def classifier(family):
                 arch='tiny',
                 out_indices=(3, )),
             neck=dict(type='GlobalAveragePooling'),
-            head=dict(
-                type='LinearClsHead', num_classes=1000, in_channels=768))
+            head=dict(type='LinearClsHead', num_classes=1000, in_channels=768))
 
 
 @pytest.mark.parametrize('with_buffers', [True, False])
 @pytest.mark.parametrize('family', ['elsa', 'acmix'])
-def test_converted_checkpoint_loads_strictly(tmp_path, family,
-                                             with_buffers):
+def test_converted_checkpoint_loads_strictly(tmp_path, family, with_buffers):
     src, dst = str(tmp_path / 'official.pth'), str(tmp_path / 'out' / 'c.pth')
     ckpt = official_checkpoint(family, with_buffers)
     torch.save(ckpt, src)
-    load_tool(f'model_converters/{family}_swin_to_mmpretrain').main(
-        [src, dst])
+    load_tool(f'model_converters/{family}_swin_to_mmpretrain').main([src, dst])
     state = torch.load(dst, map_location='cpu')['state_dict']
     model = classifier(family)
     model.load_state_dict(state, strict=True)
     official = ckpt['model']
-    assert torch.equal(state['backbone.norm3.weight'],
-                       official['norm.weight'])
+    assert torch.equal(state['backbone.norm3.weight'], official['norm.weight'])
     assert torch.equal(state['head.fc.weight'], official['head.weight'])
-    n_official = sum(
-        v.numel() for k, v in official.items()
-        if k.rsplit('.', 1)[-1] not in BUFFERS)
+    n_official = sum(v.numel() for k, v in official.items()
+                     if k.rsplit('.', 1)[-1] not in BUFFERS)
     assert sum(v.numel() for v in state.values()) == n_official
 
 
@@ -76,8 +70,7 @@ def test_converted_classifier_gives_the_official_logits(tmp_path, family):
     src, dst = str(tmp_path / 'official.pth'), str(tmp_path / 'c.pth')
     ckpt = official_checkpoint(family, with_buffers=True, seed=1)
     torch.save(ckpt, src)
-    load_tool(f'model_converters/{family}_swin_to_mmpretrain').main(
-        [src, dst])
+    load_tool(f'model_converters/{family}_swin_to_mmpretrain').main([src, dst])
     model = classifier(family)
     model.load_state_dict(torch.load(dst)['state_dict'], strict=True)
     model = model.double().eval()
@@ -86,8 +79,8 @@ def test_converted_classifier_gives_the_official_logits(tmp_path, family):
         logits = model(x, mode='tensor')
     p = {k: v.double() for k, v in ckpt['model'].items()}
     p.update({f'norm3.{k}': p[f'norm.{k}'] for k in ('weight', 'bias')})
-    (feat, ) = ref.swin_model(x, p, (2, 2, 6, 2), (3, 6, 12, 24), family,
-                              out_indices=(3, ))
+    (feat, ) = ref.swin_model(
+        x, p, (2, 2, 6, 2), (3, 6, 12, 24), family, out_indices=(3, ))
     expected = feat.mean((2, 3)) @ p['head.weight'].T + p['head.bias']
     torch.testing.assert_close(logits, expected, rtol=1e-9, atol=1e-9)
 

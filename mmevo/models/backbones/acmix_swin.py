@@ -19,8 +19,14 @@ class ACmixWindowAttention(nn.Module):
     init) maps them to the block's channels. ``rate1 = rate2 = 0.5``.
     """
 
-    def __init__(self, dim, num_heads, window_size, qkv_bias=True,
-                 qk_scale=None, attn_drop=0., proj_drop=0.):
+    def __init__(self,
+                 dim,
+                 num_heads,
+                 window_size,
+                 qkv_bias=True,
+                 qk_scale=None,
+                 attn_drop=0.,
+                 proj_drop=0.):
         super().__init__()
         self.num_heads = num_heads
         head_dim = dim // num_heads

@@ -143,8 +143,8 @@ class ELSASwinTransformer(SwinFamily):
         preset = self.arch_zoo.get(arch, {})
         self.elsa_kernel = elsa_kernel
         self.group_width = (
-            preset.get('group_width', 8) if group_width is None else
-            group_width)
+            preset.get('group_width', 8)
+            if group_width is None else group_width)
         self.lam = lam
         self.gamma = gamma
         self.qkv_bias = qkv_bias
@@ -172,9 +172,8 @@ class ELSASwinTransformer(SwinFamily):
         if stage < 3:
             return ELSASwinBlock(dim, num_heads, self.elsa_kernel,
                                  self.group_width, self.lam, self.gamma,
-                                 self.qkv_bias, self.mlp_ratio,
-                                 self.drop_rate, self.attn_drop_rate,
-                                 drop_path)
+                                 self.qkv_bias, self.mlp_ratio, self.drop_rate,
+                                 self.attn_drop_rate, drop_path)
         attn = ELSAWindowAttention(dim, num_heads, self.window_size,
                                    self.qkv_bias, self.qk_scale,
                                    self.attn_drop_rate, self.drop_rate)

@@ -90,9 +90,13 @@ def official_to_mmpretrain(checkpoint, family):
                          f'"{FAMILY_MARK[family]}" key')
     if 'head.weight' not in state:
         raise ValueError('not a classification checkpoint: no head.weight')
-    return {('head.fc.' + k[len('head.'):] if k.startswith('head.') else
-             'backbone.' + k): v
-            for k, v in state.items()}
+    out = {}
+    for k, v in state.items():
+        if k.startswith('head.'):
+            out['head.fc.' + k[len('head.'):]] = v
+        else:
+            out['backbone.' + k] = v
+    return out
 
 
 def convert_checkpoint_file(src, dst, family):

@@ -27,9 +27,16 @@ def pad_to_window(x, window_size):
     H, W = x.shape[1:3]
     pad_b = (window_size - H % window_size) % window_size
     pad_r = (window_size - W % window_size) % window_size
-    if pad_b or pad_r:
+    if is_symbolic(H, W) or pad_b or pad_r:
         x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
     return x
+
+
+def is_symbolic(*sizes):
+    """Whether sizes are traced (TorchScript tensors, ``torch.export``
+    SymInts) rather than Python ints: a graph then pads unconditionally
+    (zero-width pads), as no branch on the size can be recorded."""
+    return not all(type(s) is int for s in sizes)
 
 
 def window_partition(x, window_size):
@@ -53,23 +60,40 @@ def window_geometry(H, W, window_size, shift_size, pad_small_map):
     Classification code (``pad_small_map=False``): a map no larger than the
     window is one unshifted window of its own size. Detection code
     (``True``): the window stays and the map is padded to it.
+
+    Raises:
+        RuntimeError: classification geometry on traced (symbolic) sizes:
+            TorchScript tracing, or ``torch.export`` with dynamic H, W.
     """
-    if not pad_small_map and min(H, W) <= window_size:
+    if pad_small_map:
+        return window_size, shift_size
+    if is_symbolic(H, W):
+        raise RuntimeError(
+            'pad_small_map=False (the classification geometry) takes its '
+            'window and shift from the size of each map, which a traced '
+            'graph cannot hold: export it with dynamic=False and the '
+            'dynamo exporter (one fixed size), or build the backbone with '
+            'pad_small_map=True (the detection geometry: every size in one '
+            'graph)')
+    if min(H, W) <= window_size:
         return min(H, W), 0
     return window_size, shift_size
 
 
 def shift_mask(Hp, Wp, window_size, shift_size, dtype, device):
-    """(nW, N, N) additive mask (0 / -100) of the shifted windows."""
-    img = torch.zeros(1, Hp, Wp, 1, dtype=dtype, device=device)
-    cuts = (slice(0, -window_size), slice(-window_size, -shift_size),
-            slice(-shift_size, None))
-    region = 0
-    for h in cuts:
-        for w in cuts:
-            img[:, h, w, :] = region
-            region += 1
-    ids = window_partition(img, window_size).squeeze(-1)
+    """(nW, N, N) additive mask (0 / -100) of the shifted windows.
+
+    The regions of the rolled map (rows and columns ``[0, -window)``,
+    ``[-window, -shift)``, ``[-shift, end)``) are found by comparisons, not
+    by slicing, so a graph with symbolic Hp, Wp holds every size.
+    """
+
+    def region(n):
+        r = torch.arange(n, device=device)
+        return (r >= n - window_size).long() + (r >= n - shift_size).long()
+
+    img = (region(Hp)[:, None] * 3 + region(Wp)[None, :]).to(dtype)
+    ids = window_partition(img[None, :, :, None], window_size).squeeze(-1)
     mask = ids.unsqueeze(1) - ids.unsqueeze(2)
     # -100 as published; built in the map's dtype (fp16/bf16 included).
     return mask.masked_fill(mask != 0, -100.).masked_fill(mask == 0, 0.)
@@ -84,7 +108,8 @@ def relative_index(window_size, table_size, transposed=False):
     """
     coords = torch.stack(
         torch.meshgrid(
-            torch.arange(window_size), torch.arange(window_size),
+            torch.arange(window_size),
+            torch.arange(window_size),
             indexing='ij')).flatten(1)
     rel = coords[:, None, :] - coords[:, :, None] if transposed else \
         coords[:, :, None] - coords[:, None, :]
@@ -136,11 +161,11 @@ class PatchMerging(nn.Module):
 
     def forward(self, x):
         H, W = x.shape[1:3]
-        if H % 2 or W % 2:
+        if is_symbolic(H, W) or H % 2 or W % 2:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
         x = torch.cat([
-            x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2],
-            x[:, 1::2, 1::2]
+            x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2,
+                                                                    1::2]
         ], -1)
         return self.reduction(self.norm(x))
 
@@ -197,8 +222,8 @@ class SwinFamily(BaseModule):
         preset = self.arch_zoo[arch]
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         depths = tuple(preset['depths'] if depths is None else depths)
-        num_heads = tuple(preset['num_heads'] if num_heads is None else
-                          num_heads)
+        num_heads = tuple(preset['num_heads'] if num_heads is
+                          None else num_heads)
         check_int('embed_dims', embed_dims)
         check_int('window_size', window_size)
         if len(depths) != 4 or len(num_heads) != 4:

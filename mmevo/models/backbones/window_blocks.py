@@ -55,8 +55,14 @@ class ELSAWindowAttention(nn.Module):
     multiplies ``q @ k^T``.
     """
 
-    def __init__(self, dim, num_heads, window_size, qkv_bias=True,
-                 qk_scale=None, attn_drop=0., proj_drop=0.):
+    def __init__(self,
+                 dim,
+                 num_heads,
+                 window_size,
+                 qkv_bias=True,
+                 qk_scale=None,
+                 attn_drop=0.,
+                 proj_drop=0.):
         super().__init__()
         self.num_heads = num_heads
         self.scale = qk_scale or (dim // num_heads)**-0.5
@@ -98,8 +104,8 @@ class ShiftWindowBlock(nn.Module):
             rolled (B, Hp, Wp, C) map; returns that shape.
     """
 
-    def __init__(self, dim, attn, window_size, shift, mlp_ratio,
-                 pad_small_map, drop, drop_path):
+    def __init__(self, dim, attn, window_size, shift, mlp_ratio, pad_small_map,
+                 drop, drop_path):
         super().__init__()
         self.window_size = window_size
         self.shift_size = window_size // 2 if shift else 0
