@@ -20,6 +20,8 @@ _HOW_TO_GET = {
     'ImageNet':
     'download ImageNet (ILSVRC 2012) and lay it out as described in '
     'docs/datasets.md (ImageNet)',
+    'ADE20KDataset':
+    'download ADEChallengeData2016 as described in docs/datasets.md (ADE20K)',
 }
 # The generated demo set of each dataset type (``make_synthetic_data.py``).
 _SYNTHETIC_KIND = {'CityscapesDataset': 'seg', 'ImageNet': 'cls'}
