@@ -15,7 +15,6 @@ import functools
 import torch
 
 from mmevo.ops import export as ops_export
-
 from .export import naming_failing_layer
 from .rewrites import export_rewrites
 
@@ -82,11 +81,28 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
         str: ``path``.
 
     Example:
-        >>> model = TensorOutputs(RedNet(50).eval(), lambda m, x: m(x))
+        >>> backbone = RedNet(50)
+        >>> backbone.eval()  # mmdet's ResNet.train returns None
+        >>> model = TensorOutputs(backbone, lambda m, x: m(x))
         >>> export_aoti(model, torch.randn(1, 3, 224, 224), 'rednet.pt2')
         >>> outputs = AotiModel('rednet.pt2')(torch.randn(1, 3, 160, 192))
     """
-    program = export_program(model, x, dynamic, inline_ops)
+    return compile_program(export_program(model, x, dynamic, inline_ops), path)
+
+
+def compile_program(program, path):
+    """AOTInductor's package of ``program`` at ``path``, its weights
+    frozen (``torch._inductor.config.freezing``: constants of the
+    program, batch norms folded into the convolutions).
+
+    Args:
+        program (torch.export.ExportedProgram): e.g. of
+            :func:`export_program`.
+        path (str): the ``.pt2`` file to write.
+
+    Returns:
+        str: ``path``.
+    """
     return torch._inductor.aoti_compile_and_package(
         program, package_path=path, inductor_configs={'freezing': True})
 

@@ -116,6 +116,22 @@ def test_missing_file_is_one_line(tool, setup, capsys):
     assert 'nowhere' in err
 
 
+def test_aoti_input_too_small_is_one_line(setup, capsys):
+    """torch.export's error on an input the model cannot take (a dynamic
+    size of 1), in one line, before any compile."""
+    tmp, cfg, ckpt, _ = setup
+    out = tmp / 'small.pt2'
+    with pytest.raises(SystemExit) as info:
+        load_tool('deployment/pytorch2aoti').main(
+            [cfg, ckpt, '--out',
+             str(out), '--shape', '1', '1', '--dynamic'])
+    assert info.value.code != 0
+    err = capsys.readouterr().err
+    assert err.startswith('error: torch.export at --shape 1 1 --dynamic '
+                          'failed: ') and err.count('\n') == 1
+    assert not out.exists()
+
+
 def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
     tmp, cfg, ckpt, _ = setup
     state = torch.load(ckpt)['state_dict']
