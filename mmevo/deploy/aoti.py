@@ -103,8 +103,12 @@ def compile_program(program, path):
     Returns:
         str: ``path``.
     """
-    return torch._inductor.aoti_compile_and_package(
-        program, package_path=path, inductor_configs={'freezing': True})
+    # Inductor freezes only with gradients off: with them on, the package
+    # silently keeps the weights as inputs of generic convolutions (batch
+    # norms unfolded, no oneDNN weight prepacking).
+    with torch.no_grad():
+        return torch._inductor.aoti_compile_and_package(
+            program, package_path=path, inductor_configs={'freezing': True})
 
 
 class AotiModel:
