@@ -185,9 +185,12 @@ def main(argv=None):
         if args.cpp_runner:
             for name in packages:
                 for runtime, path in packages[name].items():
-                    med[(name, f'{runtime} C++')] = _cpp_median(
-                        args.cpp_runner, path, inputs[name], args.iters,
-                        runtime == 'aoti-inline')
+                    try:
+                        med[(name, f'{runtime} C++')] = _cpp_median(
+                            args.cpp_runner, path, inputs[name], args.iters,
+                            runtime == 'aoti-inline')
+                    except RuntimeError as e:  # the table still prints
+                        print(f'{name} {runtime} C++: {e}')
     _print(med, errs, args)
     return med
 
