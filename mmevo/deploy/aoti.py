@@ -10,7 +10,9 @@ program that calls them. With ``inline_ops`` the package holds their
 formulation in standard operators instead (:mod:`mmevo.ops.export`): it
 then runs where mmevo's op library is not loaded.
 """
+import copy
 import functools
+import warnings
 
 import torch
 
@@ -93,7 +95,12 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
 def compile_program(program, path):
     """AOTInductor's package of ``program`` at ``path``, its weights
     frozen (``torch._inductor.config.freezing``: constants of the
-    program, batch norms folded into the convolutions).
+    program, batch norms folded into the convolutions, oneDNN's weights
+    prepacked).
+
+    Where Inductor's freezing fails (e.g. on a two-stage detector's
+    graph: its constant folding loses a lifted tensor constant), warns
+    and compiles without freezing.
 
     Args:
         program (torch.export.ExportedProgram): e.g. of
@@ -103,12 +110,24 @@ def compile_program(program, path):
     Returns:
         str: ``path``.
     """
-    # Inductor freezes only with gradients off: with them on, the package
-    # silently keeps the weights as inputs of generic convolutions (batch
-    # norms unfolded, no oneDNN weight prepacking).
-    with torch.no_grad():
-        return torch._inductor.aoti_compile_and_package(
-            program, package_path=path, inductor_configs={'freezing': True})
+    frozen = copy.deepcopy(program)  # freezing edits the graph it folds
+    try:
+        # Inductor freezes only with gradients off: with them on, the
+        # package silently keeps the weights as inputs of generic
+        # convolutions (batch norms unfolded, no weight prepacking).
+        with torch.no_grad():
+            return _compile(frozen, path, freezing=True)
+    except Exception as e:  # noqa: BLE001  (Inductor's own errors)
+        first = str(e).splitlines()[0] if str(e) else ''
+        warnings.warn(
+            f'AOTInductor freezing failed ({type(e).__name__}: {first}); '
+            'compiling without it (slower)')
+    return _compile(program, path, freezing=False)
+
+
+def _compile(program, path, freezing):
+    return torch._inductor.aoti_compile_and_package(
+        program, package_path=path, inductor_configs={'freezing': freezing})
 
 
 class AotiModel:
