@@ -131,8 +131,9 @@ int run(const Options& opts) {
     torch::set_num_threads(opts.threads);
   }
   c10::InferenceMode inference;
-  torch::inductor::AOTIModelPackageLoader loader(opts.model);
+  // the input first: a wrong file is reported before the package loads
   const std::vector<torch::Tensor> inputs{read_input(opts)};
+  torch::inductor::AOTIModelPackageLoader loader(opts.model);
   auto outputs = loader.run(inputs);
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& out = outputs[i];

@@ -28,8 +28,7 @@ from .runtime import OnnxModel
 
 __all__ = [
     'AotiModel', 'OnnxModel', 'TensorOutputs', 'adaptive_avg_pool2d',
-    'check_outputs',
-    'export_aoti', 'export_onnx', 'export_rewrites', 'exportable',
-    'match_rows', 'max_difference', 'model_kind', 'nms', 'roi_align',
-    'runtime_predict'
+    'check_outputs', 'export_aoti', 'export_onnx', 'export_rewrites',
+    'exportable', 'match_rows', 'max_difference', 'model_kind', 'nms',
+    'roi_align', 'runtime_predict'
 ]

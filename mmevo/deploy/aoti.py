@@ -10,12 +10,13 @@ program that calls them. With ``inline_ops`` the package holds their
 formulation in standard operators instead (:mod:`mmevo.ops.export`): it
 then runs where mmevo's op library is not loaded.
 """
+import copy
 import functools
+import warnings
 
 import torch
 
 from mmevo.ops import export as ops_export
-
 from .export import naming_failing_layer
 from .rewrites import export_rewrites
 
@@ -82,13 +83,51 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
         str: ``path``.
 
     Example:
-        >>> model = TensorOutputs(RedNet(50).eval(), lambda m, x: m(x))
+        >>> backbone = RedNet(50)
+        >>> backbone.eval()  # mmdet's ResNet.train returns None
+        >>> model = TensorOutputs(backbone, lambda m, x: m(x))
         >>> export_aoti(model, torch.randn(1, 3, 224, 224), 'rednet.pt2')
         >>> outputs = AotiModel('rednet.pt2')(torch.randn(1, 3, 160, 192))
     """
-    program = export_program(model, x, dynamic, inline_ops)
+    return compile_program(export_program(model, x, dynamic, inline_ops), path)
+
+
+def compile_program(program, path):
+    """AOTInductor's package of ``program`` at ``path``, its weights
+    frozen (``torch._inductor.config.freezing``: constants of the
+    program, batch norms folded into the convolutions, oneDNN's weights
+    prepacked).
+
+    Where Inductor's freezing fails (e.g. on a two-stage detector's
+    graph: its constant folding loses a lifted tensor constant), warns
+    and compiles without freezing.
+
+    Args:
+        program (torch.export.ExportedProgram): e.g. of
+            :func:`export_program`.
+        path (str): the ``.pt2`` file to write.
+
+    Returns:
+        str: ``path``.
+    """
+    frozen = copy.deepcopy(program)  # freezing edits the graph it folds
+    try:
+        # Inductor freezes only with gradients off: with them on, the
+        # package silently keeps the weights as inputs of generic
+        # convolutions (batch norms unfolded, no weight prepacking).
+        with torch.no_grad():
+            return _compile(frozen, path, freezing=True)
+    except Exception as e:  # noqa: BLE001  (Inductor's own errors)
+        first = str(e).splitlines()[0] if str(e) else ''
+        warnings.warn(
+            f'AOTInductor freezing failed ({type(e).__name__}: {first}); '
+            'compiling without it (slower)')
+    return _compile(program, path, freezing=False)
+
+
+def _compile(program, path, freezing):
     return torch._inductor.aoti_compile_and_package(
-        program, package_path=path, inductor_configs={'freezing': True})
+        program, package_path=path, inductor_configs={'freezing': freezing})
 
 
 class AotiModel:

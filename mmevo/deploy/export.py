@@ -16,7 +16,6 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from mmevo.layers.base import EvolutionLayer
-
 from .ops import ONNX_TRANSLATIONS, OPSET_VERSION, register_onnx_symbolics
 from .rewrites import export_rewrites
 

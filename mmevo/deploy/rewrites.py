@@ -115,9 +115,9 @@ def export_rewrites(model):
     patched = []
     try:
         for module in model.modules():
-            rewrite = next((fn for cls, fn in rewrites.items()
-                            if isinstance(module, cls)
-                            and type(module).forward is cls.forward), None)
+            rewrite = next(
+                (fn for cls, fn in rewrites.items() if isinstance(module, cls)
+                 and type(module).forward is cls.forward), None)
             if rewrite is None:
                 continue
             # an instance's own forward (a hook library's) is put back too

@@ -4,13 +4,12 @@ their standard-operator formulation), equal to PyTorch at other sizes; the
 compiled package equals PyTorch too."""
 import pytest
 import torch
+# this folder is on sys.path
+from layer_cases import LAYERS
 
 from mmevo.deploy import AotiModel, TensorOutputs, export_aoti
 from mmevo.deploy.aoti import export_program
 from mmevo.layers import Involution, LocalSelfAttention
-
-# this folder is on sys.path
-from layer_cases import LAYERS
 
 MMEVO_OPS = {
     'mmevo.evolution_aggregate.default', 'mmevo.local_correlation.default',

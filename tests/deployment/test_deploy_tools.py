@@ -116,6 +116,22 @@ def test_missing_file_is_one_line(tool, setup, capsys):
     assert 'nowhere' in err
 
 
+def test_aoti_input_too_small_is_one_line(setup, capsys):
+    """torch.export's error on an input the model cannot take (a dynamic
+    size of 1), in one line, before any compile."""
+    tmp, cfg, ckpt, _ = setup
+    out = tmp / 'small.pt2'
+    with pytest.raises(SystemExit) as info:
+        load_tool('deployment/pytorch2aoti').main(
+            [cfg, ckpt, '--out',
+             str(out), '--shape', '1', '1', '--dynamic'])
+    assert info.value.code != 0
+    err = capsys.readouterr().err
+    assert err.startswith('error: torch.export at --shape 1 1 --dynamic '
+                          'failed: ') and err.count('\n') == 1
+    assert not out.exists()
+
+
 def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
     tmp, cfg, ckpt, _ = setup
     state = torch.load(ckpt)['state_dict']
@@ -245,17 +261,33 @@ def settle(model):
     model.eval()
 
 
-@pytest.mark.parametrize('config,metric,exporter', [
-    (FASTER_RCNN, 'bbox', 'dynamo'),
-    (MASK_RCNN, ['bbox', 'segm'], 'torchscript'),
-])
+@pytest.mark.parametrize(
+    'config,metric,exporter',
+    [
+        (FASTER_RCNN, 'bbox', 'dynamo'),
+        (MASK_RCNN, ['bbox', 'segm'], 'torchscript'),
+        pytest.param(
+            FASTER_RCNN,
+            'bbox',
+            'aoti',
+            marks=[
+                pytest.mark.slow,
+                # torch 2.14: freezing loses a lifted constant of the graph,
+                # and the unfrozen compile's C++ codegen overflows int64 on a
+                # size bound of the NMS outputs' data-dependent length
+                pytest.mark.xfail(
+                    reason='AOTInductor cannot compile two-stage detectors yet'
+                )
+            ]),
+    ])
 def test_two_stage_export_then_evaluate_matches_pytorch(
         config, metric, exporter, setup):
     """A narrow Faster / Mask R-CNN on the tiny set: the ONNX graph's
     detections (and mask head outputs) through the config's own mask head
     give tools/test.py's detections and metrics. Faster R-CNN with the
     dynamo exporter (about a minute here), Mask R-CNN with the faster
-    TorchScript one."""
+    TorchScript one; Faster R-CNN as an AOTInductor package (H and W
+    dynamic, a compile of minutes) through aoti_test.py."""
     tmp, det_cfg, _, export = setup
     name = osp.basename(config).split('_')[0]
     cfg = Config.fromfile(config)
@@ -279,14 +311,23 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
     torch.manual_seed(0)
     model = build_model(load_config(path))
     settle(model)
-    ckpt, onnx = str(tmp / f'{name}.pth'), str(tmp / f'{name}.onnx')
+    ckpt = str(tmp / f'{name}.pth')
     torch.save({'state_dict': model.state_dict()}, ckpt)
-    export.main([
-        path, ckpt, '--out', onnx, '--shape', '128', '128', '--exporter',
-        exporter
-    ])
-    metrics = load_tool('deployment/onnx_test').main([
-        path, onnx, '--work-dir',
+    if exporter == 'aoti':
+        exported = str(tmp / f'{name}.pt2')
+        load_tool('deployment/pytorch2aoti').main([
+            path, ckpt, '--out', exported, '--shape', '128', '128', '--dynamic'
+        ])
+        evaluate = load_tool('deployment/aoti_test')
+    else:
+        exported = str(tmp / f'{name}.onnx')
+        export.main([
+            path, ckpt, '--out', exported, '--shape', '128', '128',
+            '--exporter', exporter
+        ])
+        evaluate = load_tool('deployment/onnx_test')
+    metrics = evaluate.main([
+        path, exported, '--work-dir',
         str(tmp / f'{name}_onnx'), '--out',
         str(tmp / f'{name}_onnx.pkl'), '--cfg-options',
         f'experiment_name={name}_onnx', f'visualizer.name={name}_onnx'

@@ -8,6 +8,8 @@ import onnxruntime  # noqa: F401  (the deploy extra: missing fails, not skips)
 import pytest
 import torch
 import torch.nn.functional as F
+# the layer cases shared with test_aoti.py (this folder is on sys.path)
+from layer_cases import LAYERS
 from mmdet.structures import DetDataSample
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
@@ -21,9 +23,6 @@ from mmevo.models.backbones.acmix_resnet import ACmixResNet
 from mmevo.models.backbones.rednet import RedNet
 from mmevo.models.necks.involution_fpn import InvolutionFPN
 from mmevo.registry import MODELS
-
-# the layer cases shared with test_aoti.py (this folder is on sys.path)
-from layer_cases import LAYERS
 
 
 def assert_parity(model, path, inputs, match=None):

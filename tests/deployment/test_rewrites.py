@@ -45,8 +45,7 @@ def test_instances_are_rewritten_for_the_block_only():
         assert not any('forward' in vars(m) for m in other)
         assert {cls: vars(cls)['forward'] for cls in stock} == stock
         # the rewrite runs: bins as matmuls, not aten's adaptive pooling
-        assert 'aten._adaptive_avg_pool2d.default' not in aten_ops(
-            model[0], x)
+        assert 'aten._adaptive_avg_pool2d.default' not in aten_ops(model[0], x)
         assert 'aten._adaptive_avg_pool2d.default' in aten_ops(other[0], x)
         torch.testing.assert_close(model(x), expected)
     assert not any('forward' in vars(m) for m in model)

@@ -14,9 +14,10 @@ OMP_NUM_THREADS). Ratios: each runtime to PyTorch eager of the same model,
 and each model to ResNet-50 on the same runtime; the largest difference to
 eager of each export, relative to the output's largest value.
 
-``--cpp-runner`` (deploy/cpp's ``aoti_runner``) also times the
-``aoti-inline`` packages in C++ without Python, in a process of its own
-after the rounds (median of ``--iters`` runs after one).
+``--cpp-runner`` (deploy/cpp's ``aoti_runner``) also times the ``aoti``
+and ``aoti-inline`` packages in C++ without Python (``aoti C++``: the
+runner loads mmevo's op library, ``mmevo/_ext*.so``), in a process of its
+own after the rounds (median of ``--iters`` runs after one).
 
 Models: ``resnet50`` (mmdet's ResNet) and ``rednet50`` backbones at B1
 ``--size``^2, and ``demo``, the demo RetinaNet's tensor outputs at 128^2.
@@ -32,6 +33,7 @@ Example:
 """
 import argparse
 import contextlib
+import importlib.util
 import os.path as osp
 import re
 import statistics
@@ -89,8 +91,8 @@ def _centre_tap(input, kernel, stride, padding, dilation, padding_mode):
 
 
 def _exports(name, model, x, runtimes, tmp, exporter):
-    """``{runtime: callable}`` of ``name``'s exports, and the package
-    paths of ``aoti-inline``."""
+    """``{runtime: callable}`` of ``name``'s exports, and ``{runtime:
+    path}`` of its packages."""
     runs, packages = {}, {}
     windowless = name.endswith('-windowless')
     if 'onnxruntime' in runtimes:
@@ -117,17 +119,20 @@ def _exports(name, model, x, runtimes, tmp, exporter):
     return runs, packages
 
 
-def _cpp_median(runner, path, x, iters):
-    """Median ms of ``iters`` runs of the package in the C++ runner."""
-    out = subprocess.run([
+def _cpp_median(runner, path, x, iters, inline):
+    """Median ms of ``iters`` runs of the package in the C++ runner (which
+    loads mmevo's op library unless the package is ``inline``)."""
+    cmd = [
         runner, path, '--shape', *map(str, x.shape), '--iters',
         str(iters), '--threads',
         str(torch.get_num_threads())
-    ],
-                         capture_output=True,
-                         text=True,
-                         check=True).stdout
-    return float(re.search(r'median ([0-9.]+) ms', out).group(1))
+    ]
+    if not inline:
+        cmd += ['--ops-library', importlib.util.find_spec('mmevo._ext').origin]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f'{" ".join(cmd)}: {out.stderr.strip()}')
+    return float(re.search(r'median ([0-9.]+) ms', out.stdout).group(1))
 
 
 def main(argv=None):
@@ -148,8 +153,8 @@ def main(argv=None):
         '--exporter', choices=['dynamo', 'torchscript'], default='torchscript')
     parser.add_argument(
         '--cpp-runner',
-        help="deploy/cpp's aoti_runner: also time the aoti-inline packages "
-        'in C++')
+        help="deploy/cpp's aoti_runner: also time the aoti and aoti-inline "
+        'packages in C++')
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     runs, inputs, packages, errs = {}, {}, {}, {}
@@ -164,8 +169,7 @@ def main(argv=None):
                 with torch.no_grad():
                     expected = model(x)
                 for runtime, run in runs[name].items():
-                    errs[(name, runtime)] = max_difference(
-                        run(x), expected)[0]
+                    errs[(name, runtime)] = max_difference(run(x), expected)[0]
         times = {(n, r): [] for n in runs for r in runs[n]}
         for it in range(args.warmup + args.iters):
             for (name, runtime), samples in times.items():
@@ -180,18 +184,23 @@ def main(argv=None):
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         if args.cpp_runner:
             for name in packages:
-                if 'aoti-inline' in packages[name]:
-                    med[(name, 'aoti-inline C++')] = _cpp_median(
-                        args.cpp_runner, packages[name]['aoti-inline'],
-                        inputs[name], args.iters)
+                for runtime, path in packages[name].items():
+                    try:
+                        med[(name, f'{runtime} C++')] = _cpp_median(
+                            args.cpp_runner, path, inputs[name], args.iters,
+                            runtime == 'aoti-inline')
+                    except RuntimeError as e:  # the table still prints
+                        print(f'{name} {runtime} C++: {e}')
     _print(med, errs, args)
     return med
 
 
 def _print(med, errs, args):
     runtimes = [r for r in RUNTIMES if r in args.runtimes]
-    if args.cpp_runner and 'aoti-inline' in runtimes:
-        runtimes.append('aoti-inline C++')
+    if args.cpp_runner:
+        runtimes += [
+            f'{r} C++' for r in ('aoti', 'aoti-inline') if r in runtimes
+        ]
     models = list(dict.fromkeys(n for n, _ in med))
     print(f'threads {torch.get_num_threads()}, median of {args.iters}, ms')
     print(f"| model | {' | '.join(runtimes)} |")

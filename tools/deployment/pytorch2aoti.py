@@ -2,9 +2,9 @@
 
 ``torch.export`` (H and W dynamic with ``--dynamic``) then AOTInductor, the
 weights frozen: the package holds the graph ``pytorch2onnx.py`` exports
-(a backbone's features; a single-stage detector's raw head outputs; the
-detections of a two-stage one, with the mask head's outputs on them; a
-segmentor's logits), calling mmevo's own kernels
+(a backbone's features; a single-stage detector's raw head outputs; a
+segmentor's logits; two-stage detectors do not compile yet, see
+docs/deployment.md), calling mmevo's own kernels
 (``torch.ops.mmevo.*``). ``tools/deployment/aoti_test.py`` evaluates it
 on the config's test set. The package is checked against PyTorch at the
 export size and, with ``--dynamic``, at another size.
@@ -24,7 +24,8 @@ import torch  # noqa: E402
 import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
 from mmevo import apis  # noqa: E402
 from mmevo.apis.deploy import report_parity  # noqa: E402
-from mmevo.deploy import AotiModel, export_aoti, exportable  # noqa: E402
+from mmevo.deploy import AotiModel, exportable  # noqa: E402
+from mmevo.deploy.aoti import compile_program, export_program  # noqa: E402
 from mmevo.integrations import mmengine as fixes  # noqa: E402
 
 
@@ -62,6 +63,14 @@ def other_size(shape):
     return [max(1, h * 3 // 4) | 1, max(1, w * 5 // 4) | 1]
 
 
+def summary(error, limit=300):
+    """The first lines of ``error``'s message as one line, at most
+    ``limit`` characters."""
+    text = ' '.join(line.strip() for line in str(error).splitlines()[:3])
+    text = text or type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.device == 'cuda' and not torch.cuda.is_available():
@@ -70,17 +79,23 @@ def main(argv=None):
     with apis.one_line_errors():
         # a partial checkpoint would compile a half-initialised model
         model = apis.build_model(
-            apis.load_config(args.config), args.checkpoint, args.device,
+            apis.load_config(args.config),
+            args.checkpoint,
+            args.device,
             hint='compile the checkpoint the config trained')
     model, kind = exportable(model)
     shapes = [args.shape] + ([other_size(args.shape)] if args.dynamic else [])
     inputs = [torch.randn(1, 3, *hw, device=args.device) for hw in shapes]
-    export_aoti(
-        model,
-        inputs[0],
-        args.out,
-        dynamic=args.dynamic,
-        inline_ops=args.inline_ops)
+    try:
+        program = export_program(
+            model, inputs[0], dynamic=args.dynamic, inline_ops=args.inline_ops)
+    except Exception as e:  # noqa: BLE001  (torch.export's own errors)
+        size = ' '.join(map(str, args.shape))
+        apis.fail(f'torch.export at --shape {size}'
+                  f"{' --dynamic' if args.dynamic else ''} failed: "
+                  f'{summary(e)} (an input too small for the model? try '
+                  'its test size, e.g. --shape 128 128)')
+    compile_program(program, args.out)
     report_parity(model, AotiModel(args.out), inputs, kind, 'AOTInductor')
     return args.out
 

@@ -54,7 +54,8 @@ def main(argv=None):
     with apis.one_line_errors():
         # a partial checkpoint would export a half-initialised model
         model = apis.build_model(
-            apis.load_config(args.config), args.checkpoint,
+            apis.load_config(args.config),
+            args.checkpoint,
             hint='export the checkpoint the config trained')
     model, kind = exportable(model)
     x = torch.randn(1, 3, *args.shape)
