@@ -2,7 +2,8 @@
 PyTorch and evaluate it on a config's test set."""
 import os.path as osp
 
-from mmevo.deploy import check_outputs, runtime_predict
+from mmevo.deploy import (check_outputs, expected_outputs, model_kind,
+                          runtime_predict)
 from .cli import fail, one_line_errors
 from .runner import build_runner, check_data, dump_results, load_config
 
@@ -59,6 +60,15 @@ def test_exported(args, runtime, name):
     except Exception as e:  # noqa: BLE001  (the runtime's own errors)
         fail(f"{name} model '{args.model}' cannot be loaded: "
              f'{str(e).splitlines()[0] if str(e) else type(e).__name__}')
+    kind = model_kind(runner.model)
+    outputs = getattr(session, 'num_outputs', None)
+    if kind in ('two-stage', 'det', 'seg') and outputs is not None:
+        expected = expected_outputs(runner.model, kind)
+        if outputs not in expected:
+            fail(f"{name} model '{args.model}' has {outputs} outputs, the "
+                 f"config's {kind} model gives "
+                 f"{' or '.join(map(str, expected))}: export this config "
+                 'with tools/deployment/pytorch2onnx.py')
     try:
         runner.model.predict = runtime_predict(runner.model, session)
     except ValueError as e:

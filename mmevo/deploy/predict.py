@@ -52,6 +52,22 @@ def exportable(model):
     return TensorOutputs(model, forward), kind
 
 
+def expected_outputs(model, kind):
+    """The output counts the export of ``model`` (a detector or segmentor
+    of :func:`model_kind` ``kind``) can have.
+
+    Example:
+        >>> expected_outputs(retinanet, 'det')  # 5 levels
+        [10, 15]
+    """
+    if kind == 'seg':
+        return [1]
+    if kind == 'two-stage':  # boxes, scores, labels[, masks]
+        return [4 if model.roi_head.with_mask else 3]
+    levels = len(model.bbox_head.prior_generator.strides)
+    return [2 * levels, 3 * levels]  # scores, boxes[, centerness] per level
+
+
 def _call(model, x):
     return model(x)
 

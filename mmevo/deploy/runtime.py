@@ -23,6 +23,8 @@ class OnnxModel:
         self.session = ort.InferenceSession(
             path, options, providers=['CPUExecutionProvider'])
         self.input_name = self.session.get_inputs()[0].name
+        #: how many tensors a call returns
+        self.num_outputs = len(self.session.get_outputs())
 
     def __call__(self, x):
         """Tuple of output tensors for the input ``x`` (a tensor)."""

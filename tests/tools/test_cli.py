@@ -341,11 +341,6 @@ def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
     assert not os.listdir(tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='issue 23: onnx_test.py does not yet compare the number of '
-    "the ONNX model's outputs with the config's head (a TypeError from "
-    'predict_by_feat)')
 def test_onnx_model_of_another_kind_is_one_line(tiny_coco, tmp_path, capsys):
     import onnx
     from onnx import TensorProto, helper
