@@ -1,5 +1,5 @@
 # mmevo: `make demo` trains and evaluates the embedded detector, `make test` runs the tests,
-# `make lint` checks the code style (flake8, isort, yapf; setup.cfg), `make format` fixes it.
+# `make lint` checks the code style (ruff: lint, imports, format; pyproject.toml), `make format` fixes it.
 # Each target sets the environment up first (idempotent, seconds when already done).
 PY := .venv/bin/python
 export OMP_NUM_THREADS ?= 2
@@ -43,13 +43,12 @@ test: install
 	$(PY) -m pytest tests -q
 
 lint: install
-	$(PY) -m flake8 $(LINT_PATHS)
-	$(PY) -m isort --check-only --diff $(LINT_PATHS)
-	$(PY) -m yapf -r -d $(LINT_PATHS)
+	.venv/bin/ruff check $(LINT_PATHS)
+	.venv/bin/ruff format --check $(LINT_PATHS)
 
 format: install
-	$(PY) -m isort $(LINT_PATHS)
-	$(PY) -m yapf -r -i $(LINT_PATHS)
+	.venv/bin/ruff check --fix $(LINT_PATHS)
+	.venv/bin/ruff format $(LINT_PATHS)
 
 # On a CUDA machine (TRITON_INTERPRET=1 on CPU tensors without one); see README.
 gpu-check:

@@ -1,4 +1,5 @@
 """mmevo: dynamic-kernel ("evolution") vision operators for OpenMMLab."""
+
 import os
 import re
 from setuptools import find_packages, setup
@@ -23,14 +24,17 @@ def cpu_extension():
     """
     csrc = os.path.join('mmevo', 'ops', 'csrc')
     sources = sorted(
-        os.path.join(csrc, f) for f in os.listdir(os.path.join(HERE, csrc))
-        if f.endswith('.cpp'))
+        os.path.join(csrc, f)
+        for f in os.listdir(os.path.join(HERE, csrc))
+        if f.endswith('.cpp')
+    )
     return CppExtension(
         'mmevo._ext',
         sources,
         py_limited_api=True,
         extra_compile_args={'cxx': ['-O3', '-fopenmp', '-std=c++20']},
-        extra_link_args=['-fopenmp'])
+        extra_link_args=['-fopenmp'],
+    )
 
 
 # The models subclass mmdet's (the backbones its ResNet, the neck and heads

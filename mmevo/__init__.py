@@ -21,6 +21,7 @@ process that already runs mmengine: then, and only then, the import calls
 ``import mmevo.ops`` in a plain PyTorch program imports no OpenMMLab
 library.
 """
+
 import importlib
 import importlib.util
 import sys
@@ -66,13 +67,15 @@ def register_all_modules(install_fixes: bool = True) -> list:
         >>> backbone = MODELS.build(dict(type='RedNet', depth=26))
     """
     done = [
-        name for name, packages in _REQUIRES.items() if all(
-            _found(package) for package in packages)
+        name
+        for name, packages in _REQUIRES.items()
+        if all(_found(package) for package in packages)
     ]
     for name in done:
         importlib.import_module(f'{__name__}.{name}')
     if install_fixes and _found('mmengine'):
         from .integrations.mmengine import install_all
+
         install_all()
     return done
 

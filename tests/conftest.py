@@ -8,6 +8,7 @@ triton while importing ``torch._dynamo`` (which mmengine and mmevo's ops
 pull in), so ``TRITON_INTERPRET=1`` is set here, before any test module is
 collected.
 """
+
 import os
 import sys
 
@@ -16,9 +17,10 @@ import torch
 
 CUDA = torch.cuda.is_available()
 if not CUDA:
-    assert 'triton' not in sys.modules or os.environ.get(
-        'TRITON_INTERPRET') == '1', (
-            'triton was imported before TRITON_INTERPRET=1 could be set')
+    assert (
+        'triton' not in sys.modules
+        or os.environ.get('TRITON_INTERPRET') == '1'
+    ), 'triton was imported before TRITON_INTERPRET=1 could be set'
     os.environ['TRITON_INTERPRET'] = '1'
 
 

@@ -10,6 +10,7 @@ reinstalled; its ``.pth`` files, this checkout's editable mmevo among them,
 are not run), and pip installs with ``--no-build-isolation --no-deps``:
 nothing is downloaded.
 """
+
 import glob
 import importlib.util
 import os
@@ -26,7 +27,7 @@ import pytest
 import mmevo
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-RUN_AN_OP = '''
+RUN_AN_OP = """
 import sys
 import torch
 import mmevo
@@ -42,22 +43,34 @@ with use_backend('cpp'):
     y = evolution_aggregate(x, w, 2, 1, 1, 'reflect')
 torch.testing.assert_close(y, aggregate_reference(x, w, 2, 1, 1, 'reflect'))
 print(mmevo.__file__)
-'''
+"""
 
 
 def run(cmd, **kwargs):
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=1200, **kwargs)
-    assert proc.returncode == 0, (cmd, proc.stdout[-3000:],
-                                  proc.stderr[-3000:])
+        cmd, capture_output=True, text=True, timeout=1200, **kwargs
+    )
+    assert proc.returncode == 0, (
+        cmd,
+        proc.stdout[-3000:],
+        proc.stderr[-3000:],
+    )
     return proc.stdout
 
 
 def copy_worktree(dest):
     """The files git would commit (tracked, or new and not ignored)."""
-    files = run(['git', 'ls-files', '-z', '--cached', '--others',
-                 '--exclude-standard'],
-                cwd=REPO).split('\0')
+    files = run(
+        [
+            'git',
+            'ls-files',
+            '-z',
+            '--cached',
+            '--others',
+            '--exclude-standard',
+        ],
+        cwd=REPO,
+    ).split('\0')
     for name in filter(None, files):
         src = osp.join(REPO, name)
         if osp.isfile(src):  # not a deletion yet to be committed
@@ -69,14 +82,30 @@ def build_sdist(src, outdir):
     """``python -m build --sdist --no-isolation``; where the ``build``
     package is missing, the PEP 517 hook it calls, directly."""
     if importlib.util.find_spec('build'):
-        run([sys.executable, '-m', 'build', '--sdist', '--no-isolation',
-             '--outdir', outdir, src])
+        run(
+            [
+                sys.executable,
+                '-m',
+                'build',
+                '--sdist',
+                '--no-isolation',
+                '--outdir',
+                outdir,
+                src,
+            ]
+        )
     else:
-        run([sys.executable, '-c',
-             'import sys, setuptools.build_meta as backend; '
-             'backend.build_sdist(sys.argv[1])', outdir],
-            cwd=src)
-    (sdist, ) = glob.glob(osp.join(outdir, 'mmevo-*.tar.gz'))
+        run(
+            [
+                sys.executable,
+                '-c',
+                'import sys, setuptools.build_meta as backend; '
+                'backend.build_sdist(sys.argv[1])',
+                outdir,
+            ],
+            cwd=src,
+        )
+    (sdist,) = glob.glob(osp.join(outdir, 'mmevo-*.tar.gz'))
     return sdist
 
 
@@ -91,26 +120,44 @@ def test_sdist_installs_and_runs_in_a_fresh_venv(tmp_path):
         names = {n.split('/', 1)[1] for n in tar.getnames() if '/' in n}
     csrc = sorted(
         osp.relpath(p, REPO)
-        for p in glob.glob(osp.join(REPO, 'mmevo', 'ops', 'csrc', '*')))
+        for p in glob.glob(osp.join(REPO, 'mmevo', 'ops', 'csrc', '*'))
+    )
     assert csrc and set(csrc) <= names, set(csrc) - names
     assert {'LICENSE', 'README.md', 'setup.py', 'pyproject.toml'} <= names
 
     venv = tmp_path / 'venv'
     run([sys.executable, '-m', 'venv', '--without-pip', str(venv)])
     venv_python = str(venv / 'bin' / 'python')
-    purelib = run([
-        venv_python, '-c', 'import sysconfig; '
-        'print(sysconfig.get_paths()["purelib"])'
-    ]).strip()
+    purelib = run(
+        [
+            venv_python,
+            '-c',
+            'import sysconfig; print(sysconfig.get_paths()["purelib"])',
+        ]
+    ).strip()
     ours = {sysconfig.get_paths()['purelib'], *site.getsitepackages()}
     with open(osp.join(purelib, 'outer_site.pth'), 'w') as f:
         f.write('\n'.join(sorted(ours)) + '\n')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    run([
-        sys.executable, '-m', 'pip', '--python', venv_python, 'install',
-        '-q', '--no-build-isolation', '--no-deps', '--no-index',
-        '--ignore-installed', sdist
-    ], env=env, cwd=str(tmp_path))
-    out = run([venv_python, '-c', RUN_AN_OP, str(venv)],
-              env=env, cwd=str(tmp_path))
+    run(
+        [
+            sys.executable,
+            '-m',
+            'pip',
+            '--python',
+            venv_python,
+            'install',
+            '-q',
+            '--no-build-isolation',
+            '--no-deps',
+            '--no-index',
+            '--ignore-installed',
+            sdist,
+        ],
+        env=env,
+        cwd=str(tmp_path),
+    )
+    out = run(
+        [venv_python, '-c', RUN_AN_OP, str(venv)], env=env, cwd=str(tmp_path)
+    )
     assert out.strip().startswith(str(venv))

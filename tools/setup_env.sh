@@ -19,8 +19,10 @@ PINS=(torch==2.14.1 torchvision==0.29.1 mmengine==0.10.7 mmdet==3.3.0
       "setuptools>=77,<81" wheel ninja
       # deployment (`pip install mmevo[deploy]`, tests/deployment)
       onnx==1.23.2 onnxruntime==1.31.1 onnxscript==0.7.2
-      # lint (`make lint`; .pre-commit-config.yaml uses the same versions)
-      flake8==7.5.0 isort==5.13.2 yapf==0.43.0)
+      # packaging test (tests/test_packaging.py: python -m build --sdist)
+      build==1.6.1
+      # lint (`make lint`; .pre-commit-config.yaml uses the same version)
+      ruff==0.17.6)
 want=$( (echo "mmcv==$MMCV_VERSION"; printf '%s\n' "${PINS[@]}"; cat setup.py; find mmevo/ops/csrc -type f -print0 2>/dev/null |
          sort -z | xargs -0 -r cat) | sha1sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then

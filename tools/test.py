@@ -10,6 +10,7 @@ Example:
     python tools/test.py CONFIG work_dirs/demo/epoch_20.pth --out preds.pkl
     tools/dist_test.sh CONFIG CHECKPOINT 2 --out results.pkl
 """
+
 import argparse
 import os
 import warnings
@@ -32,7 +33,8 @@ def parse_args(argv=None):
         '--allow-partial',
         action='store_true',
         help='evaluate a checkpoint even if keys are missing, unexpected or '
-        'of another shape (those weights keep their initialisation)')
+        'of another shape (those weights keep their initialisation)',
+    )
     apis.add_launcher_args(parser)
     args = parser.parse_args(argv)
     if args.out is not None and not args.out.endswith(('.pkl', '.pickle')):
@@ -59,7 +61,8 @@ def main(argv=None):
                 runner.model,
                 state,
                 'evaluate it anyway with --allow-partial',
-                name=args.checkpoint)
+                name=args.checkpoint,
+            )
         del state
     return runner.test()
 

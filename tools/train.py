@@ -13,6 +13,7 @@ Example:
     python tools/train.py configs/rednet50_fpn_coco.py --work-dir work_dirs/x
     tools/dist_train.sh CONFIG 2 --resume
 """
+
 import argparse
 import contextlib
 import os
@@ -34,18 +35,21 @@ def parse_args(argv=None):
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='the dir to save logs and models')
     parser.add_argument(
-        '--amp', action='store_true', help='automatic mixed precision (GPU)')
+        '--amp', action='store_true', help='automatic mixed precision (GPU)'
+    )
     parser.add_argument(
         '--auto-scale-lr',
         action='store_true',
-        help='scale the lr by the actual batch size (cfg.auto_scale_lr)')
+        help='scale the lr by the actual batch size (cfg.auto_scale_lr)',
+    )
     parser.add_argument(
         '--resume',
         nargs='?',
         type=str,
         const='auto',
         help='resume from this checkpoint, or, without a path, from the '
-        'latest sound checkpoint in the work dir')
+        'latest sound checkpoint in the work dir',
+    )
     apis.add_cfg_options(parser)
     apis.add_launcher_args(parser)
     args = parser.parse_args(argv)
@@ -59,15 +63,20 @@ def build_cfg(args):
     cfg.launcher = args.launcher
     if args.amp:
         if not torch.cuda.is_available():
-            apis.fail("--amp needs a GPU (mmengine's AmpOptimWrapper runs on "
-                      'CUDA/NPU/MLU only); train without --amp on CPU')
+            apis.fail(
+                "--amp needs a GPU (mmengine's AmpOptimWrapper runs on "
+                'CUDA/NPU/MLU only); train without --amp on CPU'
+            )
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
     if args.auto_scale_lr:
-        if 'auto_scale_lr' not in cfg or 'base_batch_size' not in \
-                cfg.auto_scale_lr:
-            apis.fail('--auto-scale-lr needs cfg.auto_scale_lr with '
-                      'base_batch_size')
+        if (
+            'auto_scale_lr' not in cfg
+            or 'base_batch_size' not in cfg.auto_scale_lr
+        ):
+            apis.fail(
+                '--auto-scale-lr needs cfg.auto_scale_lr with base_batch_size'
+            )
         cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':
         # the newest sound checkpoint (a crash may have left a corrupt one);
@@ -88,8 +97,11 @@ def main(argv=None):
         cfg = build_cfg(args)
         resume = cfg.get('resume') and cfg.load_from
         # an unloadable checkpoint: one line, before any work
-        state = apis.read_checkpoint(cfg.load_from, '--resume checkpoint') \
-            if resume else None
+        state = (
+            apis.read_checkpoint(cfg.load_from, '--resume checkpoint')
+            if resume
+            else None
+        )
         loaders = ['train_dataloader']
         if cfg.get('val_cfg'):
             loaders.append('val_dataloader')

@@ -12,5 +12,7 @@ custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(
-        _delete_=True, **_base_.acmix_swin_t_dense, drop_path_rate=0.2),
-    neck=dict(in_channels=[96, 192, 384, 768]))
+        _delete_=True, **_base_.acmix_swin_t_dense, drop_path_rate=0.2
+    ),
+    neck=dict(in_channels=[96, 192, 384, 768]),
+)

@@ -26,10 +26,13 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         norm_cfg=norm_cfg,
         norm_eval=False,
-        init_cfg=None),
+        init_cfg=None,
+    ),
     neck=dict(in_channels=[64, 128, 256, 512], out_channels=64, num_outs=4),
     decode_head=dict(
-        in_channels=[64, 64, 64, 64], channels=64, norm_cfg=norm_cfg))
+        in_channels=[64, 64, 64, 64], channels=64, norm_cfg=norm_cfg
+    ),
+)
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -46,21 +49,25 @@ train_dataloader = dict(
     batch_size=8,
     num_workers=1,
     sampler=dict(type='InfiniteSampler', shuffle=True),
-    dataset=dict(data_root=data_root, pipeline=train_pipeline))
+    dataset=dict(data_root=data_root, pipeline=train_pipeline),
+)
 val_dataloader = dict(
     batch_size=8,
     num_workers=1,
-    dataset=dict(data_root=data_root, pipeline=test_pipeline))
+    dataset=dict(data_root=data_root, pipeline=test_pipeline),
+)
 test_dataloader = val_dataloader
 
 max_iters = 500
 train_cfg = dict(
-    type='IterBasedTrainLoop', max_iters=max_iters, val_interval=250)
+    type='IterBasedTrainLoop', max_iters=max_iters, val_interval=250
+)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.01))
+    optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.01),
+)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
     dict(
@@ -69,15 +76,18 @@ param_scheduler = [
         power=0.9,
         begin=50,
         end=max_iters,
-        by_epoch=False),
+        by_epoch=False,
+    ),
 ]
 default_hooks = dict(
     timer=dict(type='IterTimerHook'),
     logger=dict(type='LoggerHook', interval=20, log_metric_by_epoch=False),
     param_scheduler=dict(type='ParamSchedulerHook'),
     checkpoint=dict(
-        type='CheckpointHook', by_epoch=False, interval=250, max_keep_ckpts=1),
+        type='CheckpointHook', by_epoch=False, interval=250, max_keep_ckpts=1
+    ),
     sampler_seed=dict(type='DistSamplerSeedHook'),
-    visualization=dict(type='SegVisualizationHook'))
+    visualization=dict(type='SegVisualizationHook'),
+)
 log_processor = dict(by_epoch=False, window_size=20)
 randomness = dict(seed=0)

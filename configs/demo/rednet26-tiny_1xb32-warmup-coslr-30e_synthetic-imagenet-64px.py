@@ -10,8 +10,18 @@ _base_ = '../rednet/rednet26_64xb32-warmup-coslr_in1k.py'
 
 data_root = 'data/synthetic_imagenet'
 # mmevo.datasets.CLS_CLASSES (the sorted folder names: folder i is class i)
-classes = ('checker', 'circle', 'cross', 'dots', 'hstripes', 'ring', 'square',
-           'star', 'triangle', 'vstripes')
+classes = (
+    'checker',
+    'circle',
+    'cross',
+    'dots',
+    'hstripes',
+    'ring',
+    'square',
+    'star',
+    'triangle',
+    'vstripes',
+)
 
 data_preprocessor = dict(num_classes=10)
 model = dict(
@@ -19,10 +29,12 @@ model = dict(
         # a quarter of the published width (stem 32, base 16; published
         # 64/64), as the other demos
         stem_channels=32,
-        base_channels=16),
+        base_channels=16,
+    ),
     head=dict(
-        num_classes=10, in_channels=512, loss=dict(num_classes=10),
-        topk=(1, )))
+        num_classes=10, in_channels=512, loss=dict(num_classes=10), topk=(1,)
+    ),
+)
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -43,7 +55,9 @@ train_dataloader = dict(
     dataset=dict(
         data_root=data_root,
         metainfo=dict(classes=classes),
-        pipeline=train_pipeline))
+        pipeline=train_pipeline,
+    ),
+)
 val_dataloader = dict(
     batch_size=50,
     num_workers=1,
@@ -51,9 +65,11 @@ val_dataloader = dict(
     dataset=dict(
         data_root=data_root,
         metainfo=dict(classes=classes),
-        pipeline=test_pipeline))
+        pipeline=test_pipeline,
+    ),
+)
 test_dataloader = val_dataloader
-val_evaluator = dict(type='Accuracy', topk=(1, ))
+val_evaluator = dict(type='Accuracy', topk=(1,))
 test_evaluator = val_evaluator
 
 max_epochs = 30
@@ -65,19 +81,22 @@ param_scheduler = [
         end_factor=1.0,
         by_epoch=False,
         begin=0,
-        end=40),
+        end=40,
+    ),
     dict(
         type='CosineAnnealingLR',
         T_max=max_epochs,
         eta_min=0,
         by_epoch=True,
         begin=0,
-        end=max_epochs),
+        end=max_epochs,
+    ),
 ]
 train_cfg = dict(max_epochs=max_epochs, val_interval=10)
 auto_scale_lr = dict(base_batch_size=32)
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=13),
-    checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=1))
+    checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=1),
+)
 randomness = dict(seed=0)

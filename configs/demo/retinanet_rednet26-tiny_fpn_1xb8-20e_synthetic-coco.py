@@ -22,13 +22,15 @@ model = dict(
         out_indices=(1, 2, 3),
         norm_cfg=dict(type='BN', requires_grad=True),
         norm_eval=False,
-        init_cfg=None),
+        init_cfg=None,
+    ),
     neck=dict(
         in_channels=[128, 256, 512],
         out_channels=64,
         start_level=0,
         add_extra_convs=False,
-        num_outs=3),
+        num_outs=3,
+    ),
     bbox_head=dict(
         num_classes=len(classes),
         in_channels=64,
@@ -36,8 +38,11 @@ model = dict(
         stacked_convs=2,
         # objects are 15-45 px: anchors 16-25 px at stride 8, up to 100 at 32
         anchor_generator=dict(
-            octave_base_scale=2, ratios=[1.0], strides=[8, 16, 32])),
-    test_cfg=dict(nms_pre=200, max_per_img=20))
+            octave_base_scale=2, ratios=[1.0], strides=[8, 16, 32]
+        ),
+    ),
+    test_cfg=dict(nms_pre=200, max_per_img=20),
+)
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -52,8 +57,14 @@ test_pipeline = [
     dict(type='LoadAnnotations', with_bbox=True),
     dict(
         type='PackDetInputs',
-        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
-                   'scale_factor')),
+        meta_keys=(
+            'img_id',
+            'img_path',
+            'ori_shape',
+            'img_shape',
+            'scale_factor',
+        ),
+    ),
 ]
 train_dataloader = dict(
     batch_size=8,
@@ -68,7 +79,9 @@ train_dataloader = dict(
         ann_file='annotations/instances_train.json',
         data_prefix=dict(img='train/'),
         filter_cfg=dict(filter_empty_gt=True, min_size=4),
-        pipeline=train_pipeline))
+        pipeline=train_pipeline,
+    ),
+)
 val_dataloader = dict(
     batch_size=8,
     num_workers=1,
@@ -82,25 +95,30 @@ val_dataloader = dict(
         ann_file='annotations/instances_val.json',
         data_prefix=dict(img='val/'),
         test_mode=True,
-        pipeline=test_pipeline))
+        pipeline=test_pipeline,
+    ),
+)
 test_dataloader = val_dataloader
 
 val_evaluator = dict(
     type='CocoMetric',
     ann_file=data_root + 'annotations/instances_val.json',
-    metric='bbox')
+    metric='bbox',
+)
 test_evaluator = val_evaluator
 
 max_epochs = 20
 train_cfg = dict(
-    type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=5)
+    type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=5
+)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.05),
-    clip_grad=dict(max_norm=10, norm_type=2))
+    clip_grad=dict(max_norm=10, norm_type=2),
+)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
     dict(
@@ -109,11 +127,13 @@ param_scheduler = [
         begin=0,
         end=max_epochs,
         T_max=max_epochs,
-        eta_min=1e-5),
+        eta_min=1e-5,
+    ),
 ]
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
-    checkpoint=dict(type='CheckpointHook', interval=5, max_keep_ckpts=1))
+    checkpoint=dict(type='CheckpointHook', interval=5, max_keep_ckpts=1),
+)
 log_processor = dict(window_size=10)
 randomness = dict(seed=0)

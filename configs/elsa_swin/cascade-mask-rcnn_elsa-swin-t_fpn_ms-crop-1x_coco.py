@@ -13,6 +13,8 @@ custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(
-        _delete_=True, **_base_.elsa_swin_t_dense, drop_path_rate=0.0),
+        _delete_=True, **_base_.elsa_swin_t_dense, drop_path_rate=0.0
+    ),
     neck=dict(in_channels=[96, 192, 384, 768]),
-    roi_head=dict(bbox_head=_base_.cascade_4conv1fc_giou))
+    roi_head=dict(bbox_head=_base_.cascade_4conv1fc_giou),
+)

@@ -4,6 +4,6 @@
 _base_ = './elsa-swin-tiny_8xb128_in1k.py'
 
 model = dict(
-    backbone=dict(arch='base', drop_path_rate=0.5),
-    head=dict(in_channels=1024))
+    backbone=dict(arch='base', drop_path_rate=0.5), head=dict(in_channels=1024)
+)
 custom_hooks = [dict(type='EMAHook', momentum=2e-4, priority='ABOVE_NORMAL')]

@@ -12,8 +12,10 @@ model = dict(
         _delete_=True,
         type='ELSASwinTransformer',
         arch='tiny',
-        out_indices=(3, ),
-        drop_path_rate=0.1))
+        out_indices=(3,),
+        drop_path_rate=0.1,
+    )
+)
 train_dataloader = dict(batch_size=128)
 val_dataloader = dict(batch_size=128)
 optim_wrapper = dict(type='AmpOptimWrapper')

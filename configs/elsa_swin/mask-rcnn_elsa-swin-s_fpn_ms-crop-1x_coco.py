@@ -4,4 +4,6 @@ _base_ = './mask-rcnn_elsa-swin-t_fpn_ms-crop-1x_coco.py'
 
 model = dict(
     backbone=dict(
-        _delete_=True, **_base_.elsa_swin_s_dense, drop_path_rate=0.2))
+        _delete_=True, **_base_.elsa_swin_s_dense, drop_path_rate=0.2
+    )
+)

@@ -4,4 +4,6 @@ _base_ = './upernet_elsa-swin-t_8xb2-160k_ade20k-512x512.py'
 
 model = dict(
     backbone=dict(
-        _delete_=True, **_base_.elsa_swin_s_dense, drop_path_rate=0.3))
+        _delete_=True, **_base_.elsa_swin_s_dense, drop_path_rate=0.3
+    )
+)

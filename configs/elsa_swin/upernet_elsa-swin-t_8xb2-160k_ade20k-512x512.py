@@ -13,4 +13,6 @@ custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(
-        _delete_=True, **_base_.elsa_swin_t_dense, drop_path_rate=0.3))
+        _delete_=True, **_base_.elsa_swin_t_dense, drop_path_rate=0.3
+    )
+)

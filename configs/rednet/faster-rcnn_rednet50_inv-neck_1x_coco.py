@@ -7,5 +7,6 @@ _base_ = './faster-rcnn_rednet50_fpn_1x_coco.py'
 model = dict(neck=dict(type='InvolutionFPN'))
 
 param_scheduler = [
-    dict(_base_.param_scheduler[0], end=2000), _base_.param_scheduler[1]
+    dict(_base_.param_scheduler[0], end=2000),
+    _base_.param_scheduler[1],
 ]

@@ -16,4 +16,5 @@ data_preprocessor = dict(size=crop_size)
 model = dict(
     data_preprocessor=data_preprocessor,
     pretrained=None,  # the base would load open-mmlab://resnet50_v1c
-    backbone=dict(_delete_=True, **_base_.rednet50_seg))
+    backbone=dict(_delete_=True, **_base_.rednet50_seg),
+)

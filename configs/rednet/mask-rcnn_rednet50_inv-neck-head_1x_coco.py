@@ -6,7 +6,9 @@ _base_ = './mask-rcnn_rednet50_inv-neck_1x_coco.py'
 model = dict(
     # The RPN involution keeps its channels, so feat_channels == in_channels.
     rpn_head=dict(
-        type='InvolutionRPNHead', in_channels=256, feat_channels=256),
-    roi_head=dict(mask_head=dict(type='InvolutionFCNMaskHead')))
+        type='InvolutionRPNHead', in_channels=256, feat_channels=256
+    ),
+    roi_head=dict(mask_head=dict(type='InvolutionFCNMaskHead')),
+)
 
 optim_wrapper = dict(clip_grad=dict(_delete_=True, max_norm=5, norm_type=2))

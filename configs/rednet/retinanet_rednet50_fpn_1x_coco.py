@@ -16,5 +16,6 @@ model = dict(backbone=dict(_delete_=True, **_base_.rednet50_det))
 
 optim_wrapper = dict(optimizer=dict(lr=0.01))
 param_scheduler = [
-    dict(_base_.param_scheduler[0], end=2000), _base_.param_scheduler[1]
+    dict(_base_.param_scheduler[0], end=2000),
+    _base_.param_scheduler[1],
 ]

@@ -9,24 +9,68 @@ Example:
     >>> model = build_model(load_config('configs/rednet50_fpn_coco.py'),
     ...                     'work_dirs/rednet50_fpn_coco/epoch_12.pth')
 """
-from .checkpoint import (CheckpointError, check_checkpoint_fits,
-                         check_resume_fits, checkpoint_error,
-                         find_resumable_checkpoint, optimizer_mismatch,
-                         read_checkpoint, state_dict_mismatch)
-from .cli import (MAX_SIDE, USAGE, add_cfg_options, add_evaluation_args,
-                  add_launcher_args, add_shape_arg, device_arg, fail,
-                  int_in_range, launch_rank, one_line_errors)
-from .runner import (build_model, build_runner, check_data, default_work_dir,
-                     dump_results, load_config)
+
+from .checkpoint import (
+    CheckpointError,
+    check_checkpoint_fits,
+    check_resume_fits,
+    checkpoint_error,
+    find_resumable_checkpoint,
+    optimizer_mismatch,
+    read_checkpoint,
+    state_dict_mismatch,
+)
+from .cli import (
+    MAX_SIDE,
+    USAGE,
+    add_cfg_options,
+    add_evaluation_args,
+    add_launcher_args,
+    add_shape_arg,
+    device_arg,
+    fail,
+    int_in_range,
+    launch_rank,
+    one_line_errors,
+)
+from .runner import (
+    build_model,
+    build_runner,
+    check_data,
+    default_work_dir,
+    dump_results,
+    load_config,
+)
 from .workdir import LOCK_FILE, WorkDirBusyError, WorkDirLock, lock_work_dir
 
 __all__ = [
-    'CheckpointError', 'check_checkpoint_fits', 'check_resume_fits',
-    'checkpoint_error', 'find_resumable_checkpoint', 'optimizer_mismatch',
-    'read_checkpoint', 'state_dict_mismatch', 'MAX_SIDE', 'USAGE',
-    'add_cfg_options', 'add_evaluation_args', 'add_launcher_args',
-    'add_shape_arg', 'device_arg', 'fail', 'int_in_range', 'launch_rank',
-    'one_line_errors', 'build_model', 'build_runner', 'check_data',
-    'default_work_dir', 'dump_results', 'load_config', 'LOCK_FILE',
-    'WorkDirBusyError', 'WorkDirLock', 'lock_work_dir'
+    'CheckpointError',
+    'check_checkpoint_fits',
+    'check_resume_fits',
+    'checkpoint_error',
+    'find_resumable_checkpoint',
+    'optimizer_mismatch',
+    'read_checkpoint',
+    'state_dict_mismatch',
+    'MAX_SIDE',
+    'USAGE',
+    'add_cfg_options',
+    'add_evaluation_args',
+    'add_launcher_args',
+    'add_shape_arg',
+    'device_arg',
+    'fail',
+    'int_in_range',
+    'launch_rank',
+    'one_line_errors',
+    'build_model',
+    'build_runner',
+    'check_data',
+    'default_work_dir',
+    'dump_results',
+    'load_config',
+    'LOCK_FILE',
+    'WorkDirBusyError',
+    'WorkDirLock',
+    'lock_work_dir',
 ]

@@ -7,6 +7,7 @@ message) and :func:`check_checkpoint_fits` (every entry of the model's state
 must be in the checkpoint, a tensor of the same shape); ``--resume`` also
 checks the optimizer state (:func:`check_resume_fits`).
 """
+
 import copy
 import os
 import os.path as osp
@@ -69,8 +70,12 @@ def checkpoint_error(path):
             # a pickle (torch's default protocol 2, or one chosen with
             # torch.save's pickle_protocol): the legacy format
             head = f.read(2)
-        legacy = head[:1] == b'\x80' and head[1:] in (b'\x02', b'\x03',
-                                                      b'\x04', b'\x05')
+        legacy = head[:1] == b'\x80' and head[1:] in (
+            b'\x02',
+            b'\x03',
+            b'\x04',
+            b'\x05',
+        )
         if not legacy:
             return f'truncated or not a torch checkpoint ({e})'
         try:
@@ -109,21 +114,26 @@ def read_checkpoint(path, what='checkpoint', map_location='cpu'):
             raise CheckpointError(f"{what} '{path}' does not exist")
         if reason is not None:
             raise CheckpointError(
-                f"{what} '{path}' cannot be loaded: {reason}")
+                f"{what} '{path}' cannot be loaded: {reason}"
+            )
     try:
         checkpoint = CheckpointLoader.load_checkpoint(
-            path, map_location=map_location, logger='silent')
+            path, map_location=map_location, logger='silent'
+        )
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{what} '{path}' cannot be loaded: refused by the weights-only "
-            f'load: {_first_line(e)}') from None
+            f'load: {_first_line(e)}'
+        ) from None
     except (OSError, RuntimeError, EOFError) as e:
         raise CheckpointError(
-            f"{what} '{path}' cannot be loaded: {_first_line(e)}") from None
+            f"{what} '{path}' cannot be loaded: {_first_line(e)}"
+        ) from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(
             f"{what} '{path}' is not a checkpoint: it holds a "
-            f'{type(checkpoint).__name__}, not a dict')
+            f'{type(checkpoint).__name__}, not a dict'
+        )
     return checkpoint
 
 
@@ -159,8 +169,11 @@ def find_resumable_checkpoint(work_dir):
         if last:
             candidates.append(last)
     names = os.listdir(work_dir) if osp.isdir(work_dir) else []
-    steps = [(_checkpoint_step(n), n) for n in names
-             if _checkpoint_step(n) is not None]
+    steps = [
+        (_checkpoint_step(n), n)
+        for n in names
+        if _checkpoint_step(n) is not None
+    ]
     candidates += [osp.join(work_dir, n) for _, n in sorted(steps)[::-1]]
     tried = set()
     for path in candidates:
@@ -173,7 +186,8 @@ def find_resumable_checkpoint(work_dir):
         warnings.warn(
             f"cannot resume from '{path}': {reason}; trying an "
             'older checkpoint',
-            stacklevel=2)
+            stacklevel=2,
+        )
     return None
 
 
@@ -210,14 +224,15 @@ def state_dict_mismatch(model, state_dict):
         model = model.module
     if not isinstance(state_dict, dict):
         raise CheckpointError(
-            f'a state_dict is a dict, got {type(state_dict).__name__}')
+            f'a state_dict is a dict, got {type(state_dict).__name__}'
+        )
     state_dict = state_dict.get('state_dict', state_dict)
     if not isinstance(state_dict, dict):
         raise CheckpointError(
-            f'a state_dict is a dict, got {type(state_dict).__name__}')
+            f'a state_dict is a dict, got {type(state_dict).__name__}'
+        )
     theirs = {
-        re.sub(r'^module\.', '', str(k)): v
-        for k, v in state_dict.items()
+        re.sub(r'^module\.', '', str(k)): v for k, v in state_dict.items()
     }
     ours = model.state_dict()
     missing = [k for k in ours if k not in theirs]
@@ -233,23 +248,31 @@ def state_dict_mismatch(model, state_dict):
             fits = type(other) is type(v)
         if not fits:
             misshaped.append(
-                f'{k} (checkpoint {_describe(other)}, model {_describe(v)})')
+                f'{k} (checkpoint {_describe(other)}, model {_describe(v)})'
+            )
     return missing, unexpected, misshaped
 
 
 def _list(keys):
     """'N (key, key, ...)', at most ``_MAX_KEYS`` of them named."""
-    more = f', ... and {len(keys) - _MAX_KEYS} more' \
-        if len(keys) > _MAX_KEYS else ''
-    return f"{len(keys)} ({', '.join(keys[:_MAX_KEYS])}{more})"
+    more = (
+        f', ... and {len(keys) - _MAX_KEYS} more'
+        if len(keys) > _MAX_KEYS
+        else ''
+    )
+    return f'{len(keys)} ({", ".join(keys[:_MAX_KEYS])}{more})'
 
 
 def _model_problems(model, checkpoint):
     missing, unexpected, misshaped = state_dict_mismatch(model, checkpoint)
     return [
         f'{what} keys {_list(keys)}'
-        for what, keys in (('missing', missing), ('unexpected', unexpected),
-                           ('mis-shaped', misshaped)) if keys
+        for what, keys in (
+            ('missing', missing),
+            ('unexpected', unexpected),
+            ('mis-shaped', misshaped),
+        )
+        if keys
     ]
 
 
@@ -281,13 +304,15 @@ def check_checkpoint_fits(model, checkpoint, hint='', name=None):
     if problems:
         raise CheckpointError(
             f"checkpoint '{name or '(given)'}' does not fit the model: "
-            f"{'; '.join(problems)}" + (f'; {hint}' if hint else ''))
+            f'{"; ".join(problems)}' + (f'; {hint}' if hint else '')
+        )
     return checkpoint
 
 
 def _numeric(value):
-    return isinstance(value, (int, float, tuple, torch.Tensor)) \
-        and not isinstance(value, bool)
+    return isinstance(
+        value, (int, float, tuple, torch.Tensor)
+    ) and not isinstance(value, bool)
 
 
 def optimizer_mismatch(optim_wrapper, state):
@@ -312,19 +337,23 @@ def optimizer_mismatch(optim_wrapper, state):
     """
     if isinstance(optim_wrapper, OptimWrapperDict):
         if not isinstance(state, dict) or set(state) != set(
-                optim_wrapper.keys()):
+            optim_wrapper.keys()
+        ):
             return [
                 f'optimizers {sorted(optim_wrapper.keys())}, checkpoint '
                 f'{sorted(state) if isinstance(state, dict) else state}'
             ]
         return [
-            f'{name}: {problem}' for name, wrapper in optim_wrapper.items()
+            f'{name}: {problem}'
+            for name, wrapper in optim_wrapper.items()
             for problem in optimizer_mismatch(wrapper, state[name])
         ]
     optimizer = optim_wrapper.optimizer
-    if not isinstance(state, dict) or not isinstance(
-            state.get('param_groups'), list) or not isinstance(
-                state.get('state'), dict):
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get('param_groups'), list)
+        or not isinstance(state.get('state'), dict)
+    ):
         return ['not an optimizer state']
     saved_groups, groups = state['param_groups'], optimizer.param_groups
     if len(saved_groups) != len(groups):
@@ -342,24 +371,30 @@ def optimizer_mismatch(optim_wrapper, state):
         if len(saved_params) != len(group['params']):
             problems.append(
                 f'param group {i} has {len(saved_params)} parameters, the '
-                f"optimizer's {len(group['params'])}")
+                f"optimizer's {len(group['params'])}"
+            )
         else:
             params.update(zip(saved_params, group['params']))
         lacking = sorted(kind - set(saved))
         if lacking:
             problems.append(
                 f'param group {i} lacks {", ".join(lacking)} of '
-                f'{type(optimizer).__name__} (another optimizer type)')
+                f'{type(optimizer).__name__} (another optimizer type)'
+            )
     for index, entry in state['state'].items():
         param = params.get(index)
         if param is None or not isinstance(entry, dict):
             continue  # the group was reported above
         for name, value in entry.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 \
-                    and value.shape != param.shape:
+            if (
+                isinstance(value, torch.Tensor)
+                and value.dim() > 0
+                and value.shape != param.shape
+            ):
                 problems.append(
                     f'{name} of parameter {index} (checkpoint '
-                    f'{tuple(value.shape)}, model {tuple(param.shape)})')
+                    f'{tuple(value.shape)}, model {tuple(param.shape)})'
+                )
     return problems
 
 
@@ -391,7 +426,12 @@ def check_resume_fits(runner, checkpoint, name):
             for p in optimizer_mismatch(wrapper, checkpoint['optimizer'])
         ]
     if problems:
-        raise CheckpointError(f"--resume checkpoint '{name}' does not fit: "
-                              f"{'; '.join(problems[:_MAX_KEYS])}" +
-                              (f'; ... and {len(problems) - _MAX_KEYS} more'
-                               if len(problems) > _MAX_KEYS else ''))
+        raise CheckpointError(
+            f"--resume checkpoint '{name}' does not fit: "
+            f'{"; ".join(problems[:_MAX_KEYS])}'
+            + (
+                f'; ... and {len(problems) - _MAX_KEYS} more'
+                if len(problems) > _MAX_KEYS
+                else ''
+            )
+        )

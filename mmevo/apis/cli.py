@@ -5,6 +5,7 @@ config, data set or checkpoint, a checkpoint that does not fit, a busy work
 dir) into one line on stderr, printed by rank 0 only so that a distributed
 job says it once, and an exit status, never a traceback.
 """
+
 import argparse
 import contextlib
 import os
@@ -13,6 +14,7 @@ import sys
 from mmengine.config import DictAction
 
 from mmevo.datasets import MissingDataError
+
 from .checkpoint import CheckpointError
 from .workdir import WorkDirBusyError
 
@@ -79,11 +81,13 @@ def int_in_range(low, high=None):
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f'expected an integer, got {text!r}') from None
+                f'expected an integer, got {text!r}'
+            ) from None
         if value < low or (high is not None and value > high):
             bounds = f'>= {low}' if high is None else f'in [{low}, {high}]'
             raise argparse.ArgumentTypeError(
-                f'expected an integer {bounds}, got {value}')
+                f'expected an integer {bounds}, got {value}'
+            )
         return value
 
     parse.__name__ = 'int'  # argparse names the type in its message
@@ -98,6 +102,7 @@ def device_arg(text):
         >>> parser.add_argument('--device', type=device_arg, default='cpu')
     """
     import torch
+
     try:
         device = torch.device(text)
     except RuntimeError:
@@ -106,7 +111,8 @@ def device_arg(text):
         ) from None
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError(
-            f'expected an available device, got {text!r}: no CUDA device')
+            f'expected an available device, got {text!r}: no CUDA device'
+        )
     return device
 
 
@@ -126,7 +132,8 @@ def add_shape_arg(parser, default=None, help=''):
         nargs=2,
         default=default,
         metavar=('H', 'W'),
-        help=help or f'input height and width (at most {MAX_SIDE})')
+        help=help or f'input height and width (at most {MAX_SIDE})',
+    )
 
 
 def add_evaluation_args(parser):
@@ -134,9 +141,11 @@ def add_evaluation_args(parser):
     (``test.py``, ``onnx_test.py``): ``--work-dir``, ``--out`` and
     ``--cfg-options``."""
     parser.add_argument(
-        '--work-dir', help='the dir to save the evaluation metrics and logs')
+        '--work-dir', help='the dir to save the evaluation metrics and logs'
+    )
     parser.add_argument(
-        '--out', help='also dump the raw predictions to this pickle file')
+        '--out', help='also dump the raw predictions to this pickle file'
+    )
     add_cfg_options(parser)
 
 
@@ -147,7 +156,8 @@ def add_cfg_options(parser):
         nargs='+',
         action=DictAction,
         help='override config settings, key=value (e.g. '
-        'train_cfg.max_epochs=3 "model.backbone.depth=26")')
+        'train_cfg.max_epochs=3 "model.backbone.depth=26")',
+    )
 
 
 def add_launcher_args(parser):
@@ -156,6 +166,7 @@ def add_launcher_args(parser):
         '--launcher',
         choices=['none', 'pytorch', 'slurm', 'mpi'],
         default='none',
-        help='job launcher')
+        help='job launcher',
+    )
     # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)

@@ -21,6 +21,7 @@ Example:
     >>> flops = count_flops(build_model(cfg), (800, 1280))
     >>> total = sum(flops.values())
 """
+
 from collections import Counter
 
 import torch
@@ -111,8 +112,10 @@ def count_parameters(model):
         published convention).
     """
     params = list(model.parameters())
-    return (sum(p.numel() for p in params),
-            sum(p.numel() for p in params if p.requires_grad))
+    return (
+        sum(p.numel() for p in params),
+        sum(p.numel() for p in params if p.requires_grad),
+    )
 
 
 def count_flops(model, shape):
@@ -132,7 +135,7 @@ def count_flops(model, shape):
     """
     h, w = shape
     inputs = torch.randn(1, 3, h, w, device=next(model.parameters()).device)
-    analyzer = FlopAnalyzer(DummyForward(model), (inputs, ))
+    analyzer = FlopAnalyzer(DummyForward(model), (inputs,))
     analyzer.set_op_handle(**FLOP_HANDLES)
     analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     with torch.no_grad():

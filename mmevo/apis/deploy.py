@@ -1,9 +1,15 @@
 """What ``tools/deployment`` does, as functions: check an export against
 PyTorch and evaluate it on a config's test set."""
+
 import os.path as osp
 
-from mmevo.deploy import (check_outputs, expected_outputs, model_kind,
-                          runtime_predict)
+from mmevo.deploy import (
+    check_outputs,
+    expected_outputs,
+    model_kind,
+    runtime_predict,
+)
+
 from .cli import fail, one_line_errors
 from .runner import build_runner, check_data, dump_results, load_config
 
@@ -22,8 +28,10 @@ def report_parity(model, runtime, inputs, kind, name):
     except ValueError as e:
         fail(f'{name} {e}')
     for x, err in zip(inputs, errs):
-        print(f'[export] {tuple(x.shape)}: {name} vs PyTorch max relative '
-              f'difference {err:.1e}')
+        print(
+            f'[export] {tuple(x.shape)}: {name} vs PyTorch max relative '
+            f'difference {err:.1e}'
+        )
 
 
 def test_exported(args, runtime, name):
@@ -49,7 +57,8 @@ def test_exported(args, runtime, name):
             args.config,
             args.cfg_options,
             args.work_dir,
-            work_dir_suffix='_' + name.lower())
+            work_dir_suffix='_' + name.lower(),
+        )
         cfg.load_from = None
         if args.out is not None:
             dump_results(cfg, args.out)
@@ -58,17 +67,21 @@ def test_exported(args, runtime, name):
     try:
         session = runtime(args.model)
     except Exception as e:  # noqa: BLE001  (the runtime's own errors)
-        fail(f"{name} model '{args.model}' cannot be loaded: "
-             f'{str(e).splitlines()[0] if str(e) else type(e).__name__}')
+        fail(
+            f"{name} model '{args.model}' cannot be loaded: "
+            f'{str(e).splitlines()[0] if str(e) else type(e).__name__}'
+        )
     kind = model_kind(runner.model)
     outputs = getattr(session, 'num_outputs', None)
     if kind in ('two-stage', 'det', 'seg') and outputs is not None:
         expected = expected_outputs(runner.model, kind)
         if outputs not in expected:
-            fail(f"{name} model '{args.model}' has {outputs} outputs, the "
-                 f"config's {kind} model gives "
-                 f"{' or '.join(map(str, expected))}: export this config "
-                 'with tools/deployment/pytorch2onnx.py')
+            fail(
+                f"{name} model '{args.model}' has {outputs} outputs, the "
+                f"config's {kind} model gives "
+                f'{" or ".join(map(str, expected))}: export this config '
+                'with tools/deployment/pytorch2onnx.py'
+            )
     try:
         runner.model.predict = runtime_predict(runner.model, session)
     except ValueError as e:

@@ -6,6 +6,7 @@ Example:
     >>> kernel = capture_kernel(model, layers['backbone.layer2.0.conv2'],
     ...                         inputs)  # (G, K, K, H_out, W_out)
 """
+
 import numpy as np
 import torch
 
@@ -16,7 +17,8 @@ def evolution_layers(model):
     """``{name: layer}`` of every evolution layer in ``model``."""
     return {
         name: m
-        for name, m in model.named_modules() if isinstance(m, EvolutionLayer)
+        for name, m in model.named_modules()
+        if isinstance(m, EvolutionLayer)
     }
 
 
@@ -45,13 +47,16 @@ def capture_kernel(model, layer, inputs):
     """
     kernels = []
     handle = layer.register_kernel_hook(
-        lambda module, kernel: kernels.append(kernel.detach()))
+        lambda module, kernel: kernels.append(kernel.detach())
+    )
     try:
         with torch.no_grad():
             extract_features(model, inputs)
     finally:
         handle.remove()
     if not kernels:
-        raise ValueError('the layer generated no kernel: it is not on the '
-                         'path of the feature extractor')
+        raise ValueError(
+            'the layer generated no kernel: it is not on the '
+            'path of the feature extractor'
+        )
     return kernels[0][0].float().cpu()

@@ -5,6 +5,7 @@ Example:
     >>> model = build_model(cfg, 'w/epoch_12.pth')
     >>> runner = build_runner(cfg, launcher='none')
 """
+
 import os.path as osp
 
 from mmengine.config import Config
@@ -13,8 +14,12 @@ from mmengine.registry import MODELS, RUNNERS, init_default_scope
 from mmengine.runner import Runner
 
 import mmevo
-from mmevo.datasets import (MissingDataError, check_data_exists,
-                            check_pretrained_exists)
+from mmevo.datasets import (
+    MissingDataError,
+    check_data_exists,
+    check_pretrained_exists,
+)
+
 from .checkpoint import check_checkpoint_fits
 
 
@@ -121,7 +126,7 @@ def build_model(cfg, checkpoint=None, device='cpu', hint=''):
 def _strip_module(checkpoint):
     state = checkpoint.get('state_dict', checkpoint)
     return {
-        k[len('module.'):] if k.startswith('module.') else k: v
+        k[len('module.') :] if k.startswith('module.') else k: v
         for k, v in state.items()
     }
 

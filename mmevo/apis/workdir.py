@@ -6,6 +6,7 @@ A forked child (a dataloader worker) closes its copy of the file, so that it
 does not hold the lock on after the run released it or died.
 The file records who holds it, for the message of the run it stops.
 """
+
 import contextlib
 import fcntl
 import os
@@ -89,11 +90,14 @@ def lock_work_dir(work_dir):
         os.close(fd)
         raise WorkDirBusyError(
             f"work dir '{work_dir}' is in use by another training run "
-            f"({owner or 'its owner is being written'}); wait for it to "
-            'end or choose another --work-dir') from None
+            f'({owner or "its owner is being written"}); wait for it to '
+            'end or choose another --work-dir'
+        ) from None
     started = time.strftime('%Y-%m-%d %H:%M:%S %Z')
     os.ftruncate(fd, 0)
     os.write(
-        fd, f'pid {os.getpid()} on {socket.gethostname()}, started '
-        f'{started}\n'.encode())
+        fd,
+        f'pid {os.getpid()} on {socket.gethostname()}, started '
+        f'{started}\n'.encode(),
+    )
     return WorkDirLock(fd, path)

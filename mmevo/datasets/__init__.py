@@ -1,12 +1,26 @@
 """Synthetic demo data sets and data-root checks."""
-from .checks import (MissingDataError, check_data_exists,
-                     check_pretrained_exists)
-from .synthetic import (DET_CLASSES, SEG_TRAIN_IDS, make_synthetic_cityscapes,
-                        make_synthetic_coco)
+
+from .checks import (
+    MissingDataError,
+    check_data_exists,
+    check_pretrained_exists,
+)
+from .synthetic import (
+    DET_CLASSES,
+    SEG_TRAIN_IDS,
+    make_synthetic_cityscapes,
+    make_synthetic_coco,
+)
 from .synthetic_cls import CLS_CLASSES, make_synthetic_imagenet
 
 __all__ = [
-    'MissingDataError', 'check_data_exists', 'check_pretrained_exists',
-    'DET_CLASSES', 'SEG_TRAIN_IDS', 'make_synthetic_coco',
-    'make_synthetic_cityscapes', 'CLS_CLASSES', 'make_synthetic_imagenet'
+    'MissingDataError',
+    'check_data_exists',
+    'check_pretrained_exists',
+    'DET_CLASSES',
+    'SEG_TRAIN_IDS',
+    'make_synthetic_coco',
+    'make_synthetic_cityscapes',
+    'CLS_CLASSES',
+    'make_synthetic_imagenet',
 ]

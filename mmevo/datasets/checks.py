@@ -8,26 +8,33 @@ one-line message saying which path is missing and where the instructions
 to get the data are. What a program does then (the tools print the line and
 exit with status 2) is the program's business.
 """
+
 import os.path as osp
 
 # How to get the data, by dataset type (docs/datasets.md has the details).
 _HOW_TO_GET = {
-    'CocoDataset':
-    'download COCO 2017 as described in docs/datasets.md (COCO)',
-    'CityscapesDataset':
-    'download and convert Cityscapes as described in '
-    'docs/datasets.md (Cityscapes)',
-    'ImageNet':
-    'download ImageNet (ILSVRC 2012) and lay it out as described in '
-    'docs/datasets.md (ImageNet)',
-    'ADE20KDataset':
-    'download ADEChallengeData2016 as described in docs/datasets.md (ADE20K)',
+    'CocoDataset': (
+        'download COCO 2017 as described in docs/datasets.md (COCO)'
+    ),
+    'CityscapesDataset': (
+        'download and convert Cityscapes as described in '
+        'docs/datasets.md (Cityscapes)'
+    ),
+    'ImageNet': (
+        'download ImageNet (ILSVRC 2012) and lay it out as described in '
+        'docs/datasets.md (ImageNet)'
+    ),
+    'ADE20KDataset': (
+        'download ADEChallengeData2016 as described in '
+        'docs/datasets.md (ADE20K)'
+    ),
 }
 # The generated demo set of each dataset type (``make_synthetic_data.py``).
 _SYNTHETIC_KIND = {'CityscapesDataset': 'seg', 'ImageNet': 'cls'}
 # The demo sets are generated, not downloaded.
-_SYNTHETIC_HINT = ('generate it with '
-                   '`python tools/misc/make_synthetic_data.py {}`')
+_SYNTHETIC_HINT = (
+    'generate it with `python tools/misc/make_synthetic_data.py {}`'
+)
 
 
 class MissingDataError(FileNotFoundError):
@@ -86,7 +93,7 @@ def _needed_paths(dataset):
             yield what, osp.join(root, prefix)
 
 
-def check_data_exists(cfg, dataloaders=('train_dataloader', )):
+def check_data_exists(cfg, dataloaders=('train_dataloader',)):
     """Raise :class:`MissingDataError` if a dataset path of ``cfg`` is missing.
 
     Checks ``data_root``, ``ann_file`` and the ``data_prefix`` directories of
@@ -114,8 +121,9 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
         loader = cfg.get(name, None)
         if not loader or not loader.get('dataset'):
             continue
-        for key, dataset in _dataset_cfgs(loader['dataset'],
-                                          f'{name}.dataset'):
+        for key, dataset in _dataset_cfgs(
+            loader['dataset'], f'{name}.dataset'
+        ):
             for what, path in _needed_paths(dataset):
                 if '://' in path or osp.exists(path):
                     continue
@@ -126,12 +134,16 @@ def check_data_exists(cfg, dataloaders=('train_dataloader', )):
                     how = _SYNTHETIC_HINT.format(synthetic)
                 else:
                     how = _HOW_TO_GET.get(
-                        dtype, f'get the {dtype} data as described in '
-                        'docs/datasets.md')
+                        dtype,
+                        f'get the {dtype} data as described in '
+                        'docs/datasets.md',
+                    )
                 raise MissingDataError(
                     f"{name}: {what} '{path}' does not exist; {how}, or point "
                     f'the config at your copy with --cfg-options '
-                    f'{key}.data_root=PATH', synthetic)
+                    f'{key}.data_root=PATH',
+                    synthetic,
+                )
 
 
 def _pretrained_cfgs(node, key):
@@ -139,7 +151,8 @@ def _pretrained_cfgs(node, key):
     if isinstance(node, dict):
         init_cfgs = node.get('init_cfg')
         for i, init in enumerate(
-                init_cfgs if isinstance(init_cfgs, list) else [init_cfgs]):
+            init_cfgs if isinstance(init_cfgs, list) else [init_cfgs]
+        ):
             if isinstance(init, dict) and init.get('type') == 'Pretrained':
                 suffix = f'[{i}]' if isinstance(init_cfgs, list) else ''
                 yield f'{key}.init_cfg{suffix}', init
@@ -180,4 +193,5 @@ def check_pretrained_exists(cfg):
                 f"{key}.checkpoint '{path}' does not exist; download the "
                 'published ImageNet checkpoint (configs/rednet/README.md), '
                 f'or set --cfg-options {key}.checkpoint=PATH (or '
-                f'{key}=None to train from scratch)')
+                f'{key}=None to train from scratch)'
+            )

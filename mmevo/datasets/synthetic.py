@@ -19,6 +19,7 @@ two generations give identical files, whatever the order or the machine.
 ``RandomState`` is used on purpose: its stream is frozen by numpy's
 compatibility policy, unlike ``Generator``'s.
 """
+
 import json
 import os
 import os.path as osp
@@ -31,13 +32,29 @@ DET_CLASSES = ('circle', 'square', 'triangle')
 
 # Cityscapes train ids (mmseg ``CityscapesDataset.METAINFO['classes']`` order)
 # of the classes the street scenes contain.
-ROAD, SIDEWALK, BUILDING, POLE, SIGN, VEGETATION, SKY, PERSON, CAR = (0, 1, 2,
-                                                                      5, 7, 8,
-                                                                      10, 11,
-                                                                      13)
-SEG_TRAIN_IDS = (ROAD, SIDEWALK, BUILDING, POLE, SIGN, VEGETATION, SKY, PERSON,
-                 CAR)
-SEG_CITIES = {'train': ('aachen', 'bochum'), 'val': ('frankfurt', )}
+ROAD, SIDEWALK, BUILDING, POLE, SIGN, VEGETATION, SKY, PERSON, CAR = (
+    0,
+    1,
+    2,
+    5,
+    7,
+    8,
+    10,
+    11,
+    13,
+)
+SEG_TRAIN_IDS = (
+    ROAD,
+    SIDEWALK,
+    BUILDING,
+    POLE,
+    SIGN,
+    VEGETATION,
+    SKY,
+    PERSON,
+    CAR,
+)
+SEG_CITIES = {'train': ('aachen', 'bochum'), 'val': ('frankfurt',)}
 
 _SPLIT_IDS = {'train': 0, 'val': 1}
 
@@ -48,11 +65,15 @@ def _start_set(out_dir, subdirs):
     """Empty ``out_dir``'s ``subdirs`` of an earlier synthetic set (so no stale
     file of a larger set stays), refusing to touch a directory that is not
     one of ours, and mark the set as incomplete until :func:`_write_stamp`."""
-    if osp.isdir(out_dir) and os.listdir(out_dir) and not osp.exists(
-            osp.join(out_dir, STAMP)):
+    if (
+        osp.isdir(out_dir)
+        and os.listdir(out_dir)
+        and not osp.exists(osp.join(out_dir, STAMP))
+    ):
         raise FileExistsError(
             f'{out_dir} exists and is not a synthetic set; choose another '
-            'output directory')
+            'output directory'
+        )
     os.makedirs(out_dir, exist_ok=True)
     _write_stamp(out_dir, complete=False)
     for sub in subdirs:
@@ -83,7 +104,8 @@ def synthetic_set_ready(out_dir, **params):
 def _rng(seed, split, index):
     """The image's own random stream (see the module docstring)."""
     return np.random.RandomState(
-        (seed * 1_000_003 + _SPLIT_IDS[split] * 100_003 + index) % 2**32)
+        (seed * 1_000_003 + _SPLIT_IDS[split] * 100_003 + index) % 2**32
+    )
 
 
 def _texture(rng, h, w, mean, amp=30.0, cell=16, stripes=0.0):
@@ -91,13 +113,15 @@ def _texture(rng, h, w, mean, amp=30.0, cell=16, stripes=0.0):
     + optional oriented stripes + pixel noise."""
     coarse = rng.normal(0.0, amp, size=(h // cell + 2, w // cell + 2, 3))
     img = np.asarray(mean, np.float64) + cv2.resize(
-        coarse, (w, h), interpolation=cv2.INTER_CUBIC)
+        coarse, (w, h), interpolation=cv2.INTER_CUBIC
+    )
     if stripes:
         yy, xx = np.mgrid[0:h, 0:w]
         theta = rng.uniform(0, np.pi)
         period = rng.uniform(5, 18)
-        wave = np.sin(2 * np.pi * (xx * np.cos(theta) + yy * np.sin(theta)) /
-                      period)
+        wave = np.sin(
+            2 * np.pi * (xx * np.cos(theta) + yy * np.sin(theta)) / period
+        )
         img += stripes * wave[..., None] * rng.uniform(0.3, 1.0, size=3)
     return img + rng.normal(0.0, 6.0, size=(h, w, 3))
 
@@ -112,21 +136,26 @@ def _shape_polygon(rng, cls, cx, cy, size):
         angles = np.linspace(0, 2 * np.pi, 32, endpoint=False)
         radius = size / 2
     elif cls == 'square':
-        angles = np.deg2rad(rng.uniform(
-            -15, 15)) + np.pi / 4 + np.arange(4) * np.pi / 2
+        angles = (
+            np.deg2rad(rng.uniform(-15, 15))
+            + np.pi / 4
+            + np.arange(4) * np.pi / 2
+        )
         radius = size / 2 * np.sqrt(2) * rng.uniform(0.8, 1.0)
     else:  # triangle
         angles = rng.uniform(0, 2 * np.pi) + np.arange(3) * 2 * np.pi / 3
         radius = size / 2 * rng.uniform(0.9, 1.1)
     return np.stack(
-        [cx + radius * np.cos(angles), cy + radius * np.sin(angles)], axis=1)
+        [cx + radius * np.cos(angles), cy + radius * np.sin(angles)], axis=1
+    )
 
 
 def _draw_detection_image(rng, size, max_objects):
     """One image (H, W, 3) uint8 BGR and its objects."""
     h = w = size
     img = _texture(
-        rng, h, w, rng.uniform(50, 200, size=3), stripes=rng.uniform(0, 30))
+        rng, h, w, rng.uniform(50, 200, size=3), stripes=rng.uniform(0, 30)
+    )
     objects = []
     for _ in range(rng.randint(1, max_objects + 1)):
         cls_id = rng.randint(len(DET_CLASSES))
@@ -139,8 +168,13 @@ def _draw_detection_image(rng, size, max_objects):
             ys, xs = np.nonzero(mask)
             box = [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]
             # objects do not touch (2 px apart), so every box is exact
-            if all(box[0] > b[2] + 1 or b[0] > box[2] + 1 or box[1] > b[3] +
-                   1 or b[1] > box[3] + 1 for b, _, _, _ in objects):
+            if all(
+                box[0] > b[2] + 1
+                or b[0] > box[2] + 1
+                or box[1] > b[3] + 1
+                or b[1] > box[3] + 1
+                for b, _, _, _ in objects
+            ):
                 break
         else:
             continue
@@ -155,13 +189,15 @@ def _draw_detection_image(rng, size, max_objects):
     return _to_uint8(img), objects
 
 
-def make_synthetic_coco(out_dir,
-                        num_train=400,
-                        num_val=100,
-                        img_size=128,
-                        max_objects=4,
-                        seed=0,
-                        skip_if_ready=False):
+def make_synthetic_coco(
+    out_dir,
+    num_train=400,
+    num_val=100,
+    img_size=128,
+    max_objects=4,
+    seed=0,
+    skip_if_ready=False,
+):
     """Write the synthetic COCO-format detection set.
 
     Layout::
@@ -198,7 +234,8 @@ def make_synthetic_coco(out_dir,
         num_val=num_val,
         img_size=img_size,
         max_objects=max_objects,
-        seed=seed)
+        seed=seed,
+    )
     ann_files = {
         split: osp.join(out_dir, 'annotations', f'instances_{split}.json')
         for split in ('train', 'val')
@@ -216,7 +253,8 @@ def make_synthetic_coco(out_dir,
         images, annotations = [], []
         for idx in range(num):
             img, objects = _draw_detection_image(
-                _rng(seed, split, idx), img_size, max_objects)
+                _rng(seed, split, idx), img_size, max_objects
+            )
             file_name = f'{idx:06d}.png'
             cv2.imwrite(osp.join(out_dir, split, file_name), img)
             images.append(
@@ -224,7 +262,9 @@ def make_synthetic_coco(out_dir,
                     id=idx,
                     file_name=file_name,
                     height=img_size,
-                    width=img_size))
+                    width=img_size,
+                )
+            )
             for box, cls_id, poly, area in objects:
                 x1, y1, x2, y2 = (int(v) for v in box)
                 annotations.append(
@@ -235,13 +275,18 @@ def make_synthetic_coco(out_dir,
                         bbox=[x1, y1, x2 - x1, y2 - y1],
                         area=area,
                         iscrowd=0,
-                        segmentation=[np.round(poly, 2).ravel().tolist()]))
+                        segmentation=[np.round(poly, 2).ravel().tolist()],
+                    )
+                )
         with open(ann_files[split], 'w') as f:
             json.dump(
                 dict(
                     images=images,
                     annotations=annotations,
-                    categories=categories), f)
+                    categories=categories,
+                ),
+                f,
+            )
     _write_stamp(out_dir, **params)
     return ann_files
 
@@ -270,7 +315,8 @@ def _draw_street_scene(rng, h, w):
         mean, amp, stripes = _SEG_LOOKS[train_id]
         jitter = rng.uniform(-25, 25, size=3)
         tex = _texture(
-            rng, h, w, np.add(mean, jitter), amp=amp, stripes=stripes)
+            rng, h, w, np.add(mean, jitter), amp=amp, stripes=stripes
+        )
         img[mask] = tex[mask]
         label[mask] = train_id
 
@@ -284,15 +330,26 @@ def _draw_street_scene(rng, h, w):
         bw = int(rng.uniform(0.12, 0.3) * w)
         top = int(rng.uniform(0.05, 0.9) * horizon)
         if rng.rand() < 0.8:
-            paint((xx >= x) & (xx < x + bw) & (yy >= top) & (yy < ground),
-                  BUILDING)
+            paint(
+                (xx >= x) & (xx < x + bw) & (yy >= top) & (yy < ground),
+                BUILDING,
+            )
         x += bw + int(rng.uniform(0, 0.08) * w)
     for _ in range(rng.randint(1, 4)):  # trees
         mask = np.zeros((h, w), np.uint8)
         cv2.ellipse(
-            mask, (int(rng.uniform(0, w)), int(rng.uniform(horizon, ground))),
-            (int(rng.uniform(0.05, 0.12) * w), int(
-                rng.uniform(0.1, 0.25) * h)), 0, 0, 360, 1, -1)
+            mask,
+            (int(rng.uniform(0, w)), int(rng.uniform(horizon, ground))),
+            (
+                int(rng.uniform(0.05, 0.12) * w),
+                int(rng.uniform(0.1, 0.25) * h),
+            ),
+            0,
+            0,
+            360,
+            1,
+            -1,
+        )
         paint(mask.astype(bool), VEGETATION)
     # the road narrows towards the horizon, sidewalks run along it
     half = (yy - ground) / max(h - ground, 1) * 0.45 * w + 0.2 * w
@@ -305,27 +362,34 @@ def _draw_street_scene(rng, h, w):
         ptop = int(rng.uniform(0.2, 0.5) * h)
         pbot = int(rng.uniform(ground, h))
         paint((xx >= px) & (xx < px + 3) & (yy >= ptop) & (yy < pbot), POLE)
-        paint((np.abs(xx - px - 1) < 6) & (yy >= ptop - 8) & (yy < ptop + 2),
-              SIGN)
+        paint(
+            (np.abs(xx - px - 1) < 6) & (yy >= ptop - 8) & (yy < ptop + 2),
+            SIGN,
+        )
     for _ in range(rng.randint(1, 4)):  # cars on the road
         cy = int(rng.uniform(ground + 4, h))
         scale = 0.4 + 0.6 * (cy - ground) / max(h - ground, 1)
         cw, ch = int(0.2 * w * scale), int(0.18 * h * scale)
-        cx = int(centre + rng.uniform(-1, 1) *
-                 (half[min(cy, h - 1), 0] - cw / 2))
+        cx = int(
+            centre + rng.uniform(-1, 1) * (half[min(cy, h - 1), 0] - cw / 2)
+        )
         body = (np.abs(xx - cx) < cw / 2) & (yy < cy) & (yy >= cy - ch)
-        roof = (np.abs(xx - cx) < cw / 3) & (yy < cy - ch) & (
-            yy >= cy - 1.5 * ch)
+        roof = (
+            (np.abs(xx - cx) < cw / 3) & (yy < cy - ch) & (yy >= cy - 1.5 * ch)
+        )
         paint(body | roof, CAR)
     for _ in range(rng.randint(0, 5)):  # pedestrians on the sidewalks
         py = int(rng.uniform(ground + 2, h))
         scale = 0.5 + 0.5 * (py - ground) / max(h - ground, 1)
         ph, pw = int(0.22 * h * scale), max(int(0.02 * w * scale), 2)
         px = int(
-            rng.choice([
-                rng.uniform(0, centre - half[py - 1, 0]),
-                rng.uniform(centre + half[py - 1, 0], w)
-            ]))
+            rng.choice(
+                [
+                    rng.uniform(0, centre - half[py - 1, 0]),
+                    rng.uniform(centre + half[py - 1, 0], w),
+                ]
+            )
+        )
         mask = np.zeros((h, w), np.uint8)
         cv2.ellipse(mask, (px, py - ph // 2), (pw, ph // 2), 0, 0, 360, 1, -1)
         cv2.circle(mask, (px, py - ph - pw), pw, 1, -1)
@@ -333,12 +397,14 @@ def _draw_street_scene(rng, h, w):
     return _to_uint8(img), label
 
 
-def make_synthetic_cityscapes(out_dir,
-                              num_train=200,
-                              num_val=50,
-                              img_size=(128, 256),
-                              seed=0,
-                              skip_if_ready=False):
+def make_synthetic_cityscapes(
+    out_dir,
+    num_train=200,
+    num_val=50,
+    img_size=(128, 256),
+    seed=0,
+    skip_if_ready=False,
+):
     """Write the synthetic Cityscapes-layout segmentation set.
 
     Layout (as Cityscapes after ``tools/dataset_converters/cityscapes.py``)::
@@ -373,7 +439,8 @@ def make_synthetic_cityscapes(out_dir,
         num_train=num_train,
         num_val=num_val,
         img_size=list(img_size),
-        seed=seed)
+        seed=seed,
+    )
     if skip_if_ready and synthetic_set_ready(out_dir, **params):
         return dict(train=num_train, val=num_val)
     _start_set(out_dir, ('leftImg8bit', 'gtFine'))
@@ -384,9 +451,10 @@ def make_synthetic_cityscapes(out_dir,
             city = cities[idx % len(cities)]
             stem = f'{city}_{idx // len(cities):06d}_000019'
             img, label = _draw_street_scene(_rng(seed, split, idx), h, w)
-            for sub, suffix, data in (('leftImg8bit', '_leftImg8bit.png', img),
-                                      ('gtFine', '_gtFine_labelTrainIds.png',
-                                       label)):
+            for sub, suffix, data in (
+                ('leftImg8bit', '_leftImg8bit.png', img),
+                ('gtFine', '_gtFine_labelTrainIds.png', label),
+            ):
                 d = osp.join(out_dir, sub, split, city)
                 os.makedirs(d, exist_ok=True)
                 cv2.imwrite(osp.join(d, stem + suffix), data)

@@ -10,14 +10,21 @@ read by mmpretrain's ``ImageNet`` dataset with ``split='train'`` / ``'val'``
 Every image is drawn from its own random stream seeded by (seed, split,
 index), as the detection and segmentation sets of :mod:`.synthetic` are.
 """
+
 import os
 import os.path as osp
 
 import cv2
 import numpy as np
 
-from .synthetic import (_rng, _start_set, _texture, _to_uint8, _write_stamp,
-                        synthetic_set_ready)
+from .synthetic import (
+    _rng,
+    _start_set,
+    _texture,
+    _to_uint8,
+    _write_stamp,
+    synthetic_set_ready,
+)
 
 # None of the ten changes class under a horizontal flip (the demo's
 # augmentation), and none is a colour.
@@ -42,8 +49,9 @@ def _polygon(cls, cx, cy, radius, angle):
     else:  # star: five points, inner radius 0.45
         angles = angle - np.pi / 2 + np.arange(10) * np.pi / 5
         radii = np.where(np.arange(10) % 2 == 0, radius, 0.45 * radius)
-    pts = np.stack([cx + radii * np.cos(angles), cy + radii * np.sin(angles)],
-                   axis=1)
+    pts = np.stack(
+        [cx + radii * np.cos(angles), cy + radii * np.sin(angles)], axis=1
+    )
     return np.rint(pts).astype(np.int32)
 
 
@@ -59,13 +67,15 @@ def _shape_mask(rng, cls, h, w):
         arm = radius * rng.uniform(0.3, 0.45)
         for dx, dy in ((radius, arm), (arm, radius)):
             box = cv2.boxPoints(
-                ((cx, cy), (2 * dx, 2 * dy), np.rad2deg(angle)))
+                ((cx, cy), (2 * dx, 2 * dy), np.rad2deg(angle))
+            )
             cv2.fillPoly(mask, [np.rint(box).astype(np.int32)], 1)
     else:
         cv2.fillPoly(mask, [_polygon(cls, cx, cy, radius, angle)], 1)
         if cls == 'ring':
-            cv2.fillPoly(mask, [_polygon(cls, cx, cy, 0.55 * radius, angle)],
-                         0)
+            cv2.fillPoly(
+                mask, [_polygon(cls, cx, cy, 0.55 * radius, angle)], 0
+            )
     return mask.astype(bool)
 
 
@@ -117,8 +127,9 @@ def draw_classification_image(rng, cls_id):
         (dtype('uint8'), 3)
     """
     if not 0 <= cls_id < len(CLS_CLASSES):
-        raise ValueError(f'cls_id must be in [0, {len(CLS_CLASSES)}), got '
-                         f'{cls_id!r}')
+        raise ValueError(
+            f'cls_id must be in [0, {len(CLS_CLASSES)}), got {cls_id!r}'
+        )
     h, w = rng.randint(64, 97, size=2)
     cls = CLS_CLASSES[cls_id]
     back, fore = _two_colours(rng)
@@ -134,11 +145,9 @@ def draw_classification_image(rng, cls_id):
     return _to_uint8(img)
 
 
-def make_synthetic_imagenet(out_dir,
-                            num_train=400,
-                            num_val=100,
-                            seed=0,
-                            skip_if_ready=False):
+def make_synthetic_imagenet(
+    out_dir, num_train=400, num_val=100, seed=0, skip_if_ready=False
+):
     """Write the synthetic classification set in ImageNet's folder layout.
 
     Layout::
@@ -168,7 +177,8 @@ def make_synthetic_imagenet(out_dir,
         if not isinstance(value, int) or value < 0:
             raise ValueError(f'{name} must be an int >= 0, got {value!r}')
     params = dict(
-        kind='imagenet', num_train=num_train, num_val=num_val, seed=seed)
+        kind='imagenet', num_train=num_train, num_val=num_val, seed=seed
+    )
     if skip_if_ready and synthetic_set_ready(out_dir, **params):
         return dict(train=num_train, val=num_val)
     _start_set(out_dir, ('train', 'val'))
@@ -179,7 +189,10 @@ def make_synthetic_imagenet(out_dir,
             cls_id = idx % len(CLS_CLASSES)
             img = draw_classification_image(_rng(seed, split, idx), cls_id)
             cv2.imwrite(
-                osp.join(out_dir, split, CLS_CLASSES[cls_id],
-                         f'{idx:06d}.png'), img)
+                osp.join(
+                    out_dir, split, CLS_CLASSES[cls_id], f'{idx:06d}.png'
+                ),
+                img,
+            )
     _write_stamp(out_dir, **params)
     return dict(train=num_train, val=num_val)

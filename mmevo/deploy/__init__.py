@@ -18,18 +18,30 @@ Example:
     >>> export_onnx(model, torch.randn(1, 3, 128, 128), 'det.onnx')
     >>> outputs = OnnxModel('det.onnx')(torch.randn(1, 3, 96, 160))
 """
+
 from .aoti import AotiModel, export_aoti
 from .export import TensorOutputs, export_onnx
 from .ops import nms, roi_align
 from .parity import check_outputs, match_rows, max_difference
-from .predict import (expected_outputs, exportable, model_kind,
-                      runtime_predict)
+from .predict import expected_outputs, exportable, model_kind, runtime_predict
 from .rewrites import adaptive_avg_pool2d, export_rewrites
 from .runtime import OnnxModel
 
 __all__ = [
-    'AotiModel', 'OnnxModel', 'TensorOutputs', 'adaptive_avg_pool2d',
-    'check_outputs', 'expected_outputs', 'export_aoti', 'export_onnx', 'export_rewrites',
-    'exportable', 'match_rows', 'max_difference', 'model_kind', 'nms',
-    'roi_align', 'runtime_predict'
+    'AotiModel',
+    'OnnxModel',
+    'TensorOutputs',
+    'adaptive_avg_pool2d',
+    'check_outputs',
+    'expected_outputs',
+    'export_aoti',
+    'export_onnx',
+    'export_rewrites',
+    'exportable',
+    'match_rows',
+    'max_difference',
+    'model_kind',
+    'nms',
+    'roi_align',
+    'runtime_predict',
 ]

@@ -10,6 +10,7 @@ program that calls them. With ``inline_ops`` the package holds their
 formulation in standard operators instead (:mod:`mmevo.ops.export`): it
 then runs where mmevo's op library is not loaded.
 """
+
 import copy
 import functools
 import warnings
@@ -17,18 +18,20 @@ import warnings
 import torch
 
 from mmevo.ops import export as ops_export
+
 from .export import naming_failing_layer
 from .rewrites import export_rewrites
 
 #: the decompositions of ``inline_ops``: the ops' standard-operator
 #: formulation (arguments resolved, as the operators take them)
 INLINE_OPS = {
-    torch.ops.mmevo.evolution_aggregate.default:
-    ops_export.aggregate,
-    torch.ops.mmevo.local_correlation.default:
-    functools.partial(ops_export.correlation, softmax=False),
-    torch.ops.mmevo.local_attention_weights.default:
-    functools.partial(ops_export.correlation, softmax=True),
+    torch.ops.mmevo.evolution_aggregate.default: ops_export.aggregate,
+    torch.ops.mmevo.local_correlation.default: functools.partial(
+        ops_export.correlation, softmax=False
+    ),
+    torch.ops.mmevo.local_attention_weights.default: functools.partial(
+        ops_export.correlation, softmax=True
+    ),
 }
 
 
@@ -53,11 +56,15 @@ def export_program(model, x, dynamic=True, inline_ops=False):
     shapes = None
     if dynamic:
         dim = torch.export.Dim.DYNAMIC
-        shapes = ({2: dim, 3: dim}, )
-    with naming_failing_layer(model, 'torch.export'), torch.no_grad(), \
-            export_rewrites(model):
+        shapes = ({2: dim, 3: dim},)
+    with (
+        naming_failing_layer(model, 'torch.export'),
+        torch.no_grad(),
+        export_rewrites(model),
+    ):
         program = torch.export.export(
-            model, (x, ), dynamic_shapes=shapes, strict=False)
+            model, (x,), dynamic_shapes=shapes, strict=False
+        )
     if inline_ops:
         program = program.run_decompositions(INLINE_OPS)
     return program
@@ -121,13 +128,15 @@ def compile_program(program, path):
         first = str(e).splitlines()[0] if str(e) else ''
         warnings.warn(
             f'AOTInductor freezing failed ({type(e).__name__}: {first}); '
-            'compiling without it (slower)')
+            'compiling without it (slower)'
+        )
     return _compile(program, path, freezing=False)
 
 
 def _compile(program, path, freezing):
     return torch._inductor.aoti_compile_and_package(
-        program, package_path=path, inductor_configs={'freezing': freezing})
+        program, package_path=path, inductor_configs={'freezing': freezing}
+    )
 
 
 class AotiModel:

@@ -9,6 +9,7 @@ and RoIAlign, and runs the model under :func:`export_rewrites`.
 e.g. the per-level lists of ``model(x, mode='tensor')``, into a tuple of
 tensors.
 """
+
 import contextlib
 
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from mmevo.layers.base import EvolutionLayer
+
 from .ops import ONNX_TRANSLATIONS, OPSET_VERSION, register_onnx_symbolics
 from .rewrites import export_rewrites
 
@@ -41,6 +43,7 @@ class TensorOutputs(nn.Module):
         self.model = model
         if forward is None and hasattr(model, 'roi_head'):
             from .mmdet import two_stage_forward
+
             forward = two_stage_forward
         self._forward = forward
         # the model's mode: exporters restore the wrapper's mode afterwards
@@ -61,7 +64,8 @@ def naming_failing_layer(model, what):
     settings: ``f'{what} failed in layer ...'``."""
     names = {
         m: name
-        for name, m in model.named_modules() if isinstance(m, EvolutionLayer)
+        for name, m in model.named_modules()
+        if isinstance(m, EvolutionLayer)
     }
     running = []
     handles = [
@@ -81,18 +85,16 @@ def naming_failing_layer(model, what):
             f'{what} failed in layer {names[layer]!r} '
             f'({type(layer).__name__}: kernel_size={layer.kernel_size}, '
             f'stride={layer.stride}, dilation={layer.dilation}, '
-            f'padding_mode={layer.padding_mode!r}): {e}') from e
+            f'padding_mode={layer.padding_mode!r}): {e}'
+        ) from e
     finally:
         for h in handles:
             h.remove()
 
 
-def export_onnx(model,
-                x,
-                path,
-                dynamic=True,
-                dynamo=True,
-                opset_version=OPSET_VERSION):
+def export_onnx(
+    model, x, path, dynamic=True, dynamo=True, opset_version=OPSET_VERSION
+):
     """``torch.onnx.export(model, (x, ), path)`` with H and W dynamic.
 
     Args:
@@ -122,18 +124,20 @@ def export_onnx(model,
             kwargs['custom_translation_table'] = ONNX_TRANSLATIONS
             if dynamic:
                 dim = torch.export.Dim.DYNAMIC
-                kwargs['dynamic_shapes'] = ({2: dim, 3: dim}, )
+                kwargs['dynamic_shapes'] = ({2: dim, 3: dim},)
         else:
             register_onnx_symbolics()
             if dynamic:
                 kwargs.update(_dynamic_axes(model, x))
         with torch.no_grad(), export_rewrites(model):
             torch.onnx.export(
-                model, (x, ),
+                model,
+                (x,),
                 path,
                 dynamo=dynamo,
                 opset_version=opset_version,
-                **kwargs)
+                **kwargs,
+            )
 
 
 def _dynamic_axes(model, x):
@@ -141,15 +145,14 @@ def _dynamic_axes(model, x):
     output dynamic."""
     with torch.no_grad():
         outs = model(x)
-    outs = outs if isinstance(outs, (tuple, list)) else (outs, )
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
     outputs = [f'output{i}' for i in range(len(outs))]
     return dict(
         input_names=['input'],
         output_names=outputs,
         dynamic_axes={
-            name: {
-                2: f'{name}_height',
-                3: f'{name}_width'
-            }
-            for name, t in zip(['input'] + outputs, [x, *outs]) if t.dim() == 4
-        })
+            name: {2: f'{name}_height', 3: f'{name}_width'}
+            for name, t in zip(['input'] + outputs, [x, *outs])
+            if t.dim() == 4
+        },
+    )

@@ -8,6 +8,7 @@ operators.
 post-processing. :class:`mmevo.deploy.TensorOutputs` takes the first by
 default for a model with a ``roi_head``.
 """
+
 import torch
 from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
 from torch.utils import _pytree as pytree
@@ -17,23 +18,30 @@ from .ops import nms, roi_align
 
 def _roi_align(layer, feats, rois):
     if layer.pool_mode != 'avg':
-        raise ValueError(f"RoIAlign pool_mode must be 'avg' to export (ONNX "
-                         f"RoiAlign's max differs), got {layer.pool_mode!r}")
-    return roi_align(feats, rois, list(layer.output_size),
-                     float(layer.spatial_scale), int(layer.sampling_ratio),
-                     bool(layer.aligned))
+        raise ValueError(
+            f"RoIAlign pool_mode must be 'avg' to export (ONNX "
+            f"RoiAlign's max differs), got {layer.pool_mode!r}"
+        )
+    return roi_align(
+        feats,
+        rois,
+        list(layer.output_size),
+        float(layer.spatial_scale),
+        int(layer.sampling_ratio),
+        bool(layer.aligned),
+    )
 
 
 def _roi_features(extractor, feats, rois):
     """``SingleRoIExtractor(feats, rois)`` without its data-dependent
     branches: every RoI through every level's RoIAlign, masked to its own
     level (as exact: the other levels add zeros)."""
-    feats = feats[:extractor.num_inputs]
+    feats = feats[: extractor.num_inputs]
     if len(feats) == 1:
         return _roi_align(extractor.roi_layers[0], feats[0], rois)
     levels = extractor.map_roi_levels(rois, len(feats))
     out = 0
-    for i, layer in enumerate(extractor.roi_layers[:len(feats)]):
+    for i, layer in enumerate(extractor.roi_layers[: len(feats)]):
         mask = (levels == i).to(rois.dtype).view(-1, 1, 1, 1)
         out = out + _roi_align(layer, feats[i], rois) * mask
     return out
@@ -44,7 +52,8 @@ def _image_size(x):
     exporters: the last entries of aranges (whose lengths TorchScript
     traces as sizes, torch.export as symbols)."""
     return torch.cat(
-        [torch.arange(1, n + 1, device=x.device)[-1:] for n in x.shape[2:]])
+        [torch.arange(1, n + 1, device=x.device)[-1:] for n in x.shape[2:]]
+    )
 
 
 def _extra_row(fn, *tensors):
@@ -64,8 +73,10 @@ def _decode(coder, priors, deltas, size):
     """``coder.decode(priors, deltas, max_shape=size)`` with the size a
     tensor of the graph (H and W stay dynamic)."""
     if type(coder).__name__ != 'DeltaXYWHBBoxCoder':
-        raise ValueError(f'the box coder must be DeltaXYWHBBoxCoder to '
-                         f'export, got {type(coder).__name__}')
+        raise ValueError(
+            f'the box coder must be DeltaXYWHBBoxCoder to '
+            f'export, got {type(coder).__name__}'
+        )
     boxes = _extra_row(
         lambda priors, deltas: delta2bbox(
             priors,
@@ -73,7 +84,11 @@ def _decode(coder, priors, deltas, size):
             coder.means,
             coder.stds,
             add_ctr_clamp=coder.add_ctr_clamp,
-            ctr_clamp=coder.ctr_clamp), priors, deltas)
+            ctr_clamp=coder.ctr_clamp,
+        ),
+        priors,
+        deltas,
+    )
     if coder.clip_border:
         limit = size.flip(0).repeat(2).to(boxes)
         boxes = torch.min(boxes.clamp(min=0), limit)
@@ -84,8 +99,10 @@ def _batched_nms(boxes, scores, ids, nms_cfg):
     """mmcv's ``batched_nms`` indices: one NMS on the boxes offset by id
     (what mmcv does below ``split_thr`` boxes, the same result above)."""
     if nms_cfg.get('type', 'nms') != 'nms' or nms_cfg.get('offset', 0):
-        raise ValueError(f'the NMS must be plain nms (offset 0) to export, '
-                         f'got {dict(nms_cfg)}')
+        raise ValueError(
+            f'the NMS must be plain nms (offset 0) to export, '
+            f'got {dict(nms_cfg)}'
+        )
     offset = 0
     if not nms_cfg.get('class_agnostic'):
         # a zero added: no error on no boxes (clipped boxes are >= 0)
@@ -103,14 +120,17 @@ def _proposals(rpn_head, scores, deltas, size):
     coder = rpn_head.bbox_coder
     nms_cfg = cfg.nms
     priors = rpn_head.prior_generator.grid_priors(
-        [s.shape[-2:] for s in scores], scores[0].dtype, scores[0].device)
+        [s.shape[-2:] for s in scores], scores[0].dtype, scores[0].device
+    )
     nms_pre = cfg.get('nms_pre', -1)
     level_scores, level_boxes, level_priors, level_ids = [], [], [], []
     for level, (score, delta, prior) in enumerate(zip(scores, deltas, priors)):
         score = score.permute(1, 2, 0).reshape(-1, rpn_head.cls_out_channels)
         score = (
             score.sigmoid()
-            if rpn_head.use_sigmoid_cls else score.softmax(-1)[:, :-1])
+            if rpn_head.use_sigmoid_cls
+            else score.softmax(-1)[:, :-1]
+        )
         score = score.reshape(-1)
         delta = delta.permute(1, 2, 0).reshape(-1, 4)
         if nms_pre > 0:
@@ -122,15 +142,16 @@ def _proposals(rpn_head, scores, deltas, size):
         level_priors.append(prior)
         level_ids.append(torch.full_like(score, level))
     score = torch.cat(level_scores)
-    boxes = _decode(coder, torch.cat(level_priors), torch.cat(level_boxes),
-                    size)
+    boxes = _decode(
+        coder, torch.cat(level_priors), torch.cat(level_boxes), size
+    )
     ids = torch.cat(level_ids)
     if cfg.get('min_bbox_size', -1) >= 0:
         wh = boxes[:, 2:] - boxes[:, :2]
         valid = (wh > cfg.min_bbox_size).all(1)
         boxes, score, ids = boxes[valid], score[valid], ids[valid]
     keep = _batched_nms(boxes, score, ids, nms_cfg)
-    return boxes[keep][:cfg.max_per_img]
+    return boxes[keep][: cfg.max_per_img]
 
 
 def two_stage_forward(model, x):
@@ -164,7 +185,7 @@ def two_stage_forward(model, x):
     head = model.roi_head
     outs = (rois, *_bbox_forward(head, feats, rois))
     if head.with_mask:
-        outs = outs + (_mask_forward(head, feats, rois[:100]), )
+        outs = outs + (_mask_forward(head, feats, rois[:100]),)
     return outs
 
 
@@ -173,8 +194,12 @@ def _rois(model, feats, x):
     size = _image_size(x)
     rois = []
     for i in range(len(x)):
-        boxes = _proposals(model.rpn_head, [s[i] for s in scores],
-                           [d[i] for d in deltas], size)
+        boxes = _proposals(
+            model.rpn_head,
+            [s[i] for s in scores],
+            [d[i] for d in deltas],
+            size,
+        )
         rois.append(torch.cat([torch.full_like(boxes[:, :1], i), boxes], 1))
     return torch.cat(rois)
 
@@ -194,14 +219,17 @@ def _head_forward(head, extractor, roi_head, feats, rois):
 
 
 def _bbox_forward(head, feats, rois):
-    return _head_forward(head, head.bbox_roi_extractor, head.bbox_head, feats,
-                         rois)
+    return _head_forward(
+        head, head.bbox_roi_extractor, head.bbox_head, feats, rois
+    )
 
 
 def _mask_forward(head, feats, rois):
     extractor = (
         head.bbox_roi_extractor
-        if head.share_roi_extractor else head.mask_roi_extractor)
+        if head.share_roi_extractor
+        else head.mask_roi_extractor
+    )
     return _head_forward(head, extractor, head.mask_head, feats, rois)
 
 
@@ -209,25 +237,28 @@ def _detections(bbox_head, rois, cls_score, bbox_pred, size, cfg):
     """``bbox_head.predict_by_feat`` of one image (no rescaling):
     decoding, the score threshold and the class-wise NMS."""
     if bbox_head.custom_cls_channels:
-        raise ValueError('a box head with custom class channels does not '
-                         'export')
+        raise ValueError(
+            'a box head with custom class channels does not export'
+        )
     classes = bbox_head.num_classes
     per_class = 1 if bbox_head.reg_class_agnostic else classes
     priors = rois[:, None, 1:].expand(-1, per_class, 4).reshape(-1, 4)
-    boxes = _decode(bbox_head.bbox_coder, priors, bbox_pred.reshape(-1, 4),
-                    size)
+    boxes = _decode(
+        bbox_head.bbox_coder, priors, bbox_pred.reshape(-1, 4), size
+    )
     scores = cls_score.softmax(-1)[:, :-1]
-    boxes = boxes.reshape(-1, per_class, 4).expand(-1, classes,
-                                                   4).reshape(-1, 4)
-    labels = torch.zeros_like(
-        scores, dtype=torch.long) + torch.arange(
-            classes, device=scores.device)
+    boxes = (
+        boxes.reshape(-1, per_class, 4).expand(-1, classes, 4).reshape(-1, 4)
+    )
+    labels = torch.zeros_like(scores, dtype=torch.long) + torch.arange(
+        classes, device=scores.device
+    )
     scores, labels = scores.reshape(-1), labels.reshape(-1)
     valid = scores > cfg.score_thr
     boxes, scores, labels = boxes[valid], scores[valid], labels[valid]
     keep = _batched_nms(boxes, scores, labels, cfg.nms)
     if cfg.max_per_img > 0:
-        keep = keep[:cfg.max_per_img]
+        keep = keep[: cfg.max_per_img]
     return boxes[keep], scores[keep], labels[keep]
 
 
@@ -263,14 +294,19 @@ def two_stage_detections(model, x):
     dets, scores, labels = [], [], []
     for i in range(len(x)):
         mine = rois[:, 0] == i
-        boxes, score, label = _detections(head.bbox_head, rois[mine],
-                                          cls_score[mine], bbox_pred[mine],
-                                          size, head.test_cfg)
+        boxes, score, label = _detections(
+            head.bbox_head,
+            rois[mine],
+            cls_score[mine],
+            bbox_pred[mine],
+            size,
+            head.test_cfg,
+        )
         dets.append(torch.cat([torch.full_like(boxes[:, :1], i), boxes], 1))
         scores.append(score)
         labels.append(label)
     dets = torch.cat(dets)
     outs = (dets, torch.cat(scores), torch.cat(labels))
     if head.with_mask:
-        outs = outs + (_mask_forward(head, feats, dets), )
+        outs = outs + (_mask_forward(head, feats, dets),)
     return outs

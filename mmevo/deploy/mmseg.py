@@ -1,5 +1,6 @@
 """mmseg's modules rewritten for an export (see
 :mod:`mmevo.deploy.rewrites`): ``Upsample`` by its scale factor."""
+
 import torch.nn.functional as F
 from mmseg.models.utils import Upsample
 
@@ -13,10 +14,8 @@ def _upsample(module, x, stock):
     if module.size or not isinstance(s, float) or not s.is_integer():
         return stock(x)
     return F.interpolate(
-        x,
-        scale_factor=s,
-        mode=module.mode,
-        align_corners=module.align_corners)
+        x, scale_factor=s, mode=module.mode, align_corners=module.align_corners
+    )
 
 
 #: ``{class: rewrite(module, x, stock)}`` for :func:`export_rewrites`

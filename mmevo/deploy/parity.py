@@ -1,5 +1,6 @@
 """How far an exported graph's outputs are from PyTorch's, as the export
 tools check them."""
+
 import torch
 
 
@@ -24,16 +25,22 @@ def max_difference(outputs, expected, rows=False):
     """
     shapes = [tuple(t.shape) for t in outputs]
     if shapes != [tuple(t.shape) for t in expected]:
-        raise ValueError(f'outputs of shapes {shapes}, PyTorch\'s '
-                         f'{[tuple(t.shape) for t in expected]}')
+        raise ValueError(
+            f"outputs of shapes {shapes}, PyTorch's "
+            f'{[tuple(t.shape) for t in expected]}'
+        )
     if rows:
         outputs = match_rows(outputs, expected)
     errs = [
-        float((o.double() - r.double()).abs().max() /
-              r.abs().max().double().clamp(min=1e-6)) if o.numel() else 0.
+        float(
+            (o.double() - r.double()).abs().max()
+            / r.abs().max().double().clamp(min=1e-6)
+        )
+        if o.numel()
+        else 0.0
         for o, r in zip(outputs, expected)
     ]
-    err = max(errs, default=0.)
+    err = max(errs, default=0.0)
     return err, errs.index(err) if errs else 0
 
 
@@ -66,13 +73,15 @@ def check_outputs(model, runtime, inputs, kind):
             expected = model(x)
         try:
             err, i = max_difference(
-                runtime(x), expected, rows=kind == 'two-stage')
+                runtime(x), expected, rows=kind == 'two-stage'
+            )
         except ValueError as e:
             raise ValueError(f'gives {e} at input {tuple(x.shape)}') from e
         if err > tolerance:
             raise ValueError(
                 f'differs from PyTorch by {err:.1e} at input '
-                f'{tuple(x.shape)} (output {i} of {len(expected)})')
+                f'{tuple(x.shape)} (output {i} of {len(expected)})'
+            )
         errs.append(err)
     return errs
 

@@ -3,6 +3,7 @@
 graph's outputs post-processed by the model's own heads
 (:func:`runtime_predict`), as ``tools/deployment/onnx_test.py`` and
 ``aoti_test.py`` evaluate them."""
+
 import torch
 
 from .export import TensorOutputs
@@ -46,6 +47,7 @@ def exportable(model):
     forward = None
     if kind == 'two-stage':
         from .mmdet import two_stage_detections
+
         forward = two_stage_detections
     elif kind == 'module':
         forward = _call
@@ -78,12 +80,14 @@ def _two_stage_results(model, outs, metas, rescale):
     boxes rescaled, masks pasted by the config's own mask head."""
     from mmdet.structures.bbox import scale_boxes
     from mmengine.structures import InstanceData
+
     results = []
     for out, meta in zip(outs, metas):
         res = InstanceData(bboxes=out[0][:, 1:], scores=out[1], labels=out[2])
         if rescale and not model.roi_head.with_mask:
-            res.bboxes = scale_boxes(res.bboxes,
-                                     [1 / s for s in meta['scale_factor']])
+            res.bboxes = scale_boxes(
+                res.bboxes, [1 / s for s in meta['scale_factor']]
+            )
         results.append(res)
     if model.roi_head.with_mask:
         # rescales the boxes too, as in roi_head.predict
@@ -92,7 +96,8 @@ def _two_stage_results(model, outs, metas, rescale):
             results_list=results,
             batch_img_metas=metas,
             rcnn_test_cfg=model.roi_head.test_cfg,
-            rescale=rescale)
+            rescale=rescale,
+        )
     return results
 
 
@@ -118,24 +123,28 @@ def runtime_predict(model, runtime):
     """
     kind = model_kind(model)
     if kind not in ('two-stage', 'det', 'seg'):
-        raise ValueError(f'only detectors and encoder-decoder segmentors '
-                         f'can be evaluated, got {type(model).__name__}')
+        raise ValueError(
+            f'only detectors and encoder-decoder segmentors '
+            f'can be evaluated, got {type(model).__name__}'
+        )
 
     def predict(inputs, data_samples, rescale=True):
-        outs = [runtime(inputs[i:i + 1]) for i in range(len(inputs))]
+        outs = [runtime(inputs[i : i + 1]) for i in range(len(inputs))]
         metas = [s.metainfo for s in data_samples]
         if kind == 'two-stage':
             return model.add_pred_to_datasample(
-                data_samples, _two_stage_results(model, outs, metas, rescale))
+                data_samples, _two_stage_results(model, outs, metas, rescale)
+            )
         outs = [torch.cat(level) for level in zip(*outs)]
         if kind == 'seg':
             logits = model.decode_head.predict_by_feat(outs[0], metas)
             return model.postprocess_result(logits, data_samples)
         # (scores per level, boxes per level[, ...]) of the head's forward
         levels = len(model.bbox_head.prior_generator.strides)
-        groups = [outs[i:i + levels] for i in range(0, len(outs), levels)]
+        groups = [outs[i : i + levels] for i in range(0, len(outs), levels)]
         results = model.bbox_head.predict_by_feat(
-            *groups, batch_img_metas=metas, rescale=rescale)
+            *groups, batch_img_metas=metas, rescale=rescale
+        )
         return model.add_pred_to_datasample(data_samples, results)
 
     return predict

@@ -10,6 +10,7 @@ so Semantic FPN and UPerNet (pyramid pooling) export with dynamic H and W.
 Only the instances inside the exported model change, and only until the
 export ends; their classes, and every other model, keep the stock forward.
 """
+
 import contextlib
 import functools
 import sys
@@ -47,10 +48,12 @@ def adaptive_avg_pool2d(x, output_size):
     """
     out_h, out_w = _pair(output_size)
     if not all(
-            o is None or isinstance(o, int) and o >= 1
-            for o in (out_h, out_w)):
-        raise ValueError(f'output_size must be a positive int, None or a '
-                         f'pair of them, got {output_size!r}')
+        o is None or isinstance(o, int) and o >= 1 for o in (out_h, out_w)
+    ):
+        raise ValueError(
+            f'output_size must be a positive int, None or a '
+            f'pair of them, got {output_size!r}'
+        )
     sums, area = x, 1
     if out_h is not None:
         rows, counts = _bins(x.shape[-2], out_h, x)
@@ -90,6 +93,7 @@ def _rewrites():
     rewrites = {nn.AdaptiveAvgPool2d: _pool}
     if 'mmseg.models.utils' in sys.modules:
         from .mmseg import REWRITES
+
         rewrites.update(REWRITES)
     return rewrites
 
@@ -116,14 +120,21 @@ def export_rewrites(model):
     try:
         for module in model.modules():
             rewrite = next(
-                (fn for cls, fn in rewrites.items() if isinstance(module, cls)
-                 and type(module).forward is cls.forward), None)
+                (
+                    fn
+                    for cls, fn in rewrites.items()
+                    if isinstance(module, cls)
+                    and type(module).forward is cls.forward
+                ),
+                None,
+            )
             if rewrite is None:
                 continue
             # an instance's own forward (a hook library's) is put back too
             own = vars(module).get('forward')
             module.forward = functools.partial(
-                rewrite, module, stock=module.forward)
+                rewrite, module, stock=module.forward
+            )
             patched.append((module, own))
         yield
     finally:

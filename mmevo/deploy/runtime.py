@@ -1,5 +1,6 @@
 """Exported models run from Python, called like the PyTorch ones: an ONNX
 model in onnxruntime (:class:`OnnxModel`)."""
+
 import torch
 
 
@@ -17,17 +18,20 @@ class OnnxModel:
 
     def __init__(self, path, threads=None):
         import onnxruntime as ort
+
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(
-            path, options, providers=['CPUExecutionProvider'])
+            path, options, providers=['CPUExecutionProvider']
+        )
         self.input_name = self.session.get_inputs()[0].name
         #: how many tensors a call returns
         self.num_outputs = len(self.session.get_outputs())
 
     def __call__(self, x):
         """Tuple of output tensors for the input ``x`` (a tensor)."""
-        outs = self.session.run(None,
-                                {self.input_name: x.detach().cpu().numpy()})
+        outs = self.session.run(
+            None, {self.input_name: x.detach().cpu().numpy()}
+        )
         return tuple(torch.from_numpy(o) for o in outs)

@@ -5,6 +5,7 @@ Every layer generates a kernel (B, G, K, K, H_out, W_out) and applies it with
 fast paths of some of them, and their switch, are described in
 :mod:`mmevo.layers.fastpath`.
 """
+
 from .acmix import ACmix
 from .base import EvolutionLayer
 from .dynamic_filter import DynamicFilter
@@ -15,6 +16,12 @@ from .involution import Involution
 from .local_self_attention import LocalSelfAttention
 
 __all__ = [
-    'EvolutionLayer', 'EvolutionConv', 'Involution', 'DynamicFilter',
-    'LocalSelfAttention', 'ELSA', 'ACmix', 'set_cpu_fastpath'
+    'EvolutionLayer',
+    'EvolutionConv',
+    'Involution',
+    'DynamicFilter',
+    'LocalSelfAttention',
+    'ELSA',
+    'ACmix',
+    'set_cpu_fastpath',
 ]

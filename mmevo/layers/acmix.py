@@ -1,4 +1,5 @@
 """ACmix (Pan et al., CVPR 2022): attention + shift-conv on shared q/k/v."""
+
 from typing import Tuple
 
 import torch
@@ -7,12 +8,14 @@ import torch.nn.functional as F
 
 from mmevo.ops import check_int, local_attention_weights
 from mmevo.registry import MODELS
+
 from .base import EvolutionLayer, InitCfg, check_divisible
 from .fastpath import cpu_fastpath_default, pointwise, takes_cpu_fastpath
 
 
-def position_map(height: int, width: int, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
+def position_map(
+    height: int, width: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """Normalised coordinates (1, 2, H, W): channel 0 = column, 1 = row.
 
     ``torch.linspace(-1, 1, n)`` of the published code, written with
@@ -26,10 +29,12 @@ def position_map(height: int, width: int, dtype: torch.dtype,
         return pos / pos[-1:].clamp(min=1) * 2 - 1
 
     loc_w, loc_h = linspace(width), linspace(height)
-    return torch.stack([
-        loc_w.view(1, -1).expand(height, width),
-        loc_h.view(-1, 1).expand(height, width)
-    ]).unsqueeze(0)
+    return torch.stack(
+        [
+            loc_w.view(1, -1).expand(height, width),
+            loc_h.view(-1, 1).expand(height, width),
+        ]
+    ).unsqueeze(0)
 
 
 class _SplitProjection(torch.autograd.Function):
@@ -61,8 +66,12 @@ class _SplitProjection(torch.autograd.Function):
         conv_input = proj.view(B, C3, H * W).transpose(1, 2).contiguous()
         conv_input = conv_input.view(B, H, W, C3).permute(0, 3, 1, 2)
         ctx.geometry = (head, s, q_scale)
-        return (query.view(B, C, *query.shape[-2:]), key.view(B, C, H, W),
-                value.view(B, C, H, W), conv_input)
+        return (
+            query.view(B, C, *query.shape[-2:]),
+            key.view(B, C, H, W),
+            value.view(B, C, H, W),
+            conv_input,
+        )
 
     @staticmethod
     def backward(ctx, g_query, g_key, g_value, g_conv):
@@ -146,19 +155,22 @@ class ACmix(EvolutionLayer):
         torch.Size([2, 32, 4, 2])
     """
 
-    def __init__(self,
-                 in_planes: int,
-                 out_planes: int,
-                 kernel_att: int = 7,
-                 head: int = 4,
-                 kernel_conv: int = 3,
-                 stride: int = 1,
-                 dilation: int = 1,
-                 init_cfg: InitCfg = None) -> None:
+    def __init__(
+        self,
+        in_planes: int,
+        out_planes: int,
+        kernel_att: int = 7,
+        head: int = 4,
+        kernel_conv: int = 3,
+        stride: int = 1,
+        dilation: int = 1,
+        init_cfg: InitCfg = None,
+    ) -> None:
         # "same" padding of an odd window, the published
         # (dilation * (kernel_att - 1) + 1) // 2 for every odd kernel_att.
-        super().__init__(kernel_att, stride, None, dilation, 'reflect',
-                         init_cfg)
+        super().__init__(
+            kernel_att, stride, None, dilation, 'reflect', init_cfg
+        )
         check_int('in_planes', in_planes)
         check_int('out_planes', out_planes)
         check_int('head', head)
@@ -186,7 +198,8 @@ class ACmix(EvolutionLayer):
             stride=stride,
             padding=kernel_conv // 2,
             groups=self.head_dim,
-            bias=False)
+            bias=False,
+        )
         self.reset_parameters()
         self.use_cpu_fastpath = cpu_fastpath_default()
 
@@ -197,7 +210,7 @@ class ACmix(EvolutionLayer):
         kc = self.kernel_conv
         shift = torch.zeros(kc * kc, kc, kc)
         for t in range(kc * kc):
-            shift[t, t // kc, t % kc] = 1.
+            shift[t, t // kc, t % kc] = 1.0
         with torch.no_grad():
             self.dep_conv.weight.copy_(shift.repeat(self.out_planes, 1, 1, 1))
 
@@ -233,21 +246,22 @@ class ACmix(EvolutionLayer):
         heads = [t.view(B, self.head, self.head_dim, H * W) for t in (q, k, v)]
         f_all = self.fc(torch.cat(heads, 1))
         f_conv = f_all.permute(0, 2, 1, 3).reshape(
-            B, self.head_dim * self.kernel_conv**2, H, W)
+            B, self.head_dim * self.kernel_conv**2, H, W
+        )
         return self.dep_conv(f_conv)
 
-    def window_input(self,
-                     x: torch.Tensor) -> Tuple[torch.Tensor, int, str]:
+    def window_input(self, x: torch.Tensor) -> Tuple[torch.Tensor, int, str]:
         """Reflection made explicit here (padding 0 for the ops), so the
         backward of the window ops reuses this padded map instead of padding
         again. Maps not larger than the padding (repeated reflection) are
         left to the ops, and so is every map under an export (ONNX or
         torch.export), where the size is symbolic and the ops pad any size."""
         p = self.padding
-        exporting = (torch.onnx.is_in_onnx_export()
-                     or torch.compiler.is_exporting())
+        exporting = (
+            torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
+        )
         if not exporting and 0 < p < min(x.shape[-2:]):
-            return F.pad(x, (p, ) * 4, mode='reflect'), 0, 'zeros'
+            return F.pad(x, (p,) * 4, mode='reflect'), 0, 'zeros'
         return x, p, self.padding_mode
 
     def _attention(self, query, key):
@@ -255,17 +269,23 @@ class ACmix(EvolutionLayer):
         shifted by ``pe``, see :meth:`_query_key`); reflection of (k - pe)
         is reflection of each, as it is linear."""
         key, padding, mode = self.window_input(key)
-        return local_attention_weights(query, key, self.head, self.kernel_size,
-                                       self.stride, padding, self.dilation,
-                                       mode)
+        return local_attention_weights(
+            query,
+            key,
+            self.head,
+            self.kernel_size,
+            self.stride,
+            padding,
+            self.dilation,
+            mode,
+        )
 
     def _attention_stock(self, x, q, k):
         """The published attention path's weights from the projections."""
         query, key = self._query_key(q, k, self.conv_p(self._positions(x)))
         return self._attention(query, key)
 
-    def generate(self,
-                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, attention)``; attention (B, head, K, K, Ho, Wo)."""
         self.check_input(x, self.in_planes)
         q, k, v = self.conv1(x), self.conv2(x), self.conv3(x)
@@ -301,26 +321,39 @@ class ACmix(EvolutionLayer):
         (channels_last), and :class:`_Mix` adds the attention path.
         """
         B, C_in, H, W = x.shape
-        pe = pointwise(self._positions(x), self.conv_p.weight,
-                       self.conv_p.bias)
+        pe = pointwise(
+            self._positions(x), self.conv_p.weight, self.conv_p.bias
+        )
         convs = (self.conv1, self.conv2, self.conv3)
         # Rows (head_dim, {q, k, v}, head): the grouping of dep_conv.
-        weight = torch.stack([
-            c.weight.view(self.head, self.head_dim, C_in) for c in convs
-        ]).permute(2, 0, 1, 3)
-        bias = torch.stack([
-            c.bias.view(self.head, self.head_dim) for c in convs
-        ]).permute(2, 0, 1)
+        weight = torch.stack(
+            [c.weight.view(self.head, self.head_dim, C_in) for c in convs]
+        ).permute(2, 0, 1, 3)
+        bias = torch.stack(
+            [c.bias.view(self.head, self.head_dim) for c in convs]
+        ).permute(2, 0, 1)
         proj = torch.baddbmm(
             bias.reshape(-1, 1),
             weight.reshape(1, -1, C_in).expand(B, -1, -1),
-            x.reshape(B, C_in, H * W))
+            x.reshape(B, C_in, H * W),
+        )
         query, key, value, conv_input = _SplitProjection.apply(
-            proj.view(B, 3 * self.out_planes, H, W), pe.to(proj.dtype),
-            self.head, self.stride, self.head_dim**-0.5)
+            proj.view(B, 3 * self.out_planes, H, W),
+            pe.to(proj.dtype),
+            self.head,
+            self.stride,
+            self.head_dim**-0.5,
+        )
         out_att = self.aggregate(value, self._attention(query, key))
         fc = self.fc.weight.view(self.kernel_conv**2, -1) * self.rate2
         weight = torch.einsum('otuv,tj->ojuv', self.dep_conv.weight, fc)
-        out_conv = F.conv2d(conv_input, weight, None, self.stride,
-                            self.kernel_conv // 2, 1, self.head_dim)
+        out_conv = F.conv2d(
+            conv_input,
+            weight,
+            None,
+            self.stride,
+            self.kernel_conv // 2,
+            1,
+            self.head_dim,
+        )
         return _Mix.apply(out_att, out_conv, self.rate1)

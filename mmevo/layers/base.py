@@ -8,6 +8,7 @@ validates it once at build time, and routes every generated kernel through
 :meth:`EvolutionLayer.aggregate`, where kernel hooks (used by
 ``tools/analysis/visualize_kernels.py``) can observe it.
 """
+
 import inspect
 from collections import OrderedDict
 from typing import Callable, List, Optional, Tuple, Union
@@ -26,14 +27,14 @@ KernelHook = Callable[['EvolutionLayer', torch.Tensor], None]
 def check_divisible(name, value, divisor_name, divisor):
     """Raise a clear build-time error unless ``divisor`` divides ``value``."""
     if value % divisor:
-        raise ValueError(f'{name} ({value}) must be divisible by '
-                         f'{divisor_name} ({divisor})')
+        raise ValueError(
+            f'{name} ({value}) must be divisible by {divisor_name} ({divisor})'
+        )
 
 
-def check_layer_cfg(name: str,
-                    cfg: Optional[dict],
-                    example: str,
-                    allow_none: bool = True) -> None:
+def check_layer_cfg(
+    name: str, cfg: Optional[dict], example: str, allow_none: bool = True
+) -> None:
     """Raise a one-line error unless ``cfg`` can build a layer.
 
     mmcv's builders answer a string with a bare ``AssertionError`` and an
@@ -62,21 +63,25 @@ def check_layer_cfg(name: str,
         none = ' or None' if allow_none else ''
         raise TypeError(f'{name} must be {expected}{none}, got {cfg!r}')
     if 'type' not in cfg:
-        raise ValueError(f'{name} must be a dict with a "type" ({expected}),'
-                         f' got {cfg!r}')
+        raise ValueError(
+            f'{name} must be a dict with a "type" ({expected}), got {cfg!r}'
+        )
     layer_type = cfg['type']
     if inspect.isclass(layer_type):
         return
     if not isinstance(layer_type, str):
-        raise TypeError(f'{name} type must be a str or a class, got '
-                        f'{layer_type!r}')
+        raise TypeError(
+            f'{name} type must be a str or a class, got {layer_type!r}'
+        )
     # The lookup mmcv's build_norm_layer / build_activation_layer make.
     with MODELS.switch_scope_and_registry(None) as registry:
         found = registry.get(layer_type)
     if found is None:
-        raise ValueError(f'{name} has type {layer_type!r}, which is not '
-                         f"registered in mmengine's MODELS registry (e.g. "
-                         f"'{example}')")
+        raise ValueError(
+            f'{name} has type {layer_type!r}, which is not '
+            f"registered in mmengine's MODELS registry (e.g. "
+            f"'{example}')"
+        )
 
 
 class EvolutionLayer(BaseModule):
@@ -110,26 +115,28 @@ class EvolutionLayer(BaseModule):
         >>> handle.remove()
     """
 
-    def __init__(self,
-                 kernel_size: int,
-                 stride: int = 1,
-                 padding: Optional[int] = None,
-                 dilation: int = 1,
-                 padding_mode: str = 'zeros',
-                 init_cfg: InitCfg = None) -> None:
+    def __init__(
+        self,
+        kernel_size: int,
+        stride: int = 1,
+        padding: Optional[int] = None,
+        dilation: int = 1,
+        padding_mode: str = 'zeros',
+        init_cfg: InitCfg = None,
+    ) -> None:
         super().__init__(init_cfg=init_cfg)
         # Validate the geometry now so a bad config fails at build time,
         # not on the first batch.
-        self.padding = resolve_window(kernel_size, stride, padding, dilation,
-                                      padding_mode)
+        self.padding = resolve_window(
+            kernel_size, stride, padding, dilation, padding_mode
+        )
         self.kernel_size = kernel_size
         self.stride = stride
         self.dilation = dilation
         self.padding_mode = padding_mode
         self._kernel_hooks = OrderedDict()
 
-    def generate(self,
-                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(features, kernel)`` for :meth:`aggregate`.
 
         Args:
@@ -146,7 +153,8 @@ class EvolutionLayer(BaseModule):
         return self.generate(x)[1]
 
     def window_input(
-            self, features: torch.Tensor) -> Tuple[torch.Tensor, int, str]:
+        self, features: torch.Tensor
+    ) -> Tuple[torch.Tensor, int, str]:
         """``(features, padding, padding_mode)`` for the window ops.
 
         The layer's own padding; a layer that pads a map once for several
@@ -154,14 +162,16 @@ class EvolutionLayer(BaseModule):
         """
         return features, self.padding, self.padding_mode
 
-    def aggregate(self, features: torch.Tensor,
-                  kernel: torch.Tensor) -> torch.Tensor:
+    def aggregate(
+        self, features: torch.Tensor, kernel: torch.Tensor
+    ) -> torch.Tensor:
         """Apply ``kernel`` to the windows of ``features`` (the shared op)."""
         for hook in self._kernel_hooks.values():
             hook(self, kernel)
         features, padding, mode = self.window_input(features)
-        return evolution_aggregate(features, kernel, self.stride, padding,
-                                   self.dilation, mode)
+        return evolution_aggregate(
+            features, kernel, self.stride, padding, self.dilation, mode
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Generate the kernel from ``x``, then aggregate.
@@ -190,14 +200,19 @@ class EvolutionLayer(BaseModule):
 
     def output_size(self, size: int) -> int:
         """Output length of the window for an input length ``size``."""
-        return output_size(size, self.kernel_size, self.stride, self.padding,
-                           self.dilation)
+        return output_size(
+            size, self.kernel_size, self.stride, self.padding, self.dilation
+        )
 
     def check_input(self, x: torch.Tensor, channels: int) -> None:
         """Raise a clear error unless ``x`` is (B, channels, H, W)."""
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f'{type(self).__name__} input must be a Tensor, '
-                            f'got {type(x).__name__}')
+            raise TypeError(
+                f'{type(self).__name__} input must be a Tensor, '
+                f'got {type(x).__name__}'
+            )
         if x.dim() != 4 or x.shape[1] != channels:
-            raise ValueError(f'{type(self).__name__} input must be '
-                             f'(B, {channels}, H, W), got {tuple(x.shape)}')
+            raise ValueError(
+                f'{type(self).__name__} input must be '
+                f'(B, {channels}, H, W), got {tuple(x.shape)}'
+            )

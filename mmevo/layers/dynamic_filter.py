@@ -1,4 +1,5 @@
 """Decoupled dynamic filter (DDF, Zhou et al., CVPR 2021)."""
+
 from typing import Tuple
 
 import torch
@@ -7,6 +8,7 @@ from torch.nn.init import calculate_gain
 
 from mmevo.ops import check_int
 from mmevo.registry import MODELS
+
 from .base import EvolutionLayer, InitCfg
 
 
@@ -21,17 +23,20 @@ class FilterNorm(nn.Module):
         running_std (bool): learn the per-tap std. Default: False.
     """
 
-    def __init__(self,
-                 channels: int,
-                 kernel_size: int,
-                 nonlinearity: str,
-                 running_std: bool = False) -> None:
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int,
+        nonlinearity: str,
+        running_std: bool = False,
+    ) -> None:
         super().__init__()
         self.channels = channels
         std = calculate_gain(nonlinearity) / kernel_size
         if running_std:
             self.std = nn.Parameter(
-                torch.randn(channels * kernel_size**2) * std)
+                torch.randn(channels * kernel_size**2) * std
+            )
         else:
             self.std = std
 
@@ -83,34 +88,44 @@ class DynamicFilter(EvolutionLayer):
         torch.Size([2, 16, 4, 4])
     """
 
-    def __init__(self,
-                 channels: int,
-                 kernel_size: int = 3,
-                 stride: int = 1,
-                 dilation: int = 1,
-                 se_ratio: float = 0.2,
-                 nonlinearity: str = 'relu',
-                 gen_kernel_size: int = 1,
-                 kernel_combine: str = 'mul',
-                 init_cfg: InitCfg = None) -> None:
-        super().__init__(kernel_size, stride, None, dilation, 'zeros',
-                         init_cfg)
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int = 3,
+        stride: int = 1,
+        dilation: int = 1,
+        se_ratio: float = 0.2,
+        nonlinearity: str = 'relu',
+        gen_kernel_size: int = 1,
+        kernel_combine: str = 'mul',
+        init_cfg: InitCfg = None,
+    ) -> None:
+        super().__init__(
+            kernel_size, stride, None, dilation, 'zeros', init_cfg
+        )
         check_int('channels', channels)
         check_int('gen_kernel_size', gen_kernel_size)
         if kernel_size < 3:
-            raise ValueError(f'kernel_size must be >= 3 (DynamicFilter '
-                             f'normalises over the K*K taps), got '
-                             f'{kernel_size}')
+            raise ValueError(
+                f'kernel_size must be >= 3 (DynamicFilter '
+                f'normalises over the K*K taps), got '
+                f'{kernel_size}'
+            )
         if gen_kernel_size % 2 == 0:
-            raise ValueError(f'gen_kernel_size must be odd, got '
-                             f'{gen_kernel_size}')
+            raise ValueError(
+                f'gen_kernel_size must be odd, got {gen_kernel_size}'
+            )
         if kernel_combine not in ('mul', 'add'):
-            raise ValueError(f"kernel_combine must be 'mul' or 'add', got "
-                             f'{kernel_combine!r}')
+            raise ValueError(
+                f"kernel_combine must be 'mul' or 'add', got "
+                f'{kernel_combine!r}'
+            )
         mid = int(channels * se_ratio)
         if mid < 1:
-            raise ValueError(f'int(channels * se_ratio) must be >= 1, got '
-                             f'int({channels} * {se_ratio}) = {mid}')
+            raise ValueError(
+                f'int(channels * se_ratio) must be >= 1, got '
+                f'int({channels} * {se_ratio}) = {mid}'
+            )
         self.channels = channels
         self.kernel_combine = kernel_combine
         K2 = kernel_size**2
@@ -123,18 +138,22 @@ class DynamicFilter(EvolutionLayer):
                     gen_kernel_size,
                     stride=stride,
                     padding=gen_kernel_size // 2,
-                    groups=channels),
-                nn.Conv2d(channels, K2, 1)
+                    groups=channels,
+                ),
+                nn.Conv2d(channels, K2, 1),
             ]
         self.spatial_branch = nn.Sequential(
-            *spatial, FilterNorm(1, kernel_size, nonlinearity))
+            *spatial, FilterNorm(1, kernel_size, nonlinearity)
+        )
         self.channel_branch = nn.Sequential(
-            nn.AdaptiveAvgPool2d((1, 1)), nn.Conv2d(channels, mid, 1),
-            nn.ReLU(True), nn.Conv2d(mid, channels * K2, 1),
-            FilterNorm(channels, kernel_size, nonlinearity, running_std=True))
+            nn.AdaptiveAvgPool2d((1, 1)),
+            nn.Conv2d(channels, mid, 1),
+            nn.ReLU(True),
+            nn.Conv2d(mid, channels * K2, 1),
+            FilterNorm(channels, kernel_size, nonlinearity, running_std=True),
+        )
 
-    def generate(self,
-                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, C, K, K, H_out, W_out)."""
         self.check_input(x, self.channels)
         B, C = x.shape[:2]

@@ -1,4 +1,5 @@
 """ELSA (Zhou et al., 2021): Hadamard attention expanded by a ghost head."""
+
 import math
 from typing import Optional, Tuple
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 
 from mmevo.ops import check_int, window_softmax
 from mmevo.registry import MODELS
+
 from .base import EvolutionLayer, InitCfg, check_divisible
 
 
@@ -59,25 +61,28 @@ class ELSA(EvolutionLayer):
         torch.Size([2, 24, 4, 3])
     """
 
-    def __init__(self,
-                 dim: int,
-                 num_heads: int,
-                 dim_qk: Optional[int] = None,
-                 dim_v: Optional[int] = None,
-                 kernel_size: int = 5,
-                 stride: int = 1,
-                 dilation: int = 1,
-                 qkv_bias: bool = False,
-                 qk_scale: Optional[float] = None,
-                 attn_drop: float = 0.,
-                 proj_drop: float = 0.,
-                 group_width: int = 8,
-                 groups: int = 1,
-                 lam: float = 1,
-                 gamma: float = 1,
-                 init_cfg: InitCfg = None) -> None:
-        super().__init__(kernel_size, stride, None, dilation, 'zeros',
-                         init_cfg)
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        dim_qk: Optional[int] = None,
+        dim_v: Optional[int] = None,
+        kernel_size: int = 5,
+        stride: int = 1,
+        dilation: int = 1,
+        qkv_bias: bool = False,
+        qk_scale: Optional[float] = None,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        group_width: int = 8,
+        groups: int = 1,
+        lam: float = 1,
+        gamma: float = 1,
+        init_cfg: InitCfg = None,
+    ) -> None:
+        super().__init__(
+            kernel_size, stride, None, dilation, 'zeros', init_cfg
+        )
         check_int('dim', dim)
         check_int('num_heads', num_heads)
         check_int('group_width', group_width)
@@ -85,8 +90,10 @@ class ELSA(EvolutionLayer):
         if dim_qk is None:
             dim_qk = dim // 3 * 2
             if dim_qk < 1:
-                raise ValueError(f'dim_qk defaults to dim // 3 * 2, which is '
-                                 f'0 for dim={dim}: pass dim_qk >= 1')
+                raise ValueError(
+                    f'dim_qk defaults to dim // 3 * 2, which is '
+                    f'0 for dim={dim}: pass dim_qk >= 1'
+                )
         check_int('dim_qk', dim_qk)
         self.dim = dim
         self.num_heads = num_heads
@@ -96,15 +103,21 @@ class ELSA(EvolutionLayer):
         check_int('dim_v', self.dim_v)
         check_divisible('dim_v', self.dim_v, 'num_heads', num_heads)
         check_divisible('dim_qk', self.dim_qk, 'groups', groups)
-        check_divisible('kernel_size**2 * num_heads',
-                        kernel_size**2 * num_heads, 'groups', groups)
-        self.scale = ((self.dim_v //
-                       num_heads)**-0.5 if qk_scale is None else qk_scale)
+        check_divisible(
+            'kernel_size**2 * num_heads',
+            kernel_size**2 * num_heads,
+            'groups',
+            groups,
+        )
+        self.scale = (
+            (self.dim_v // num_heads) ** -0.5 if qk_scale is None else qk_scale
+        )
         self.lam = lam
         self.gamma = gamma
 
         self.pre_proj = nn.Conv2d(
-            dim, self.dim_qk * 2 + self.dim_v, 1, bias=qkv_bias)
+            dim, self.dim_qk * 2 + self.dim_v, 1, bias=qkv_bias
+        )
         self.attn = nn.Sequential(
             nn.Conv2d(
                 self.dim_qk,
@@ -112,12 +125,16 @@ class ELSA(EvolutionLayer):
                 kernel_size,
                 padding=self.padding,
                 dilation=dilation,
-                groups=self.dim_qk // group_width), nn.GELU(),
+                groups=self.dim_qk // group_width,
+            ),
+            nn.GELU(),
             nn.Conv2d(
-                self.dim_qk, kernel_size**2 * num_heads, 1, groups=groups))
+                self.dim_qk, kernel_size**2 * num_heads, 1, groups=groups
+            ),
+        )
         shape = (self.dim_v, kernel_size, kernel_size)
         mul = torch.randn(1, *shape)
-        add = nn.init.trunc_normal_(torch.zeros(1, *shape), std=.02)
+        add = nn.init.trunc_normal_(torch.zeros(1, *shape), std=0.02)
         # Same layout as the published parameter: (2, 1, ...) for both,
         # (1, ...) for one of them, none when lam = gamma = 0.
         if lam != 0 and gamma != 0:
@@ -133,30 +150,32 @@ class ELSA(EvolutionLayer):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def ghost_terms(
-        self
+        self,
     ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(M ** lam, gamma * A), each (dim_v, K, K) or None when absent."""
         if self.ghost_head is None:
             return None, None
         if self.lam != 0 and self.gamma != 0:
-            return self.ghost_head[0, 0]**self.lam, \
-                self.ghost_head[1, 0] * self.gamma
+            return self.ghost_head[0, 0] ** self.lam, self.ghost_head[
+                1, 0
+            ] * self.gamma
         if self.gamma != 0:
             return None, self.ghost_head[0] * self.gamma
-        return self.ghost_head[0]**self.lam, None
+        return self.ghost_head[0] ** self.lam, None
 
-    def generate(self,
-                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, kernel)``: kernel (B, dim_v, K, K, H_out, W_out), or
         (B, num_heads, ...) without a ghost head."""
         self.check_input(x, self.dim)
         q, k, v = torch.split(
-            self.pre_proj(x), (self.dim_qk, self.dim_qk, self.dim_v), dim=1)
+            self.pre_proj(x), (self.dim_qk, self.dim_qk, self.dim_v), dim=1
+        )
         quadratic = q * k * self.scale
         if self.stride > 1:
             # ceil_mode: attention map and output both have ceil(H/s) rows.
             quadratic = F.avg_pool2d(
-                quadratic, self.stride, self.stride, ceil_mode=True)
+                quadratic, self.stride, self.stride, ceil_mode=True
+            )
         logits = self.attn(quadratic)
         B, _, H, W = logits.shape
         G, K = self.num_heads, self.kernel_size

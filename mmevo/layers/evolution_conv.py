@@ -1,4 +1,5 @@
 """Static convolution as the constant-kernel case of the evolution formula."""
+
 import math
 from typing import Optional, Tuple
 
@@ -7,6 +8,7 @@ import torch.nn as nn
 
 from mmevo.ops import check_int
 from mmevo.registry import MODELS
+
 from .base import EvolutionLayer, InitCfg, check_divisible
 
 
@@ -40,18 +42,21 @@ class EvolutionConv(EvolutionLayer):
         torch.Size([2, 8, 4, 3])
     """
 
-    def __init__(self,
-                 channels: int,
-                 kernel_size: int = 3,
-                 groups: Optional[int] = None,
-                 stride: int = 1,
-                 padding: Optional[int] = None,
-                 dilation: int = 1,
-                 padding_mode: str = 'zeros',
-                 bias: bool = True,
-                 init_cfg: InitCfg = None) -> None:
-        super().__init__(kernel_size, stride, padding, dilation, padding_mode,
-                         init_cfg)
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int = 3,
+        groups: Optional[int] = None,
+        stride: int = 1,
+        padding: Optional[int] = None,
+        dilation: int = 1,
+        padding_mode: str = 'zeros',
+        bias: bool = True,
+        init_cfg: InitCfg = None,
+    ) -> None:
+        super().__init__(
+            kernel_size, stride, padding, dilation, padding_mode, init_cfg
+        )
         groups = channels if groups is None else groups
         check_int('channels', channels)
         check_int('groups', groups)
@@ -59,7 +64,8 @@ class EvolutionConv(EvolutionLayer):
         self.channels = channels
         self.groups = groups
         self.weight = nn.Parameter(
-            torch.empty(groups, kernel_size, kernel_size))
+            torch.empty(groups, kernel_size, kernel_size)
+        )
         self.bias = nn.Parameter(torch.empty(channels)) if bias else None
         self.reset_parameters()
 
@@ -71,15 +77,14 @@ class EvolutionConv(EvolutionLayer):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def generate(self,
-                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``: the weight as (B, G, K, K, Ho, Wo)."""
         self.check_input(x, self.channels)
         B, _, H, W = x.shape
         K = self.kernel_size
-        kernel = self.weight.view(1, self.groups, K, K, 1,
-                                  1).expand(B, -1, -1, -1, self.output_size(H),
-                                            self.output_size(W))
+        kernel = self.weight.view(1, self.groups, K, K, 1, 1).expand(
+            B, -1, -1, -1, self.output_size(H), self.output_size(W)
+        )
         return x, kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ next to its stock forward, and takes it only when
 
 Only torch is imported here.
 """
+
 import os
 
 import torch
@@ -68,9 +69,13 @@ def set_cpu_fastpath(model: nn.Module, on: bool) -> nn.Module:
 
 def _capturing() -> bool:
     """Whether a tracer, scripter, exporter or compiler is running."""
-    return (torch.jit.is_tracing() or torch.jit.is_scripting()
-            or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
-            or torch.compiler.is_exporting())
+    return (
+        torch.jit.is_tracing()
+        or torch.jit.is_scripting()
+        or torch.onnx.is_in_onnx_export()
+        or torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+    )
 
 
 def takes_cpu_fastpath(module: nn.Module, x: torch.Tensor) -> bool:
@@ -84,15 +89,20 @@ def takes_cpu_fastpath(module: nn.Module, x: torch.Tensor) -> bool:
         bool: the switch is on, ``x`` is on the CPU and nothing is tracing /
         scripting / exporting / compiling.
     """
-    return (module.use_cpu_fastpath and x.device.type == 'cpu'
-            and not _capturing())
+    return (
+        module.use_cpu_fastpath and x.device.type == 'cpu' and not _capturing()
+    )
 
 
 def is_plain_conv1x1(conv: nn.Module) -> bool:
     """A plain, ungrouped, unpadded 1x1 ``nn.Conv2d`` (any stride)."""
-    return (type(conv) is nn.Conv2d and conv.kernel_size == (1, 1)
-            and conv.padding == (0, 0) and conv.dilation == (1, 1)
-            and conv.groups == 1)
+    return (
+        type(conv) is nn.Conv2d
+        and conv.kernel_size == (1, 1)
+        and conv.padding == (0, 0)
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+    )
 
 
 # Below this many pixels per image, the weight gradient is one matmul over
@@ -105,7 +115,8 @@ def _pointwise_forward(x, weight, bias):
     B, C, H, W = x.shape
     C_out = weight.shape[0]
     y = torch.bmm(
-        weight.view(1, C_out, C).expand(B, -1, -1), x.reshape(B, C, H * W))
+        weight.view(1, C_out, C).expand(B, -1, -1), x.reshape(B, C, H * W)
+    )
     if bias is not None:
         # In place: bmm's backward does not need y, and a second buffer the
         # size of a whole generated kernel costs more than the add.
@@ -147,7 +158,8 @@ class _Pointwise(torch.autograd.Function):
             if HW < _SINGLE_MATMUL_PIXELS:
                 grad_wb = torch.mm(
                     g3.transpose(0, 1).reshape(C_out, B * HW),
-                    x3.transpose(0, 1).reshape(rows, B * HW).t())
+                    x3.transpose(0, 1).reshape(rows, B * HW).t(),
+                )
             else:
                 grad_wb = torch.bmm(g3, x3.transpose(1, 2)).sum(0)
             grad_w = grad_wb[:, :C].reshape_as(weight)
@@ -158,9 +170,9 @@ class _Pointwise(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def pointwise(x: torch.Tensor,
-              weight: torch.Tensor,
-              bias: torch.Tensor = None) -> torch.Tensor:
+def pointwise(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor = None
+) -> torch.Tensor:
     """A 1x1, stride-1, ungrouped convolution as a batched matmul.
 
     oneDNN's CPU 1x1 convolution (above all its backward) is 1.5-10x slower

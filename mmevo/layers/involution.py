@@ -1,4 +1,5 @@
 """Involution (Li et al., CVPR 2021): a kernel generated per pixel from it."""
+
 from typing import Optional, Tuple
 
 import torch
@@ -7,6 +8,7 @@ from mmcv.cnn import ConvModule
 
 from mmevo.ops import check_int
 from mmevo.registry import MODELS
+
 from .base import EvolutionLayer, InitCfg, check_divisible, check_layer_cfg
 from .fastpath import cpu_fastpath_default, pointwise, takes_cpu_fastpath
 
@@ -51,18 +53,21 @@ class Involution(EvolutionLayer):
         torch.Size([2, 64, 8, 8])
     """
 
-    def __init__(self,
-                 channels: int,
-                 kernel_size: int = 7,
-                 stride: int = 1,
-                 reduction_ratio: int = 4,
-                 group_channels: int = 16,
-                 dilation: int = 1,
-                 norm_cfg: Optional[dict] = dict(type='BN'),
-                 act_cfg: Optional[dict] = dict(type='ReLU'),
-                 init_cfg: InitCfg = None) -> None:
-        super().__init__(kernel_size, stride, None, dilation, 'zeros',
-                         init_cfg)
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int = 7,
+        stride: int = 1,
+        reduction_ratio: int = 4,
+        group_channels: int = 16,
+        dilation: int = 1,
+        norm_cfg: Optional[dict] = dict(type='BN'),
+        act_cfg: Optional[dict] = dict(type='ReLU'),
+        init_cfg: InitCfg = None,
+    ) -> None:
+        super().__init__(
+            kernel_size, stride, None, dilation, 'zeros', init_cfg
+        )
         check_layer_cfg('norm_cfg', norm_cfg, 'BN')
         check_layer_cfg('act_cfg', act_cfg, 'ReLU')
         check_int('channels', channels)
@@ -70,8 +75,10 @@ class Involution(EvolutionLayer):
         check_int('group_channels', group_channels)
         check_divisible('channels', channels, 'group_channels', group_channels)
         if channels // reduction_ratio < 1:
-            raise ValueError(f'channels // reduction_ratio must be >= 1, got '
-                             f'{channels} // {reduction_ratio}')
+            raise ValueError(
+                f'channels // reduction_ratio must be >= 1, got '
+                f'{channels} // {reduction_ratio}'
+            )
         self.channels = channels
         self.reduction_ratio = reduction_ratio
         self.group_channels = group_channels
@@ -81,13 +88,15 @@ class Involution(EvolutionLayer):
             channels // reduction_ratio,
             1,
             norm_cfg=norm_cfg,
-            act_cfg=act_cfg)
+            act_cfg=act_cfg,
+        )
         self.conv2 = ConvModule(
             channels // reduction_ratio,
             kernel_size**2 * self.groups,
             1,
             norm_cfg=None,
-            act_cfg=None)
+            act_cfg=None,
+        )
         self.use_cpu_fastpath = cpu_fastpath_default()
 
     def _kernel_weights_cpu(self, x: torch.Tensor) -> torch.Tensor:
@@ -100,8 +109,7 @@ class Involution(EvolutionLayer):
             out = conv1.activate(out)
         return pointwise(out, conv2.conv.weight, conv2.conv.bias)
 
-    def generate(self,
-                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, G, K, K, H_out, W_out)."""
         self.check_input(x, self.channels)
         if self.stride > 1:

@@ -1,4 +1,5 @@
 """Local (SASA-style) multi-head self-attention as an evolution layer."""
+
 from typing import Optional, Tuple
 
 import torch
@@ -6,6 +7,7 @@ import torch.nn as nn
 
 from mmevo.ops import check_int, local_correlation, window_softmax
 from mmevo.registry import MODELS
+
 from .base import EvolutionLayer, InitCfg, check_divisible
 
 
@@ -48,22 +50,25 @@ class LocalSelfAttention(EvolutionLayer):
         torch.Size([2, 16, 5, 4])
     """
 
-    def __init__(self,
-                 in_channels: int,
-                 out_channels: Optional[int] = None,
-                 kernel_size: int = 7,
-                 num_heads: int = 8,
-                 stride: int = 1,
-                 dilation: int = 1,
-                 padding_mode: str = 'zeros',
-                 qkv_bias: bool = False,
-                 qk_scale: Optional[float] = None,
-                 rel_pos_embed: bool = True,
-                 rel_pos_bias: bool = False,
-                 init_cfg: InitCfg = None) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: Optional[int] = None,
+        kernel_size: int = 7,
+        num_heads: int = 8,
+        stride: int = 1,
+        dilation: int = 1,
+        padding_mode: str = 'zeros',
+        qkv_bias: bool = False,
+        qk_scale: Optional[float] = None,
+        rel_pos_embed: bool = True,
+        rel_pos_bias: bool = False,
+        init_cfg: InitCfg = None,
+    ) -> None:
         # Queries sit on pixels, so the window is centred: "same" padding.
-        super().__init__(kernel_size, stride, None, dilation, padding_mode,
-                         init_cfg)
+        super().__init__(
+            kernel_size, stride, None, dilation, padding_mode, init_cfg
+        )
         out_channels = in_channels if out_channels is None else out_channels
         check_int('in_channels', in_channels)
         check_int('out_channels', out_channels)
@@ -81,24 +86,28 @@ class LocalSelfAttention(EvolutionLayer):
             half = out_channels // 2
             self.rel_h = nn.Parameter(torch.randn(half, kernel_size))
             self.rel_w = nn.Parameter(
-                torch.randn(out_channels - half, kernel_size))
+                torch.randn(out_channels - half, kernel_size)
+            )
         else:
             self.rel_h = self.rel_w = None
-        self.rel_pos_bias = nn.Parameter(
-            torch.zeros(num_heads, kernel_size, kernel_size)) \
-            if rel_pos_bias else None
+        self.rel_pos_bias = (
+            nn.Parameter(torch.zeros(num_heads, kernel_size, kernel_size))
+            if rel_pos_bias
+            else None
+        )
 
     def relative_embedding(self) -> torch.Tensor:
         """r (C_out, K, K): row embedding for the first half, column for the
         second half of the channels."""
         K = self.kernel_size
-        return torch.cat([
-            self.rel_h.unsqueeze(2).expand(-1, K, K),
-            self.rel_w.unsqueeze(1).expand(-1, K, K)
-        ])
+        return torch.cat(
+            [
+                self.rel_h.unsqueeze(2).expand(-1, K, K),
+                self.rel_w.unsqueeze(1).expand(-1, K, K),
+            ]
+        )
 
-    def generate(self,
-                 x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, attention)``; attention (B, heads, K, K, Ho, Wo)."""
         self.check_input(x, self.in_channels)
         s = self.stride
@@ -107,14 +116,22 @@ class LocalSelfAttention(EvolutionLayer):
         q = self.query(x[:, :, ::s, ::s]) * self.scale
         k, v = self.key(x), self.value(x)
         B, C, H_out, W_out = q.shape
-        logits = local_correlation(q, k, self.num_heads, self.kernel_size, s,
-                                   self.padding, self.dilation,
-                                   self.padding_mode)
+        logits = local_correlation(
+            q,
+            k,
+            self.num_heads,
+            self.kernel_size,
+            s,
+            self.padding,
+            self.dilation,
+            self.padding_mode,
+        )
         G, K = self.num_heads, self.kernel_size
         if self.rel_h is not None:
             r = self.relative_embedding().view(G, C // G, K, K)
             logits = logits + torch.einsum(
-                'bgdhw,gduv->bguvhw', q.view(B, G, C // G, H_out, W_out), r)
+                'bgdhw,gduv->bguvhw', q.view(B, G, C // G, H_out, W_out), r
+            )
         if self.rel_pos_bias is not None:
             logits = logits + self.rel_pos_bias[None, :, :, :, None, None]
         attention = window_softmax(logits)

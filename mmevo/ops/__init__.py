@@ -5,14 +5,26 @@ PyTorch on CPU), Triton is imported on the first CUDA call. Importing this
 package imports nothing else and changes no global state beyond defining
 the ``torch.ops.mmevo`` operators.
 """
+
 from .backends import BACKENDS, use_backend
-from .evolution import (check_int, evolution_aggregate,
-                        local_attention_weights, local_correlation,
-                        output_size, resolve_window)
+from .evolution import (
+    check_int,
+    evolution_aggregate,
+    local_attention_weights,
+    local_correlation,
+    output_size,
+    resolve_window,
+)
 from .torch_backend import window_softmax
 
 __all__ = [
-    'BACKENDS', 'check_int', 'evolution_aggregate', 'local_attention_weights',
-    'local_correlation', 'output_size', 'resolve_window', 'use_backend',
-    'window_softmax'
+    'BACKENDS',
+    'check_int',
+    'evolution_aggregate',
+    'local_attention_weights',
+    'local_correlation',
+    'output_size',
+    'resolve_window',
+    'use_backend',
+    'window_softmax',
 ]

@@ -8,6 +8,7 @@ or launch for a geometry is reported once (a ``RuntimeWarning`` naming the
 primitive, shapes, dtype and error) and that geometry runs on PyTorch from
 then on, without retrying.
 """
+
 import contextlib
 import importlib
 import os
@@ -29,7 +30,8 @@ def _check_backend(name, what):
         raise ValueError(
             f"{what}='cpp' needs the C++ extension, which is not built "
             f'(python setup.py build_ext --inplace, or pip install .); '
-            f"'auto' or 'torch' run without it")
+            f"'auto' or 'torch' run without it"
+        )
     return name
 
 
@@ -37,8 +39,10 @@ class _ForcedBackend(threading.local):
     """The backend of this thread: ``MMEVO_OPS_BACKEND`` (read and checked
     at import) until :func:`use_backend` changes it, for this thread
     only."""
+
     name = _check_backend(
-        os.environ.get('MMEVO_OPS_BACKEND', 'auto'), 'MMEVO_OPS_BACKEND')
+        os.environ.get('MMEVO_OPS_BACKEND', 'auto'), 'MMEVO_OPS_BACKEND'
+    )
 
 
 _forced = _ForcedBackend()
@@ -124,16 +128,21 @@ def run(t, primitive, *args, **kwargs):
     name = backend_name(t)
     if name != 'triton' or _forced.name != 'auto':
         return getattr(_module(name), primitive)(*args, **kwargs)
-    key = (primitive, t.device.type, t.dtype) + tuple(
-        tuple(a.shape) if isinstance(a, torch.Tensor) else a
-        for a in args) + tuple(sorted(kwargs.items()))
+    key = (
+        (primitive, t.device.type, t.dtype)
+        + tuple(
+            tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args
+        )
+        + tuple(sorted(kwargs.items()))
+    )
     if key not in _triton_failed:
         try:
             return getattr(_module('triton'), primitive)(*args, **kwargs)
         except Exception as error:  # compile, autotune or launch
             _triton_failed.add(key)
-            shapes = [tuple(a.shape) for a in args
-                      if isinstance(a, torch.Tensor)]
+            shapes = [
+                tuple(a.shape) for a in args if isinstance(a, torch.Tensor)
+            ]
             message = str(error).strip().splitlines()
             warnings.warn(
                 f'mmevo: the Triton kernel of {primitive} failed for shapes '
@@ -141,5 +150,6 @@ def run(t, primitive, *args, **kwargs):
                 f'{message[0] if message else ""}); this geometry runs on '
                 f'the PyTorch backend from now on',
                 RuntimeWarning,
-                stacklevel=2)
+                stacklevel=2,
+            )
     return getattr(torch_backend, primitive)(*args, **kwargs)

@@ -7,6 +7,7 @@ its resolved arguments with :func:`check_aggregate`,
 in its fake kernel. The C++ operators (``csrc/ops.cpp``) make the same checks
 in the same order, with the same messages, for callers without Python.
 """
+
 from typing import Optional, Tuple
 
 import torch
@@ -32,8 +33,9 @@ def check_int(name: str, value: int, minimum: int = 1) -> None:
         ValueError: padding must be >= 0, got -1
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f'{name} must be an int, got {type(value).__name__} '
-                        f'{value!r}')
+        raise TypeError(
+            f'{name} must be an int, got {type(value).__name__} {value!r}'
+        )
     if value < minimum:
         raise ValueError(f'{name} must be >= {minimum}, got {value}')
     if value > INT64_MAX:
@@ -44,7 +46,8 @@ def _check_span(kernel_size, dilation):
     if (kernel_size - 1) * dilation > INT64_MAX:
         raise ValueError(
             f'dilation={dilation} with kernel_size={kernel_size}: the window '
-            f'span (kernel_size - 1) * dilation does not fit in int64')
+            f'span (kernel_size - 1) * dilation does not fit in int64'
+        )
 
 
 def _check_window(kernel_size, stride, dilation, padding_mode):
@@ -52,13 +55,20 @@ def _check_window(kernel_size, stride, dilation, padding_mode):
     check_int('stride', stride, 1)
     check_int('dilation', dilation, 1)
     if padding_mode not in PADDING_MODES:
-        raise ValueError(f'padding_mode must be one of {PADDING_MODES}, '
-                         f'got {padding_mode!r}')
+        raise ValueError(
+            f'padding_mode must be one of {PADDING_MODES}, '
+            f'got {padding_mode!r}'
+        )
     _check_span(kernel_size, dilation)
 
 
-def resolve_window(kernel_size: int, stride: int, padding: Optional[int],
-                   dilation: int, padding_mode: str) -> int:
+def resolve_window(
+    kernel_size: int,
+    stride: int,
+    padding: Optional[int],
+    dilation: int,
+    padding_mode: str,
+) -> int:
     """Check the window arguments; return the padding ('same' resolved).
 
     Args:
@@ -81,26 +91,28 @@ def resolve_window(kernel_size: int, stride: int, padding: Optional[int],
         if kernel_size % 2 == 0:
             raise ValueError(
                 f'padding=None ("same") needs an odd kernel_size, '
-                f'got {kernel_size}; pass padding explicitly')
+                f'got {kernel_size}; pass padding explicitly'
+            )
         return dilation * (kernel_size - 1) // 2
     check_int('padding', padding, 0)
     return padding
 
 
-def output_size(size: int, kernel_size: int, stride: int, padding: int,
-                dilation: int) -> int:
+def output_size(
+    size: int, kernel_size: int, stride: int, padding: int, dilation: int
+) -> int:
     """Convolution output size rule: floor((H + 2p - d(K-1) - 1) / s) + 1.
 
     Example:
         >>> output_size(9, 3, 2, 1, 1)
         5
     """
-    return (size + 2 * padding - dilation *
-            (kernel_size - 1) - 1) // stride + 1
+    return (
+        size + 2 * padding - dilation * (kernel_size - 1) - 1
+    ) // stride + 1
 
 
-def check_tensor(name: str, t: torch.Tensor, ndim: int,
-                 layout: str) -> None:
+def check_tensor(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
     """``t`` must be a floating point tensor of ``ndim`` dims
     (``layout``, e.g. '(B, C, H, W)', for the message)."""
     if not isinstance(t, torch.Tensor):
@@ -110,35 +122,50 @@ def check_tensor(name: str, t: torch.Tensor, ndim: int,
     if t.dtype not in DTYPES:
         raise TypeError(
             f'{name} must be a floating point tensor (float64, float32, '
-            f'bfloat16 or float16), got {t.dtype}')
+            f'bfloat16 or float16), got {t.dtype}'
+        )
 
 
-def check_pair(name_a: str, a: torch.Tensor, name_b: str,
-               b: torch.Tensor) -> None:
+def check_pair(
+    name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor
+) -> None:
     """Same dtype and device."""
     if a.dtype != b.dtype:
-        raise TypeError(f'{name_a} and {name_b} must have the same dtype, '
-                        f'got {a.dtype} and {b.dtype}')
+        raise TypeError(
+            f'{name_a} and {name_b} must have the same dtype, '
+            f'got {a.dtype} and {b.dtype}'
+        )
     if a.device != b.device:
-        raise ValueError(f'{name_a} and {name_b} must be on the same device, '
-                         f'got {a.device} and {b.device}')
+        raise ValueError(
+            f'{name_a} and {name_b} must be on the same device, '
+            f'got {a.device} and {b.device}'
+        )
 
 
-def map_size(name: str, size: int, kernel_size: int, stride: int,
-             padding: int, dilation: int) -> int:
+def map_size(
+    name: str,
+    size: int,
+    kernel_size: int,
+    stride: int,
+    padding: int,
+    dilation: int,
+) -> int:
     """The output size along one map dimension of ``size``, checked: the
     map is not empty, its padded size fits in int64, the output is not
     empty."""
     if size < 1:  # B = 0 and C = 0 are fine, an empty map has no windows
         raise ValueError(f'{name} must be >= 1, got {size}')
     if size + 2 * padding > INT64_MAX:
-        raise ValueError(f'padding={padding} with {name} {size}: {name} + 2 '
-                         f'* padding does not fit in int64')
+        raise ValueError(
+            f'padding={padding} with {name} {size}: {name} + 2 '
+            f'* padding does not fit in int64'
+        )
     out = output_size(size, kernel_size, stride, padding, dilation)
     if out < 1:
         raise ValueError(
             f'{name} of {size} is too small for kernel_size={kernel_size}, '
-            f'dilation={dilation}, padding={padding}: output would be empty')
+            f'dilation={dilation}, padding={padding}: output would be empty'
+        )
     return out
 
 
@@ -148,7 +175,8 @@ def kernel_size_of(kernel: torch.Tensor) -> int:
     if int(kernel.shape[3]) != K:
         raise ValueError(
             f'kernel must be (B, G, K, K, H_out, W_out) with the '
-            f'same K in both window dims, got {tuple(kernel.shape)}')
+            f'same K in both window dims, got {tuple(kernel.shape)}'
+        )
     return K
 
 
@@ -161,26 +189,37 @@ def _dim(n):
 
 def _check_groups(name, C, G, kernel):
     if G < 1 or C % G:
-        raise ValueError(f'{name} channels ({C}) must be divisible by the '
-                         f'kernel groups G={G}; kernel {tuple(kernel.shape)}')
+        raise ValueError(
+            f'{name} channels ({C}) must be divisible by the '
+            f'kernel groups G={G}; kernel {tuple(kernel.shape)}'
+        )
 
 
 def _check_shape(name, t, expected, layout, context):
     if tuple(t.shape) != expected:
-        raise ValueError(f'{name} must be {layout} = {expected} for '
-                         f'{context}, got {tuple(t.shape)}')
+        raise ValueError(
+            f'{name} must be {layout} = {expected} for '
+            f'{context}, got {tuple(t.shape)}'
+        )
 
 
 def _maps(name, shape, K, stride, padding, dilation):
-    return (map_size(f'{name}height', _dim(shape[0]), K, stride, padding,
-                     dilation),
-            map_size(f'{name}width', _dim(shape[1]), K, stride, padding,
-                     dilation))
+    return (
+        map_size(
+            f'{name}height', _dim(shape[0]), K, stride, padding, dilation
+        ),
+        map_size(f'{name}width', _dim(shape[1]), K, stride, padding, dilation),
+    )
 
 
-def check_aggregate(input: torch.Tensor, kernel: torch.Tensor, stride: int,
-                    padding: int, dilation: int,
-                    padding_mode: str) -> Tuple[int, int]:
+def check_aggregate(
+    input: torch.Tensor,
+    kernel: torch.Tensor,
+    stride: int,
+    padding: int,
+    dilation: int,
+    padding_mode: str,
+) -> Tuple[int, int]:
     """Every relation of ``mmevo::evolution_aggregate``'s arguments;
     returns (H_out, W_out)."""
     check_tensor('input', input, 4, '(B, C, H, W)')
@@ -193,15 +232,26 @@ def check_aggregate(input: torch.Tensor, kernel: torch.Tensor, stride: int,
     G = _dim(kernel.shape[1])
     _check_groups('input', C, G, kernel)
     Ho, Wo = _maps('input ', input.shape[2:], K, stride, padding, dilation)
-    _check_shape('kernel', kernel, (B, G, K, K, Ho, Wo),
-                 '(B, G, K, K, H_out, W_out)',
-                 f'input {tuple(input.shape)}')
+    _check_shape(
+        'kernel',
+        kernel,
+        (B, G, K, K, Ho, Wo),
+        '(B, G, K, K, H_out, W_out)',
+        f'input {tuple(input.shape)}',
+    )
     return Ho, Wo
 
 
-def check_correlation(query: torch.Tensor, key: torch.Tensor, groups: int,
-                      kernel_size: int, stride: int, padding: int,
-                      dilation: int, padding_mode: str) -> Tuple[int, int]:
+def check_correlation(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    groups: int,
+    kernel_size: int,
+    stride: int,
+    padding: int,
+    dilation: int,
+    padding_mode: str,
+) -> Tuple[int, int]:
     """Every relation of ``mmevo::local_correlation``'s (and
     ``local_attention_weights``') arguments; returns (H_out, W_out)."""
     check_tensor('query', query, 4, '(B, C, H_out, W_out)')
@@ -212,18 +262,32 @@ def check_correlation(query: torch.Tensor, key: torch.Tensor, groups: int,
     check_int('padding', padding, 0)
     B, C = _dim(key.shape[0]), _dim(key.shape[1])
     if C % groups:
-        raise ValueError(f'key channels ({C}) must be divisible by '
-                         f'groups={groups}')
-    Ho, Wo = _maps('key ', key.shape[2:], kernel_size, stride, padding,
-                   dilation)
-    _check_shape('query', query, (B, C, Ho, Wo), '(B, C, H_out, W_out)',
-                 f'key {tuple(key.shape)}')
+        raise ValueError(
+            f'key channels ({C}) must be divisible by groups={groups}'
+        )
+    Ho, Wo = _maps(
+        'key ', key.shape[2:], kernel_size, stride, padding, dilation
+    )
+    _check_shape(
+        'query',
+        query,
+        (B, C, Ho, Wo),
+        '(B, C, H_out, W_out)',
+        f'key {tuple(key.shape)}',
+    )
     return Ho, Wo
 
 
-def check_transpose(grad: torch.Tensor, kernel: torch.Tensor, height: int,
-                    width: int, stride: int, padding: int, dilation: int,
-                    padding_mode: str) -> Tuple[int, int]:
+def check_transpose(
+    grad: torch.Tensor,
+    kernel: torch.Tensor,
+    height: int,
+    width: int,
+    stride: int,
+    padding: int,
+    dilation: int,
+    padding_mode: str,
+) -> Tuple[int, int]:
     """Every relation of ``mmevo::evolution_aggregate_transpose``'s
     arguments; returns (H_out, W_out)."""
     check_tensor('grad', grad, 4, '(B, C, H_out, W_out)')
@@ -236,8 +300,18 @@ def check_transpose(grad: torch.Tensor, kernel: torch.Tensor, height: int,
     G = _dim(kernel.shape[1])
     _check_groups('grad', C, G, kernel)
     Ho, Wo = _maps('', (height, width), K, stride, padding, dilation)
-    _check_shape('grad', grad, (B, C, Ho, Wo), '(B, C, H_out, W_out)',
-                 f'height={height}, width={width}')
-    _check_shape('kernel', kernel, (B, G, K, K, Ho, Wo),
-                 '(B, G, K, K, H_out, W_out)', f'grad {tuple(grad.shape)}')
+    _check_shape(
+        'grad',
+        grad,
+        (B, C, Ho, Wo),
+        '(B, C, H_out, W_out)',
+        f'height={height}, width={width}',
+    )
+    _check_shape(
+        'kernel',
+        kernel,
+        (B, G, K, K, Ho, Wo),
+        '(B, G, K, K, H_out, W_out)',
+        f'grad {tuple(grad.shape)}',
+    )
     return Ho, Wo

@@ -15,6 +15,7 @@ or a baseline; :func:`isa` says which). ``MMEVO_CPU_ISA=avx2`` or ``base``,
 set before the library is loaded, selects a narrower one: the tests use it
 to run every variant on one machine.
 """
+
 import importlib.util
 from typing import Optional, Tuple
 
@@ -54,34 +55,70 @@ def call(op: torch._ops.OpOverload, *args):
 
 
 # The backend primitives (zero padding), as the other backends'.
-def aggregate(x: torch.Tensor, w: torch.Tensor, stride: int, padding: int,
-              dilation: int) -> torch.Tensor:
+def aggregate(
+    x: torch.Tensor, w: torch.Tensor, stride: int, padding: int, dilation: int
+) -> torch.Tensor:
     """Y = A(x, w), see :func:`mmevo.ops.torch_backend.aggregate`."""
-    return call(torch.ops.mmevo.evolution_aggregate.default, x, w, stride,
-                padding, dilation, 'zeros')
+    return call(
+        torch.ops.mmevo.evolution_aggregate.default,
+        x,
+        w,
+        stride,
+        padding,
+        dilation,
+        'zeros',
+    )
 
 
-def aggregate_transpose(gy: torch.Tensor, w: torch.Tensor,
-                        in_hw: Tuple[int, int], stride: int, padding: int,
-                        dilation: int) -> torch.Tensor:
+def aggregate_transpose(
+    gy: torch.Tensor,
+    w: torch.Tensor,
+    in_hw: Tuple[int, int],
+    stride: int,
+    padding: int,
+    dilation: int,
+) -> torch.Tensor:
     """grad_x = At(gy, w), see
     :func:`mmevo.ops.torch_backend.aggregate_transpose`."""
-    return call(torch.ops.mmevo.evolution_aggregate_transpose.default, gy, w,
-                in_hw[0], in_hw[1], stride, padding, dilation, 'zeros')
+    return call(
+        torch.ops.mmevo.evolution_aggregate_transpose.default,
+        gy,
+        w,
+        in_hw[0],
+        in_hw[1],
+        stride,
+        padding,
+        dilation,
+        'zeros',
+    )
 
 
-def correlate(q: torch.Tensor,
-              x: torch.Tensor,
-              groups: int,
-              kernel_size: int,
-              stride: int,
-              padding: int,
-              dilation: int,
-              softmax: bool = False) -> torch.Tensor:
+def correlate(
+    q: torch.Tensor,
+    x: torch.Tensor,
+    groups: int,
+    kernel_size: int,
+    stride: int,
+    padding: int,
+    dilation: int,
+    softmax: bool = False,
+) -> torch.Tensor:
     """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
     softmax is fused: it runs on each tile's sums before they are
     written."""
-    op = (torch.ops.mmevo.local_attention_weights
-          if softmax else torch.ops.mmevo.local_correlation)
-    return call(op.default, q, x, groups, kernel_size, stride, padding,
-                dilation, 'zeros')
+    op = (
+        torch.ops.mmevo.local_attention_weights
+        if softmax
+        else torch.ops.mmevo.local_correlation
+    )
+    return call(
+        op.default,
+        q,
+        x,
+        groups,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        'zeros',
+    )

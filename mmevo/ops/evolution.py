@@ -7,31 +7,39 @@ cannot handle; then the ``torch.ops.mmevo`` operator runs (registered in
 formula in plain PyTorch. While ``torch.onnx.export`` runs, the ops are
 standard ONNX operators instead (``export.py``, sizes kept symbolic).
 """
+
 import torch
 
 from . import export, library  # noqa: F401  (library: torch.ops.mmevo.*)
-from .checks import (PADDING_MODES, check_int, check_pair,  # noqa: F401
-                     check_tensor, kernel_size_of, output_size,
-                     resolve_window)
+from .checks import (  # noqa: F401
+    PADDING_MODES,
+    check_int,
+    check_pair,
+    check_tensor,
+    kernel_size_of,
+    output_size,
+    resolve_window,
+)
 
 
 def _autocast(a, b):
     """Under autocast, run in its dtype (like a convolution), so that a fp32
     feature map and a low-precision kernel from a conv can be mixed."""
     device = a.device.type
-    if (device in ('cpu', 'cuda') and torch.is_autocast_enabled(device)
-            and a.is_floating_point() and b.is_floating_point()):
+    if (
+        device in ('cpu', 'cuda')
+        and torch.is_autocast_enabled(device)
+        and a.is_floating_point()
+        and b.is_floating_point()
+    ):
         dtype = torch.get_autocast_dtype(device)
         return a.to(dtype), b.to(dtype)
     return a, b
 
 
-def evolution_aggregate(input,
-                        kernel,
-                        stride=1,
-                        padding=None,
-                        dilation=1,
-                        padding_mode='zeros'):
+def evolution_aggregate(
+    input, kernel, stride=1, padding=None, dilation=1, padding_mode='zeros'
+):
     """Apply a per-pixel, per-group K x K kernel to the windows of ``input``.
 
     ``Y[b, c, i, j] = sum_{u, v} kernel[b, g(c), u, v, i, j] *
@@ -62,23 +70,28 @@ def evolution_aggregate(input,
     input, kernel = _autocast(input, kernel)
     check_pair('input', input, 'kernel', kernel)
     if torch.onnx.is_in_onnx_export():
-        return _export_aggregate(input, kernel, stride, padding, dilation,
-                                 padding_mode)
+        return _export_aggregate(
+            input, kernel, stride, padding, dilation, padding_mode
+        )
     # The operator checks the shapes (on every backend, and in C++).
     padding = resolve_window(
-        kernel_size_of(kernel), stride, padding, dilation, padding_mode)
-    return torch.ops.mmevo.evolution_aggregate(input, kernel, stride, padding,
-                                               dilation, padding_mode)
+        kernel_size_of(kernel), stride, padding, dilation, padding_mode
+    )
+    return torch.ops.mmevo.evolution_aggregate(
+        input, kernel, stride, padding, dilation, padding_mode
+    )
 
 
-def local_correlation(query,
-                      key,
-                      groups,
-                      kernel_size,
-                      stride=1,
-                      padding=None,
-                      dilation=1,
-                      padding_mode='zeros'):
+def local_correlation(
+    query,
+    key,
+    groups,
+    kernel_size,
+    stride=1,
+    padding=None,
+    dilation=1,
+    padding_mode='zeros',
+):
     """Per-group dot products of each query with the key window around it.
 
     ``out[b, g, u, v, i, j] = sum_{c in g} query[b, c, i, j] *
@@ -105,21 +118,41 @@ def local_correlation(query,
         torch.Size([2, 4, 3, 3, 5, 6])
     """
     if torch.onnx.is_in_onnx_export():
-        return _export_correlation(query, key, groups, kernel_size, stride,
-                                   padding, dilation, padding_mode, False)
+        return _export_correlation(
+            query,
+            key,
+            groups,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            padding_mode,
+            False,
+        )
     return torch.ops.mmevo.local_correlation(
-        *_correlation_args(query, key, groups, kernel_size, stride, padding,
-                           dilation, padding_mode))
+        *_correlation_args(
+            query,
+            key,
+            groups,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            padding_mode,
+        )
+    )
 
 
-def local_attention_weights(query,
-                            key,
-                            groups,
-                            kernel_size,
-                            stride=1,
-                            padding=None,
-                            dilation=1,
-                            padding_mode='zeros'):
+def local_attention_weights(
+    query,
+    key,
+    groups,
+    kernel_size,
+    stride=1,
+    padding=None,
+    dilation=1,
+    padding_mode='zeros',
+):
     """Softmax over each window of :func:`local_correlation`, fused.
 
     ``softmax(local_correlation(query, key, ...))`` over the K x K window of
@@ -141,15 +174,34 @@ def local_attention_weights(query,
         True
     """
     if torch.onnx.is_in_onnx_export():
-        return _export_correlation(query, key, groups, kernel_size, stride,
-                                   padding, dilation, padding_mode, True)
+        return _export_correlation(
+            query,
+            key,
+            groups,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            padding_mode,
+            True,
+        )
     return torch.ops.mmevo.local_attention_weights(
-        *_correlation_args(query, key, groups, kernel_size, stride, padding,
-                           dilation, padding_mode))
+        *_correlation_args(
+            query,
+            key,
+            groups,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            padding_mode,
+        )
+    )
 
 
-def _correlation_args(query, key, groups, kernel_size, stride, padding,
-                      dilation, padding_mode):
+def _correlation_args(
+    query, key, groups, kernel_size, stride, padding, dilation, padding_mode
+):
     """The correlation ops' arguments, padding resolved (the operator checks
     the shapes)."""
     check_tensor('query', query, 4, '(B, C, H_out, W_out)')
@@ -157,10 +209,19 @@ def _correlation_args(query, key, groups, kernel_size, stride, padding,
     query, key = _autocast(query, key)
     check_pair('query', query, 'key', key)
     check_int('groups', groups, 1)
-    padding = resolve_window(kernel_size, stride, padding, dilation,
-                             padding_mode)
-    return (query, key, groups, kernel_size, stride, padding, dilation,
-            padding_mode)
+    padding = resolve_window(
+        kernel_size, stride, padding, dilation, padding_mode
+    )
+    return (
+        query,
+        key,
+        groups,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        padding_mode,
+    )
 
 
 # ONNX export: only the checks that do not read H and W, which stay symbolic
@@ -170,23 +231,47 @@ def _export_aggregate(input, kernel, stride, padding, dilation, padding_mode):
     if isinstance(K, torch.Tensor):  # TorchScript tracing: constants here
         K, G, C = int(K), int(G), int(C)
     if kernel.shape[3] != K or C % G:
-        raise ValueError(f'kernel must be (B, G, K, K, H_out, W_out) with '
-                         f'C={C} divisible by G, got {tuple(kernel.shape)}')
+        raise ValueError(
+            f'kernel must be (B, G, K, K, H_out, W_out) with '
+            f'C={C} divisible by G, got {tuple(kernel.shape)}'
+        )
     padding = resolve_window(K, stride, padding, dilation, padding_mode)
-    return export.aggregate(input, kernel, stride, padding, dilation,
-                            padding_mode)
+    return export.aggregate(
+        input, kernel, stride, padding, dilation, padding_mode
+    )
 
 
-def _export_correlation(query, key, groups, kernel_size, stride, padding,
-                        dilation, padding_mode, softmax):
+def _export_correlation(
+    query,
+    key,
+    groups,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    padding_mode,
+    softmax,
+):
     check_tensor('query', query, 4, '(B, C, H_out, W_out)')
     check_tensor('key', key, 4, '(B, C, H, W)')
     check_pair('query', query, 'key', key)
     check_int('groups', groups, 1)
-    padding = resolve_window(kernel_size, stride, padding, dilation,
-                             padding_mode)
+    padding = resolve_window(
+        kernel_size, stride, padding, dilation, padding_mode
+    )
     if int(key.shape[1]) % groups:
-        raise ValueError(f'key channels ({int(key.shape[1])}) must be '
-                         f'divisible by groups={groups}')
-    return export.correlation(query, key, groups, kernel_size, stride, padding,
-                              dilation, padding_mode, softmax)
+        raise ValueError(
+            f'key channels ({int(key.shape[1])}) must be '
+            f'divisible by groups={groups}'
+        )
+    return export.correlation(
+        query,
+        key,
+        groups,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        padding_mode,
+        softmax,
+    )

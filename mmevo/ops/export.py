@@ -14,6 +14,7 @@ kernels).
 Reflect padding is a Gather of numpy-style reflected indices computed in the
 graph, exact for any padding on any map size (1 included), as the eager ops.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -38,9 +39,10 @@ def pad(x, padding, padding_mode):
     if padding == 0:
         return x
     if padding_mode == 'zeros':
-        return F.pad(x, (padding, ) * 4)
+        return F.pad(x, (padding,) * 4)
     return x.index_select(2, reflect_index(x, 2, padding)).index_select(
-        3, reflect_index(x, 3, padding))
+        3, reflect_index(x, 3, padding)
+    )
 
 
 def row_windows(xp, groups, kernel_size, stride, dilation):
@@ -58,9 +60,13 @@ def row_windows(xp, groups, kernel_size, stride, dilation):
     # the kernel's H_out and W_out.
     rows = xp.shape[-2] - span
     x = xp.unflatten(1, (groups, -1)).unsqueeze(3)
-    x = torch.cat([
-        x[..., u * dilation:u * dilation + rows, :] for u in range(kernel_size)
-    ], 3)
+    x = torch.cat(
+        [
+            x[..., u * dilation : u * dilation + rows, :]
+            for u in range(kernel_size)
+        ],
+        3,
+    )
     return x[..., ::stride, :]
 
 
@@ -89,7 +95,7 @@ def window_sums(rows, operands, dim, stride, dilation):
         columns = phases[phase]
         right = columns.shape[-1] - width - shift
         product = columns * F.pad(operand, (shift, right))
-        sums.append(product.sum(dim)[..., shift:shift + width])
+        sums.append(product.sum(dim)[..., shift : shift + width])
     return sums
 
 
@@ -103,8 +109,12 @@ def aggregate(input, kernel, stride, padding, dilation, padding_mode):
     """
     groups, kernel_size = int(kernel.shape[1]), int(kernel.shape[2])
     rows = row_windows(
-        pad(input, padding, padding_mode), groups, kernel_size, stride,
-        dilation)
+        pad(input, padding, padding_mode),
+        groups,
+        kernel_size,
+        stride,
+        dilation,
+    )
     # (B, G, 1, K, H_out, W_out): the kernel's column v
     columns = [kernel[:, :, None, :, v] for v in range(kernel_size)]
     sums = window_sums(rows, columns, 3, stride, dilation)
@@ -114,15 +124,17 @@ def aggregate(input, kernel, stride, padding, dilation, padding_mode):
     return out.flatten(1, 2)
 
 
-def correlation(query,
-                key,
-                groups,
-                kernel_size,
-                stride,
-                padding,
-                dilation,
-                padding_mode,
-                softmax=False):
+def correlation(
+    query,
+    key,
+    groups,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    padding_mode,
+    softmax=False,
+):
     """:func:`mmevo.ops.local_correlation` (arguments resolved); with
     ``softmax``, :func:`mmevo.ops.local_attention_weights`.
 
@@ -132,11 +144,16 @@ def correlation(query,
         torch.Size([1, 2, 3, 3, 3, 3])
     """
     rows = row_windows(
-        pad(key, padding, padding_mode), groups, kernel_size, stride, dilation)
+        pad(key, padding, padding_mode), groups, kernel_size, stride, dilation
+    )
     q = query.unflatten(1, (groups, -1)).unsqueeze(3)
     logits = torch.stack(
-        window_sums(rows, [q] * kernel_size, 2, stride, dilation), 3)
+        window_sums(rows, [q] * kernel_size, 2, stride, dilation), 3
+    )
     if softmax:
-        logits = logits.flatten(2, 3).softmax(2).unflatten(
-            2, (kernel_size, kernel_size))
+        logits = (
+            logits.flatten(2, 3)
+            .softmax(2)
+            .unflatten(2, (kernel_size, kernel_size))
+        )
     return logits

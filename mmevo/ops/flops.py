@@ -14,15 +14,20 @@ Example:
 
 #: Operator names (as ``FlopAnalyzer.by_operator`` reports them) of the
 #: mmevo ops.
-MMEVO_OPS = ('evolution_aggregate', 'local_correlation',
-             'local_attention_weights')
+MMEVO_OPS = (
+    'evolution_aggregate',
+    'local_correlation',
+    'local_attention_weights',
+)
 
 
 def _shape(value):
     shape = value.type().sizes() if value.isCompleteTensor() else None
     if shape is None:
-        raise ValueError(f'cannot count FLOPs of an op on {value.type()}: '
-                         'its input shape is unknown to the tracer')
+        raise ValueError(
+            f'cannot count FLOPs of an op on {value.type()}: '
+            'its input shape is unknown to the tracer'
+        )
     return shape
 
 

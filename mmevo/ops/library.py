@@ -36,24 +36,28 @@ when the padding is not smaller than the map; their transposes for At),
 unless the padded map would be much larger than the map: PyTorch then reads
 reflected indices per window tap.
 """
+
 import functools
 
 import torch
 
 from . import backends, checks, cpp_backend, torch_backend
+
 # Used as mmevo.ops.library's too (tools, tests).
 from .backends import BACKENDS, primitives, use_backend  # noqa: F401
 
 
-def reflect_index(size: int, padding: int,
-                  device: torch.device) -> torch.Tensor:
+def reflect_index(
+    size: int, padding: int, device: torch.device
+) -> torch.Tensor:
     """Source index of each of the ``size + 2 * padding`` padded positions.
 
     numpy-style 'reflect' (the edge is not repeated), folded again as often as
     needed, so any padding works on any size, 1 included.
     """
     return torch_backend.reflect_positions(
-        torch.arange(-padding, size + padding, device=device), size)
+        torch.arange(-padding, size + padding, device=device), size
+    )
 
 
 def _small_padding(padding, H, W):
@@ -73,7 +77,7 @@ def _explicit_padding(x, padding):
     if _small_padding(padding, H, W):
         # aten's reflection pad is numpy 'reflect' here and several times
         # faster than two index_select gathers.
-        return torch.nn.functional.pad(x, (padding, ) * 4, mode='reflect')
+        return torch.nn.functional.pad(x, (padding,) * 4, mode='reflect')
     # Padding >= size reflects repeatedly, which aten rejects: gather.
     rows = reflect_index(H, padding, x.device)
     cols = reflect_index(W, padding, x.device)
@@ -91,16 +95,21 @@ def _fold_reflect(gxp, padding, H, W):
     if gxp.device.type == 'cpu' and _small_padding(padding, H, W):
         # Only the shape of the second argument is read, so it stays empty.
         return torch.ops.aten.reflection_pad2d_backward(
-            gxp, gxp.new_empty(*gxp.shape[:2], H, W), [padding] * 4)
+            gxp, gxp.new_empty(*gxp.shape[:2], H, W), [padding] * 4
+        )
     dtype = gxp.dtype
     gxp = gxp.to(torch.promote_types(dtype, torch.float32))
     rows = reflect_index(H, padding, gxp.device)
     cols = reflect_index(W, padding, gxp.device)
     if gxp.device.type == 'cpu':
-        out = gxp.new_zeros(*gxp.shape[:2], H,
-                            gxp.shape[3]).index_add_(2, rows, gxp)
-        return gxp.new_zeros(*gxp.shape[:2], H, W).index_add_(3, cols,
-                                                              out).to(dtype)
+        out = gxp.new_zeros(*gxp.shape[:2], H, gxp.shape[3]).index_add_(
+            2, rows, gxp
+        )
+        return (
+            gxp.new_zeros(*gxp.shape[:2], H, W)
+            .index_add_(3, cols, out)
+            .to(dtype)
+        )
     # A one-hot matmul is deterministic.
     rh = torch.nn.functional.one_hot(rows, H).to(gxp.dtype)  # (Hp, H)
     rw = torch.nn.functional.one_hot(cols, W).to(gxp.dtype)  # (Wp, W)
@@ -119,18 +128,22 @@ def _reflects(padding, padding_mode):
 
 # ---------------------------------------------------------------- operators
 SCHEMAS = {
-    'evolution_aggregate':
-    '(Tensor input, Tensor kernel, int stride, int padding, int dilation, '
-    'str padding_mode) -> Tensor',
-    'local_correlation':
-    '(Tensor query, Tensor key, int groups, int kernel_size, int stride, '
-    'int padding, int dilation, str padding_mode) -> Tensor',
-    'local_attention_weights':
-    '(Tensor query, Tensor key, int groups, int kernel_size, int stride, '
-    'int padding, int dilation, str padding_mode) -> Tensor',
-    'evolution_aggregate_transpose':
-    '(Tensor grad, Tensor kernel, int height, int width, int stride, '
-    'int padding, int dilation, str padding_mode) -> Tensor',
+    'evolution_aggregate': (
+        '(Tensor input, Tensor kernel, int stride, int padding, '
+        'int dilation, str padding_mode) -> Tensor'
+    ),
+    'local_correlation': (
+        '(Tensor query, Tensor key, int groups, int kernel_size, '
+        'int stride, int padding, int dilation, str padding_mode) -> Tensor'
+    ),
+    'local_attention_weights': (
+        '(Tensor query, Tensor key, int groups, int kernel_size, '
+        'int stride, int padding, int dilation, str padding_mode) -> Tensor'
+    ),
+    'evolution_aggregate_transpose': (
+        '(Tensor grad, Tensor kernel, int height, int width, int stride, '
+        'int padding, int dilation, str padding_mode) -> Tensor'
+    ),
 }
 
 _lib = torch.library.Library('mmevo', 'FRAGMENT')  # noqa: TOR901
@@ -139,60 +152,104 @@ if not cpp_backend.available():  # else the extension defined them
         _lib.define(_name + _schema)
 
 
-def _aggregate_python(input, kernel, stride, padding, dilation,
-                      padding_mode):
+def _aggregate_python(input, kernel, stride, padding, dilation, padding_mode):
     if _empty(input):
         return input.new_zeros(*input.shape[:2], *kernel.shape[-2:])
     H, W = input.shape[-2:]
     if not _reflects(padding, padding_mode):
-        return backends.run(input, 'aggregate', input, kernel, stride,
-                            padding, dilation)
+        return backends.run(
+            input, 'aggregate', input, kernel, stride, padding, dilation
+        )
     if _padded_fits(padding, H, W):
         xp = _explicit_padding(input, padding)
-        return backends.run(input, 'aggregate', xp, kernel, stride, 0,
-                            dilation)
+        return backends.run(
+            input, 'aggregate', xp, kernel, stride, 0, dilation
+        )
     return torch_backend.aggregate(
-        input, kernel, stride, padding, dilation, reflect=True)
+        input, kernel, stride, padding, dilation, reflect=True
+    )
 
 
 def _correlation_python(softmax):
 
-    def correlation(query, key, groups, kernel_size, stride, padding,
-                    dilation, padding_mode):
+    def correlation(
+        query,
+        key,
+        groups,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        padding_mode,
+    ):
         if _empty(query):  # sums over no channels: 0, a uniform softmax
-            return query.new_full((query.shape[0], groups, kernel_size,
-                                   kernel_size, *query.shape[-2:]),
-                                  1 / kernel_size**2 if softmax else 0)
+            return query.new_full(
+                (
+                    query.shape[0],
+                    groups,
+                    kernel_size,
+                    kernel_size,
+                    *query.shape[-2:],
+                ),
+                1 / kernel_size**2 if softmax else 0,
+            )
         H, W = key.shape[-2:]
         window = (groups, kernel_size, stride)
         if not _reflects(padding, padding_mode):
-            return backends.run(query, 'correlate', query, key, *window,
-                                padding, dilation, softmax)
+            return backends.run(
+                query,
+                'correlate',
+                query,
+                key,
+                *window,
+                padding,
+                dilation,
+                softmax,
+            )
         if _padded_fits(padding, H, W):
             xp = _explicit_padding(key, padding)
-            return backends.run(query, 'correlate', query, xp, *window, 0,
-                                dilation, softmax)
+            return backends.run(
+                query, 'correlate', query, xp, *window, 0, dilation, softmax
+            )
         return torch_backend.correlate(
-            query, key, *window, padding, dilation, softmax, reflect=True)
+            query, key, *window, padding, dilation, softmax, reflect=True
+        )
 
     return correlation
 
 
-def _transpose_python(grad, kernel, height, width, stride, padding, dilation,
-                      padding_mode):
+def _transpose_python(
+    grad, kernel, height, width, stride, padding, dilation, padding_mode
+):
     if _empty(grad):
         return grad.new_zeros(*grad.shape[:2], height, width)
     if not _reflects(padding, padding_mode):
-        return backends.run(grad, 'aggregate_transpose', grad, kernel,
-                            (height, width), stride, padding, dilation)
+        return backends.run(
+            grad,
+            'aggregate_transpose',
+            grad,
+            kernel,
+            (height, width),
+            stride,
+            padding,
+            dilation,
+        )
     if _padded_fits(padding, height, width):
         padded = (height + 2 * padding, width + 2 * padding)
-        gxp = backends.run(grad, 'aggregate_transpose', grad, kernel, padded,
-                           stride, 0, dilation)
+        gxp = backends.run(
+            grad,
+            'aggregate_transpose',
+            grad,
+            kernel,
+            padded,
+            stride,
+            0,
+            dilation,
+        )
         return _fold_reflect(gxp, padding, height, width)
     return torch_backend.aggregate_transpose(
-        grad, kernel, (height, width), stride, padding, dilation,
-        reflect=True)
+        grad, kernel, (height, width), stride, padding, dilation, reflect=True
+    )
 
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -217,43 +274,61 @@ def _register(name, check, python):
     return op
 
 
-_aggregate = _register('evolution_aggregate', checks.check_aggregate,
-                       _aggregate_python)
-_correlation = _register('local_correlation', checks.check_correlation,
-                         _correlation_python(False))
-_attention_weights = _register('local_attention_weights',
-                               checks.check_correlation,
-                               _correlation_python(True))
-_aggregate_transpose = _register('evolution_aggregate_transpose',
-                                 checks.check_transpose, _transpose_python)
+_aggregate = _register(
+    'evolution_aggregate', checks.check_aggregate, _aggregate_python
+)
+_correlation = _register(
+    'local_correlation', checks.check_correlation, _correlation_python(False)
+)
+_attention_weights = _register(
+    'local_attention_weights',
+    checks.check_correlation,
+    _correlation_python(True),
+)
+_aggregate_transpose = _register(
+    'evolution_aggregate_transpose', checks.check_transpose, _transpose_python
+)
 
 
 # Fake kernels (FakeTensor and meta tensors: torch.compile, torch.export)
 # check as the real ones do.
 @torch.library.register_fake('mmevo::evolution_aggregate')
 def _(input, kernel, stride, padding, dilation, padding_mode):
-    Ho, Wo = checks.check_aggregate(input, kernel, stride, padding, dilation,
-                                    padding_mode)
+    Ho, Wo = checks.check_aggregate(
+        input, kernel, stride, padding, dilation, padding_mode
+    )
     return input.new_empty(*input.shape[:2], Ho, Wo)
 
 
-def _correlation_fake(query, key, groups, kernel_size, stride, padding,
-                      dilation, padding_mode):
-    Ho, Wo = checks.check_correlation(query, key, groups, kernel_size,
-                                      stride, padding, dilation, padding_mode)
-    return query.new_empty(query.shape[0], groups, kernel_size, kernel_size,
-                           Ho, Wo)
+def _correlation_fake(
+    query, key, groups, kernel_size, stride, padding, dilation, padding_mode
+):
+    Ho, Wo = checks.check_correlation(
+        query,
+        key,
+        groups,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        padding_mode,
+    )
+    return query.new_empty(
+        query.shape[0], groups, kernel_size, kernel_size, Ho, Wo
+    )
 
 
 torch.library.register_fake('mmevo::local_correlation', _correlation_fake)
-torch.library.register_fake('mmevo::local_attention_weights',
-                            _correlation_fake)
+torch.library.register_fake(
+    'mmevo::local_attention_weights', _correlation_fake
+)
 
 
 @torch.library.register_fake('mmevo::evolution_aggregate_transpose')
 def _(grad, kernel, height, width, stride, padding, dilation, padding_mode):
-    checks.check_transpose(grad, kernel, height, width, stride, padding,
-                           dilation, padding_mode)
+    checks.check_transpose(
+        grad, kernel, height, width, stride, padding, dilation, padding_mode
+    )
     return grad.new_empty(*grad.shape[:2], height, width)
 
 
@@ -290,11 +365,13 @@ def _aggregate_backward(ctx, grad):
     input, kernel = ctx.saved_tensors
     grad_input = grad_kernel = None
     if ctx.needs_input_grad[0]:
-        grad_input = _aggregate_transpose(grad, kernel, *input.shape[-2:],
-                                          *_window(ctx))
+        grad_input = _aggregate_transpose(
+            grad, kernel, *input.shape[-2:], *_window(ctx)
+        )
     if ctx.needs_input_grad[1]:
-        grad_kernel = _correlation(grad, input, kernel.shape[1],
-                                   kernel.shape[2], *_window(ctx))
+        grad_kernel = _correlation(
+            grad, input, kernel.shape[1], kernel.shape[2], *_window(ctx)
+        )
     return grad_input, grad_kernel, None, None, None, None
 
 
@@ -310,9 +387,10 @@ def _correlation_grads(ctx, query, key, grad):
     if ctx.needs_input_grad[0]:
         grad_query = _aggregate(key, grad, *_window(ctx))
     if ctx.needs_input_grad[1]:
-        grad_key = _aggregate_transpose(query, grad, *key.shape[-2:],
-                                        *_window(ctx))
-    return (grad_query, grad_key) + (None, ) * 6
+        grad_key = _aggregate_transpose(
+            query, grad, *key.shape[-2:], *_window(ctx)
+        )
+    return (grad_query, grad_key) + (None,) * 6
 
 
 def _correlation_backward(ctx, grad):
@@ -328,8 +406,8 @@ def _attention_setup(ctx, inputs, output):
 def _attention_backward(ctx, grad):
     query, key, weights = ctx.saved_tensors
     logits_grad = torch.ops.aten._softmax_backward_data(
-        grad.flatten(2, 3), weights.flatten(2, 3), 2,
-        weights.dtype).view_as(weights)
+        grad.flatten(2, 3), weights.flatten(2, 3), 2, weights.dtype
+    ).view_as(weights)
     return _correlation_grads(ctx, query, key, logits_grad)
 
 
@@ -345,9 +423,10 @@ def _transpose_backward(ctx, grad_x):
     if ctx.needs_input_grad[0]:
         d_grad = _aggregate(grad_x, kernel, *_window(ctx))
     if ctx.needs_input_grad[1]:
-        d_kernel = _correlation(grad, grad_x, kernel.shape[1], kernel.shape[2],
-                                *_window(ctx))
-    return (d_grad, d_kernel) + (None, ) * 6
+        d_kernel = _correlation(
+            grad, grad_x, kernel.shape[1], kernel.shape[2], *_window(ctx)
+        )
+    return (d_grad, d_kernel) + (None,) * 6
 
 
 for _op, _backward, _setup in (
@@ -357,4 +436,5 @@ for _op, _backward, _setup in (
     (_attention_weights, _attention_backward, _attention_setup),
 ):
     torch.library.register_autograd(
-        _op, _on_forward_backend(_backward), setup_context=_setup, lib=_lib)
+        _op, _on_forward_backend(_backward), setup_context=_setup, lib=_lib
+    )

@@ -6,11 +6,20 @@
 Written for clarity, not speed: one gather per window offset, any dtype
 (float64 for tests). The compiled kernels are checked against these functions.
 """
+
 import torch
 
 
-def window_index(size, out_size, kernel_size, stride, padding, dilation,
-                 padding_mode, device):
+def window_index(
+    size,
+    out_size,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    padding_mode,
+    device,
+):
     """Input index and validity of every (window offset, output position).
 
     Returns:
@@ -38,10 +47,26 @@ def _windows(x, kernel_size, out_hw, stride, padding, dilation, padding_mode):
     """Yield ``(u, v, window)`` with window (B, C, H_out, W_out) = X at
     offset (u, v)."""
     H, W = x.shape[-2:]
-    rows, rvalid = window_index(H, out_hw[0], kernel_size, stride, padding,
-                                dilation, padding_mode, x.device)
-    cols, cvalid = window_index(W, out_hw[1], kernel_size, stride, padding,
-                                dilation, padding_mode, x.device)
+    rows, rvalid = window_index(
+        H,
+        out_hw[0],
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        padding_mode,
+        x.device,
+    )
+    cols, cvalid = window_index(
+        W,
+        out_hw[1],
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        padding_mode,
+        x.device,
+    )
     for u in range(kernel_size):
         for v in range(kernel_size):
             win = x[:, :, rows[u]][:, :, :, cols[v]]
@@ -51,39 +76,59 @@ def _windows(x, kernel_size, out_hw, stride, padding, dilation, padding_mode):
             yield u, v, torch.where(mask, win, 0)
 
 
-def aggregate_reference(input, kernel, stride, padding, dilation,
-                        padding_mode):
+def aggregate_reference(
+    input, kernel, stride, padding, dilation, padding_mode
+):
     """Reference of :func:`mmevo.ops.evolution_aggregate` (arguments
     resolved)."""
     B, C = input.shape[:2]
     G, K = kernel.shape[1], kernel.shape[2]
     out_hw = kernel.shape[-2:]
     out = input.new_zeros(B, G, C // G, *out_hw)
-    for u, v, win in _windows(input, K, out_hw, stride, padding, dilation,
-                              padding_mode):
+    for u, v, win in _windows(
+        input, K, out_hw, stride, padding, dilation, padding_mode
+    ):
         out = out + kernel[:, :, u, v].unsqueeze(2) * win.view_as(out)
     return out.view(B, C, *out_hw)
 
 
-def correlation_reference(query, key, groups, kernel_size, stride, padding,
-                          dilation, padding_mode):
+def correlation_reference(
+    query, key, groups, kernel_size, stride, padding, dilation, padding_mode
+):
     """Reference of :func:`mmevo.ops.local_correlation` (arguments
     resolved)."""
     B, C, H_out, W_out = query.shape
     q = query.view(B, groups, C // groups, H_out, W_out)
     out = query.new_zeros(B, groups, kernel_size, kernel_size, H_out, W_out)
-    for u, v, win in _windows(key, kernel_size, (H_out, W_out), stride,
-                              padding, dilation, padding_mode):
+    for u, v, win in _windows(
+        key,
+        kernel_size,
+        (H_out, W_out),
+        stride,
+        padding,
+        dilation,
+        padding_mode,
+    ):
         out[:, :, u, v] = (q * win.view_as(q)).sum(2)
     return out
 
 
-def attention_weights_reference(query, key, groups, kernel_size, stride,
-                                padding, dilation, padding_mode):
+def attention_weights_reference(
+    query, key, groups, kernel_size, stride, padding, dilation, padding_mode
+):
     """Reference of :func:`mmevo.ops.local_attention_weights`: the softmax
     over each K x K window of :func:`correlation_reference`."""
-    logits = correlation_reference(query, key, groups, kernel_size, stride,
-                                   padding, dilation, padding_mode)
+    logits = correlation_reference(
+        query,
+        key,
+        groups,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        padding_mode,
+    )
     B, G, K, _, H_out, W_out = logits.shape
     return torch.softmax(
-        logits.reshape(B, G, K * K, H_out, W_out), dim=2).reshape(logits.shape)
+        logits.reshape(B, G, K * K, H_out, W_out), dim=2
+    ).reshape(logits.shape)

@@ -14,6 +14,7 @@ numpy-style reflect padding read through reflected indices (the caller
 usually pads explicitly instead, which is faster when the padded map is
 small). fp16/bf16 are computed in fp32.
 """
+
 from typing import Optional, Tuple, Union
 
 import torch
@@ -31,8 +32,9 @@ def reflect_positions(pos: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(pos >= size, period - pos, pos)
 
 
-def _tap(size, out_size, stride, offset, reflect,
-         device) -> Optional[Tuple[slice, _Reader]]:
+def _tap(
+    size, out_size, stride, offset, reflect, device
+) -> Optional[Tuple[slice, _Reader]]:
     """The outputs one window tap reaches along one map dimension, and how
     to read the input under them, or None if it reaches none.
 
@@ -48,13 +50,14 @@ def _tap(size, out_size, stride, offset, reflect,
     if hi < lo:
         return None
     first = lo * stride + offset
-    return slice(lo, hi + 1), slice(first, first + (hi - lo) * stride + 1,
-                                    stride)
+    return slice(lo, hi + 1), slice(
+        first, first + (hi - lo) * stride + 1, stride
+    )
 
 
 def _read(t, dim, reader):
     if isinstance(reader, slice):
-        return t[(slice(None), ) * dim + (reader, )]
+        return t[(slice(None),) * dim + (reader,)]
     return t.index_select(dim, reader)
 
 
@@ -62,28 +65,45 @@ def _taps(K, in_hw, out_hw, stride, padding, dilation, reflect, device):
     """Yield ``(u, v, rows, cols)``: the (output slice, input reader) of
     each dimension, for every window tap that reaches an output."""
     for u in range(K):
-        rows = _tap(in_hw[0], out_hw[0], stride, u * dilation - padding,
-                    reflect, device)
+        rows = _tap(
+            in_hw[0],
+            out_hw[0],
+            stride,
+            u * dilation - padding,
+            reflect,
+            device,
+        )
         if rows is None:
             continue
         for v in range(K):
-            cols = _tap(in_hw[1], out_hw[1], stride, v * dilation - padding,
-                        reflect, device)
+            cols = _tap(
+                in_hw[1],
+                out_hw[1],
+                stride,
+                v * dilation - padding,
+                reflect,
+                device,
+            )
             if cols is not None:
                 yield u, v, rows, cols
 
 
 def _acc_dtype(t):
-    return torch.float32 if t.dtype in (torch.float16,
-                                        torch.bfloat16) else t.dtype
+    return (
+        torch.float32
+        if t.dtype in (torch.float16, torch.bfloat16)
+        else t.dtype
+    )
 
 
-def aggregate(x: torch.Tensor,
-              w: torch.Tensor,
-              stride: int,
-              padding: int,
-              dilation: int,
-              reflect: bool = False) -> torch.Tensor:
+def aggregate(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    stride: int,
+    padding: int,
+    dilation: int,
+    reflect: bool = False,
+) -> torch.Tensor:
     """Y = A(x, w): (B, C, H, W), (B, G, K, K, Ho, Wo) -> (B, C, Ho, Wo).
 
     Example:
@@ -97,21 +117,23 @@ def aggregate(x: torch.Tensor,
     x5 = x.to(acc).reshape(B, G, C // G, H, W)
     wa = w.to(acc)
     out = x5.new_zeros(B, G, C // G, Ho, Wo)
-    for u, v, (ro, ri), (co, ci) in _taps(K, (H, W), (Ho, Wo), stride,
-                                          padding, dilation, reflect,
-                                          x.device):
+    for u, v, (ro, ri), (co, ci) in _taps(
+        K, (H, W), (Ho, Wo), stride, padding, dilation, reflect, x.device
+    ):
         win = _read(_read(x5, 3, ri), 4, ci)
         out[..., ro, co].addcmul_(win, wa[:, :, u, v, ro, co].unsqueeze(2))
     return out.view(B, C, Ho, Wo).to(x.dtype)
 
 
-def aggregate_transpose(gy: torch.Tensor,
-                        w: torch.Tensor,
-                        in_hw: Tuple[int, int],
-                        stride: int,
-                        padding: int,
-                        dilation: int,
-                        reflect: bool = False) -> torch.Tensor:
+def aggregate_transpose(
+    gy: torch.Tensor,
+    w: torch.Tensor,
+    in_hw: Tuple[int, int],
+    stride: int,
+    padding: int,
+    dilation: int,
+    reflect: bool = False,
+) -> torch.Tensor:
     """grad_x = At(gy, w): the transpose of :func:`aggregate` in ``x``.
 
     Example:
@@ -126,9 +148,9 @@ def aggregate_transpose(gy: torch.Tensor,
     g = gy.to(acc).reshape(B, G, C // G, Ho, Wo)
     wa = w.to(acc)
     gx = g.new_zeros(B, G, C // G, H, W)
-    for u, v, (ro, ri), (co, ci) in _taps(K, (H, W), (Ho, Wo), stride,
-                                          padding, dilation, reflect,
-                                          gy.device):
+    for u, v, (ro, ri), (co, ci) in _taps(
+        K, (H, W), (Ho, Wo), stride, padding, dilation, reflect, gy.device
+    ):
         part = g[..., ro, co] * wa[:, :, u, v, ro, co].unsqueeze(2)
         if not reflect:
             gx[..., ri, ci].add_(part)
@@ -156,15 +178,17 @@ def window_softmax(t: torch.Tensor) -> torch.Tensor:
     return t.flatten(2, 3).softmax(2).view_as(t)
 
 
-def correlate(q: torch.Tensor,
-              x: torch.Tensor,
-              groups: int,
-              kernel_size: int,
-              stride: int,
-              padding: int,
-              dilation: int,
-              softmax: bool = False,
-              reflect: bool = False) -> torch.Tensor:
+def correlate(
+    q: torch.Tensor,
+    x: torch.Tensor,
+    groups: int,
+    kernel_size: int,
+    stride: int,
+    padding: int,
+    dilation: int,
+    softmax: bool = False,
+    reflect: bool = False,
+) -> torch.Tensor:
     """out = Corr(q, x): (B, C, Ho, Wo), (B, C, H, W) -> (B, G, K, K, Ho, Wo).
 
     With ``softmax``, normalised over each pixel's K x K window (in the
@@ -182,9 +206,9 @@ def correlate(q: torch.Tensor,
     x5 = x.to(acc).reshape(B, groups, C // groups, H, W)
     q5 = q.to(acc).reshape(B, groups, C // groups, Ho, Wo)
     out = q5.new_zeros(B, groups, K, K, Ho, Wo)
-    for u, v, (ro, ri), (co, ci) in _taps(K, (H, W), (Ho, Wo), stride,
-                                          padding, dilation, reflect,
-                                          q.device):
+    for u, v, (ro, ri), (co, ci) in _taps(
+        K, (H, W), (Ho, Wo), stride, padding, dilation, reflect, q.device
+    ):
         win = _read(_read(x5, 3, ri), 4, ci)
         out[:, :, u, v, ro, co] = (q5[..., ro, co] * win).sum(2)
     if softmax:

@@ -18,6 +18,7 @@ Example:
 Command line: ``python -m mmevo.ops.triton_aot [--targets 80 90]
 [--processes 2]`` prints the rows as JSON.
 """
+
 import argparse
 import contextlib
 import io
@@ -37,13 +38,15 @@ CANDIDATE_TARGETS = (80, 90, 100)
 
 def _tools():
     from triton import knobs
+
     return knobs
 
 
 def _ptxas(cc):
     knobs = _tools()
-    return (knobs.nvidia.ptxas_blackwell if cc >= 100 else
-            knobs.nvidia.ptxas).path
+    return (
+        knobs.nvidia.ptxas_blackwell if cc >= 100 else knobs.nvidia.ptxas
+    ).path
 
 
 def targets():
@@ -51,9 +54,9 @@ def targets():
     installed Triton's ptxas can compile for."""
     found = []
     for cc in CANDIDATE_TARGETS:
-        out = subprocess.run([_ptxas(cc), '--help'],
-                             capture_output=True,
-                             text=True).stdout
+        out = subprocess.run(
+            [_ptxas(cc), '--help'], capture_output=True, text=True
+        ).stdout
         if re.search(rf'\bsm_{cc}a?\b', out):
             found.append(cc)
     return found
@@ -63,6 +66,7 @@ def variants():
     """(kernel name, input dtype, output dtype) of every launch the ops
     make."""
     from .triton_backend import KERNELS
+
     out = [(name, dt, dt) for name in KERNELS for dt in DTYPES]
     return out + [('correlate', dt, 'fp32') for dt in ('fp16', 'bf16')]
 
@@ -71,10 +75,12 @@ def matrix(targets_=None):
     """Every (kernel, in dtype, out dtype, config index, target) to
     compile: the configs the kernels autotune over on CUDA."""
     from .triton_backend import GPU_CONFIGS
+
     ccs = targets() if targets_ is None else list(targets_)
     return [
         dict(kernel=k, dtype=dt, out_dtype=odt, config=i, target=cc)
-        for k, dt, odt in variants() for i in range(len(GPU_CONFIGS))
+        for k, dt, odt in variants()
+        for i in range(len(GPU_CONFIGS))
         for cc in ccs
     ]
 
@@ -82,7 +88,9 @@ def matrix(targets_=None):
 def _source(job):
     """Triton's ASTSource of a job: the kernel's own JITFunction."""
     from triton.compiler import ASTSource
+
     from .triton_backend import GPU_CONFIGS, KERNELS, MAX_BLOCK_W
+
     kernel = KERNELS[job['kernel']]
     if kernel.configs is not GPU_CONFIGS:
         raise RuntimeError('AOT compiles need TRITON_INTERPRET unset')
@@ -90,17 +98,19 @@ def _source(job):
     fn = kernel.fn
     ptrs = fn.arg_names[:3]
     consts = dict(
-        IS_FP64=job['dtype'] == 'fp64', BLOCK_W=MAX_BLOCK_W, **config.kwargs)
+        IS_FP64=job['dtype'] == 'fp64', BLOCK_W=MAX_BLOCK_W, **config.kwargs
+    )
     sig = {
         name: ('constexpr' if name in consts else 'i32')
         for name in fn.arg_names
     }
-    sig.update({p: f"*{job['dtype']}" for p in ptrs[:2]})
-    sig[ptrs[2]] = f"*{job['out_dtype']}"
+    sig.update({p: f'*{job["dtype"]}' for p in ptrs[:2]})
+    sig[ptrs[2]] = f'*{job["out_dtype"]}'
     options = dict(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        num_ctas=config.num_ctas)
+        num_ctas=config.num_ctas,
+    )
     if config.maxnreg is not None:
         options['maxnreg'] = config.maxnreg
     return ASTSource(fn, sig, consts), options, config
@@ -115,7 +125,8 @@ def _resources(cubin):
             [_tools().nvidia.cuobjdump.path, '--dump-resource-usage', f.name],
             capture_output=True,
             text=True,
-            check=True).stdout
+            check=True,
+        ).stdout
     return {
         k: int(v)
         for k, v in re.findall(r'\b(REG|SHARED|LOCAL|STACK):(\d+)', out)
@@ -135,6 +146,7 @@ def compile_job(job):
     """
     import triton
     from triton.backends.compiler import GPUTarget
+
     src, options, config = _source(job)
     row = dict(job, config_str=str(config), error=None)
     knobs = _tools()
@@ -146,7 +158,8 @@ def compile_job(job):
             compiled = triton.compile(
                 src,
                 target=GPUTarget('cuda', job['target'], 32),
-                options=options)
+                options=options,
+            )
         res = _resources(compiled.asm['cubin'])
     except Exception as e:  # every compile error is a row of the report
         row['error'] = f'{type(e).__name__}: {e}'[:2000]
@@ -159,7 +172,8 @@ def compile_job(job):
         spill_bytes=sum(map(int, spills)),
         local=res.get('LOCAL', 0) + res.get('STACK', 0),
         shared=compiled.metadata.shared,
-        seconds=round(time.perf_counter() - start, 2))
+        seconds=round(time.perf_counter() - start, 2),
+    )
     return row
 
 
@@ -183,7 +197,8 @@ def run(jobs, processes=2, timeout=3600):
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     env['PYTHONPATH'] = os.pathsep.join(
-        p for p in (repo, env.get('PYTHONPATH')) if p)
+        p for p in (repo, env.get('PYTHONPATH')) if p
+    )
     with tempfile.TemporaryDirectory() as cache:
         workers = []
         for n, chunk in enumerate(chunks):
@@ -194,7 +209,8 @@ def run(jobs, processes=2, timeout=3600):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=env_n,
-                text=True)
+                text=True,
+            )
             workers.append(proc)
         outs = [
             p.communicate(json.dumps(c), timeout=timeout)
@@ -210,8 +226,9 @@ def run(jobs, processes=2, timeout=3600):
 
 
 def _key(job):
-    return tuple(job[k] for k in ('kernel', 'dtype', 'out_dtype', 'config',
-                                  'target'))
+    return tuple(
+        job[k] for k in ('kernel', 'dtype', 'out_dtype', 'config', 'target')
+    )
 
 
 def main(argv=None):
@@ -219,7 +236,8 @@ def main(argv=None):
     parser.add_argument('--targets', type=int, nargs='+')
     parser.add_argument('--processes', type=int, default=2)
     parser.add_argument(
-        '--worker', action='store_true', help=argparse.SUPPRESS)
+        '--worker', action='store_true', help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.worker:
         rows = [compile_job(job) for job in json.load(sys.stdin)]

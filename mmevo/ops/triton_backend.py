@@ -24,6 +24,7 @@ is stored in the input dtype. Tile sizes are autotuned per layer (channels,
 groups, K, stride, dilation, column block), not per map size; one fixed tile
 under the interpreter, which is slow. :func:`fixed_config` picks one by hand.
 """
+
 import contextlib
 import math
 import os
@@ -43,12 +44,23 @@ MAX_BLOCK_W = 64
 # least one row of a column block.
 GPU_CONFIGS = [
     triton.Config({'BLOCK_C': bc, 'BLOCK_P': bp}, num_warps=nw)
-    for bc, bp, nw in [(8, 128, 4), (16, 64, 4), (16, 128, 4), (16, 256, 8),
-                       (32, 64, 4), (32, 128, 8), (4, 256, 4), (1, 512, 4)]
+    for bc, bp, nw in [
+        (8, 128, 4),
+        (16, 64, 4),
+        (16, 128, 4),
+        (16, 256, 8),
+        (32, 64, 4),
+        (32, 128, 8),
+        (4, 256, 4),
+        (1, 512, 4),
+    ]
 ]
 # One tile under the interpreter, which is slow.
-CONFIGS = ([triton.Config({'BLOCK_C': 16, 'BLOCK_P': 128}, num_warps=4)]
-           if _INTERPRET else GPU_CONFIGS)
+CONFIGS = (
+    [triton.Config({'BLOCK_C': 16, 'BLOCK_P': 128}, num_warps=4)]
+    if _INTERPRET
+    else GPU_CONFIGS
+)
 # Tuned once per layer type, not per map size: detection inputs vary in size,
 # and re-tuning at every new size would cost more than it gains. TILE is
 # fixed_config's choice (-1: autotuned), keyed so that it is never cached as
@@ -67,7 +79,8 @@ def _autotune(fn):
     return triton.autotune(
         configs=CONFIGS,
         key=_KEY,
-        prune_configs_by={'early_config_prune': _prune})(triton.jit(fn))
+        prune_configs_by={'early_config_prune': _prune},
+    )(triton.jit(fn))
 
 
 def block_w(width):
@@ -113,10 +126,27 @@ def _strip(Hs, Ws, ROWS, BLOCK_W: tl.constexpr, BLOCK_P: tl.constexpr):
 
 
 @_autotune
-def _aggregate_kernel(x_ptr, w_ptr, y_ptr, C, H, W, G, Ho, Wo, K, stride,
-                      padding, dilation, ROWS, TILE, IS_FP64: tl.constexpr,
-                      BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
-                      BLOCK_P: tl.constexpr):
+def _aggregate_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    C,
+    H,
+    W,
+    G,
+    Ho,
+    Wo,
+    K,
+    stride,
+    padding,
+    dilation,
+    ROWS,
+    TILE,
+    IS_FP64: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     acc_t = tl.float64 if IS_FP64 else tl.float32
     P = Ho * Wo
     Cg = C // G
@@ -141,23 +171,43 @@ def _aggregate_kernel(x_ptr, w_ptr, y_ptr, C, H, W, G, Ho, Wo, K, stride,
                     col = j * stride - padding + v * dilation
                     ok = r_ok & (col >= 0) & (col < W)
                     wv = tl.load(
-                        w_base + (u * K + v) * P + pos, mask=p_mask, other=0.)
+                        w_base + (u * K + v) * P + pos, mask=p_mask, other=0.0
+                    )
                     xv = tl.load(
                         x_rows + (row * W + col)[None, :],
                         mask=c_mask[:, None] & ok[None, :],
-                        other=0.)
+                        other=0.0,
+                    )
                     acc += wv.to(acc_t)[None, :] * xv.to(acc_t)
             tl.store(
                 y_ptr + chan[:, None] * P + pos[None, :],
                 acc.to(y_ptr.dtype.element_ty),
-                mask=c_mask[:, None] & p_mask[None, :])
+                mask=c_mask[:, None] & p_mask[None, :],
+            )
 
 
 @_autotune
-def _transpose_kernel(g_ptr, w_ptr, x_ptr, C, H, W, G, Ho, Wo, K, stride,
-                      padding, dilation, ROWS, TILE, IS_FP64: tl.constexpr,
-                      BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
-                      BLOCK_P: tl.constexpr):
+def _transpose_kernel(
+    g_ptr,
+    w_ptr,
+    x_ptr,
+    C,
+    H,
+    W,
+    G,
+    Ho,
+    Wo,
+    K,
+    stride,
+    padding,
+    dilation,
+    ROWS,
+    TILE,
+    IS_FP64: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     acc_t = tl.float64 if IS_FP64 else tl.float32
     P = Ho * Wo
     Cg = C // G
@@ -188,23 +238,43 @@ def _transpose_kernel(g_ptr, w_ptr, x_ptr, C, H, W, G, Ho, Wo, K, stride,
                     wv = tl.load(
                         w_base + (u * K + v) * P + i * Wo + j,
                         mask=ok,
-                        other=0.)
+                        other=0.0,
+                    )
                     gv = tl.load(
                         g_rows + (i * Wo + j)[None, :],
                         mask=c_mask[:, None] & ok[None, :],
-                        other=0.)
+                        other=0.0,
+                    )
                     acc += wv.to(acc_t)[None, :] * gv.to(acc_t)
             tl.store(
                 x_ptr + chan[:, None] * H * W + (h * W + col)[None, :],
                 acc.to(x_ptr.dtype.element_ty),
-                mask=c_mask[:, None] & p_mask[None, :])
+                mask=c_mask[:, None] & p_mask[None, :],
+            )
 
 
 @_autotune
-def _correlate_kernel(q_ptr, x_ptr, out_ptr, C, H, W, G, Ho, Wo, K, stride,
-                      padding, dilation, ROWS, TILE, IS_FP64: tl.constexpr,
-                      BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
-                      BLOCK_P: tl.constexpr):
+def _correlate_kernel(
+    q_ptr,
+    x_ptr,
+    out_ptr,
+    C,
+    H,
+    W,
+    G,
+    Ho,
+    Wo,
+    K,
+    stride,
+    padding,
+    dilation,
+    ROWS,
+    TILE,
+    IS_FP64: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     acc_t = tl.float64 if IS_FP64 else tl.float32
     P = Ho * Wo
     Cg = C // G
@@ -230,16 +300,19 @@ def _correlate_kernel(q_ptr, x_ptr, out_ptr, C, H, W, G, Ho, Wo, K, stride,
                     chan = (b * C + g * Cg + c0 + cc).to(tl.int64)
                     # The query row is re-read for every tap, from cache.
                     qv = tl.load(
-                        q_ptr + chan * P + pos, mask=p_mask & c_ok, other=0.)
+                        q_ptr + chan * P + pos, mask=p_mask & c_ok, other=0.0
+                    )
                     xv = tl.load(
                         x_ptr + chan * H * W + row * W + col,
                         mask=ok & c_ok,
-                        other=0.)
+                        other=0.0,
+                    )
                     acc += qv.to(acc_t) * xv.to(acc_t)
             tl.store(
                 out_base + uv * P + pos,
                 acc.to(out_ptr.dtype.element_ty),
-                mask=p_mask)
+                mask=p_mask,
+            )
 
 
 KERNELS = {
@@ -277,37 +350,89 @@ def fixed_config(index):
         _fixed['index'] = saved
 
 
-def launch_args(a, groups, kernel_size, in_hw, out_hw, stride, padding,
-                dilation, transpose=False):
+def launch_args(
+    a,
+    groups,
+    kernel_size,
+    in_hw,
+    out_hw,
+    stride,
+    padding,
+    dilation,
+    transpose=False,
+):
     """The scalar arguments of a kernel launch after its three tensors, and
     its constexprs but the config's; shared with :mod:`.triton_aot`."""
     width = in_hw[1] if transpose else out_hw[1]
-    scalars = (a.shape[1], in_hw[0], in_hw[1], groups, out_hw[0], out_hw[1],
-               kernel_size, stride, padding, dilation,
-               strip_rows(kernel_size, stride, dilation, transpose),
-               _fixed['index'])
+    scalars = (
+        a.shape[1],
+        in_hw[0],
+        in_hw[1],
+        groups,
+        out_hw[0],
+        out_hw[1],
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        strip_rows(kernel_size, stride, dilation, transpose),
+        _fixed['index'],
+    )
     return scalars, dict(
-        IS_FP64=a.dtype == torch.float64, BLOCK_W=block_w(width))
+        IS_FP64=a.dtype == torch.float64, BLOCK_W=block_w(width)
+    )
 
 
 def num_programs(batch, groups, map_hw, rows, bw, block_p):
     """The grid of a launch: (batch, group) x strips x column blocks."""
     tile_rows = block_p // bw
     strip = triton.cdiv(rows, tile_rows) * tile_rows
-    return (batch * groups * triton.cdiv(map_hw[0], strip) *
-            triton.cdiv(map_hw[1], bw))
+    return (
+        batch
+        * groups
+        * triton.cdiv(map_hw[0], strip)
+        * triton.cdiv(map_hw[1], bw)
+    )
 
 
-def _launch(kernel, a, b, out, groups, kernel_size, in_hw, out_hw, stride,
-            padding, dilation):
+def _launch(
+    kernel,
+    a,
+    b,
+    out,
+    groups,
+    kernel_size,
+    in_hw,
+    out_hw,
+    stride,
+    padding,
+    dilation,
+):
     transpose = kernel is _transpose_kernel
-    scalars, consts = launch_args(a, groups, kernel_size, in_hw, out_hw,
-                                  stride, padding, dilation, transpose)
+    scalars, consts = launch_args(
+        a,
+        groups,
+        kernel_size,
+        in_hw,
+        out_hw,
+        stride,
+        padding,
+        dilation,
+        transpose,
+    )
     map_hw = in_hw if transpose else out_hw
 
     def grid(meta):
-        return (num_programs(a.shape[0], groups, map_hw, scalars[10],
-                             consts['BLOCK_W'], meta['BLOCK_P']), )
+        return (
+            num_programs(
+                a.shape[0],
+                groups,
+                map_hw,
+                scalars[10],
+                consts['BLOCK_W'],
+                meta['BLOCK_P'],
+            ),
+        )
 
     kernel[grid](a, b, out, *scalars, **consts)
     return out
@@ -319,8 +444,19 @@ def aggregate(x, w, stride, padding, dilation):
     B, C, H, W = x.shape
     G, K, _, Ho, Wo = w.shape[1:]
     y = x.new_empty(B, C, Ho, Wo)
-    return _launch(_aggregate_kernel, x, w, y, G, K, (H, W), (Ho, Wo), stride,
-                   padding, dilation)
+    return _launch(
+        _aggregate_kernel,
+        x,
+        w,
+        y,
+        G,
+        K,
+        (H, W),
+        (Ho, Wo),
+        stride,
+        padding,
+        dilation,
+    )
 
 
 def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
@@ -330,18 +466,24 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
     B, C, Ho, Wo = gy.shape
     G, K = w.shape[1:3]
     gx = gy.new_empty(B, C, *in_hw)
-    return _launch(_transpose_kernel, gy, w, gx, G, K, tuple(in_hw), (Ho, Wo),
-                   stride, padding, dilation)
+    return _launch(
+        _transpose_kernel,
+        gy,
+        w,
+        gx,
+        G,
+        K,
+        tuple(in_hw),
+        (Ho, Wo),
+        stride,
+        padding,
+        dilation,
+    )
 
 
-def correlate(q,
-              x,
-              groups,
-              kernel_size,
-              stride,
-              padding,
-              dilation,
-              softmax=False):
+def correlate(
+    q, x, groups, kernel_size, stride, padding, dilation, softmax=False
+):
     """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
     softmax (if asked) runs after the kernel, in fp32 at least."""
     q, x = q.contiguous(), x.contiguous()
@@ -356,9 +498,21 @@ def correlate(q,
         kernel_size,
         Ho,
         Wo,
-        dtype=acc if softmax else q.dtype)
-    out = _launch(_correlate_kernel, q, x, out, groups, kernel_size,
-                  tuple(x.shape[-2:]), (Ho, Wo), stride, padding, dilation)
+        dtype=acc if softmax else q.dtype,
+    )
+    out = _launch(
+        _correlate_kernel,
+        q,
+        x,
+        out,
+        groups,
+        kernel_size,
+        tuple(x.shape[-2:]),
+        (Ho, Wo),
+        stride,
+        padding,
+        dilation,
+    )
     if not softmax:
         return out
     return window_softmax(out).to(q.dtype)

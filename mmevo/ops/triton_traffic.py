@@ -24,6 +24,7 @@ Example:
     >>> round(t['x'].requested / t['x'].minimal, 2)
     1.41
 """
+
 from typing import NamedTuple
 
 from .evolution import output_size
@@ -36,6 +37,7 @@ DRAM_BYTES_PER_S = 4.3e12
 
 class Traffic(NamedTuple):
     """Bytes of one operand: minimal, requested, L2-aware (see module)."""
+
     minimal: int
     requested: int
     l2: int
@@ -58,7 +60,8 @@ def _window(out_idx, size, kernel_size, stride, padding, dilation):
     """Input indices (in [0, size)) the taps of outputs ``out_idx`` read."""
     return {
         o * stride - padding + u * dilation
-        for o in out_idx for u in range(kernel_size)
+        for o in out_idx
+        for u in range(kernel_size)
     } & set(range(size))
 
 
@@ -67,9 +70,10 @@ def _sources(in_idx, size, kernel_size, stride, padding, dilation):
     out = []
     for u in range(kernel_size):
         t = [h + padding - u * dilation for h in in_idx]
-        out.append({x // stride
-                    for x in t if x >= 0 and x % stride == 0} &
-                   set(range(size)))
+        out.append(
+            {x // stride for x in t if x >= 0 and x % stride == 0}
+            & set(range(size))
+        )
     return out
 
 
@@ -79,37 +83,50 @@ def _with_l2(parts, n_cb, n_programs):
     per_program = sum(p[1] for p in parts.values()) / max(n_programs, 1)
     fits = n_cb * per_program <= L2_BYTES / 2
     return {
-        k: Traffic(m, r, t if fits else r)
-        for k, (m, r, t) in parts.items()
+        k: Traffic(m, r, t if fits else r) for k, (m, r, t) in parts.items()
     }
 
 
-def _forward_x(batch, channels, in_hw, out_hw, kernel_size, stride, padding,
-               dilation, block_p):
+def _forward_x(
+    batch,
+    channels,
+    in_hw,
+    out_hw,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    block_p,
+):
     """(requested, touched) elements of X by the output-strip kernels, and
     the column blocks and programs / (batch * groups)."""
-    strips, cbs = _tiles(out_hw, kernel_size, stride, dilation, block_p,
-                         False)
+    strips, cbs = _tiles(out_hw, kernel_size, stride, dilation, block_p, False)
     win = (kernel_size, stride, padding, dilation)
     rows = [_window(s, in_hw[0], *win) for s in strips]
     cols = [_window(c, in_hw[1], *win) for c in cbs]
     req = sum(map(len, rows)) * sum(map(len, cols))
     touched = len(set().union(*rows)) * len(set().union(*cols))
-    return (batch * channels * req, batch * channels * touched, len(cbs),
-            len(strips) * len(cbs))
+    return (
+        batch * channels * req,
+        batch * channels * touched,
+        len(cbs),
+        len(strips) * len(cbs),
+    )
 
 
-def aggregate(batch,
-              channels,
-              groups,
-              in_hw,
-              kernel_size,
-              stride,
-              padding,
-              dilation,
-              block_p,
-              itemsize,
-              kernel_itemsize=None):
+def aggregate(
+    batch,
+    channels,
+    groups,
+    in_hw,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    block_p,
+    itemsize,
+    kernel_itemsize=None,
+):
     """Traffic of ``triton_backend.aggregate`` (Y = A(X, W)).
 
     Args:
@@ -126,8 +143,9 @@ def aggregate(batch,
     win = (kernel_size, stride, padding, dilation)
     out_hw = tuple(output_size(s, *win) for s in in_hw)
     P = out_hw[0] * out_hw[1]
-    req, touched, n_cb, n_prog = _forward_x(batch, channels, in_hw, out_hw,
-                                            *win, block_p)
+    req, touched, n_cb, n_prog = _forward_x(
+        batch, channels, in_hw, out_hw, *win, block_p
+    )
     wsize = kernel_itemsize or itemsize
     n_w = batch * groups * kernel_size**2 * P
     n_x = batch * channels * in_hw[0] * in_hw[1]
@@ -135,21 +153,27 @@ def aggregate(batch,
     return _with_l2(
         dict(
             x=(n_x * itemsize, req * itemsize, touched * itemsize),
-            w=(n_w * wsize, ) * 3,
-            y=(n_y * itemsize, ) * 3), n_cb, batch * groups * n_prog)
+            w=(n_w * wsize,) * 3,
+            y=(n_y * itemsize,) * 3,
+        ),
+        n_cb,
+        batch * groups * n_prog,
+    )
 
 
-def correlate(batch,
-              channels,
-              groups,
-              in_hw,
-              kernel_size,
-              stride,
-              padding,
-              dilation,
-              block_p,
-              itemsize,
-              out_itemsize=None):
+def correlate(
+    batch,
+    channels,
+    groups,
+    in_hw,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    block_p,
+    itemsize,
+    out_itemsize=None,
+):
     """Traffic of ``triton_backend.correlate`` (Corr(Q, X)); the arguments
     of :func:`aggregate`, ``out_itemsize`` for fp32 logits.
 
@@ -159,30 +183,36 @@ def correlate(batch,
     win = (kernel_size, stride, padding, dilation)
     out_hw = tuple(output_size(s, *win) for s in in_hw)
     P = out_hw[0] * out_hw[1]
-    req, touched, n_cb, n_prog = _forward_x(batch, channels, in_hw, out_hw,
-                                            *win, block_p)
+    req, touched, n_cb, n_prog = _forward_x(
+        batch, channels, in_hw, out_hw, *win, block_p
+    )
     n_q = batch * channels * P
     n_o = batch * groups * kernel_size**2 * P
     n_x = batch * channels * in_hw[0] * in_hw[1]
     return _with_l2(
         dict(
-            q=(n_q * itemsize, ) * 3,
+            q=(n_q * itemsize,) * 3,
             x=(n_x * itemsize, req * itemsize, touched * itemsize),
-            out=(n_o * (out_itemsize or itemsize), ) * 3), n_cb,
-        batch * groups * n_prog)
+            out=(n_o * (out_itemsize or itemsize),) * 3,
+        ),
+        n_cb,
+        batch * groups * n_prog,
+    )
 
 
-def aggregate_transpose(batch,
-                        channels,
-                        groups,
-                        in_hw,
-                        kernel_size,
-                        stride,
-                        padding,
-                        dilation,
-                        block_p,
-                        itemsize,
-                        kernel_itemsize=None):
+def aggregate_transpose(
+    batch,
+    channels,
+    groups,
+    in_hw,
+    kernel_size,
+    stride,
+    padding,
+    dilation,
+    block_p,
+    itemsize,
+    kernel_itemsize=None,
+):
     """Traffic of ``triton_backend.aggregate_transpose`` (grad_X = At(G, W));
     the arguments of :func:`aggregate` (``in_hw``: grad_X's map).
 
@@ -195,11 +225,12 @@ def aggregate_transpose(batch,
     rows = [_sources(s, out_hw[0], *win) for s in strips]
     cols = [_sources(c, out_hw[1], *win) for c in cbs]
     # W: tap (u, v) of output (i, j) is one address per tap.
-    w_req = (sum(len(r) for s in rows for r in s) *
-             sum(len(c) for s in cols for c in s))
+    w_req = sum(len(r) for s in rows for r in s) * sum(
+        len(c) for s in cols for c in s
+    )
     unions = ([set().union(*s) for s in rows], [set().union(*s) for s in cols])
     g_req = sum(map(len, unions[0])) * sum(map(len, unions[1]))
-    g_touched = (len(set().union(*unions[0])) * len(set().union(*unions[1])))
+    g_touched = len(set().union(*unions[0])) * len(set().union(*unions[1]))
     wsize = kernel_itemsize or itemsize
     P = out_hw[0] * out_hw[1]
     n_g = batch * channels * P
@@ -207,11 +238,17 @@ def aggregate_transpose(batch,
     n_x = batch * channels * in_hw[0] * in_hw[1]
     return _with_l2(
         dict(
-            grad=(n_g * itemsize, batch * channels * g_req * itemsize,
-                  batch * channels * g_touched * itemsize),
-            w=(n_w * wsize, ) + (batch * groups * w_req * wsize, ) * 2,
-            grad_x=(n_x * itemsize, ) * 3), len(cbs),
-        batch * groups * len(strips) * len(cbs))
+            grad=(
+                n_g * itemsize,
+                batch * channels * g_req * itemsize,
+                batch * channels * g_touched * itemsize,
+            ),
+            w=(n_w * wsize,) + (batch * groups * w_req * wsize,) * 2,
+            grad_x=(n_x * itemsize,) * 3,
+        ),
+        len(cbs),
+        batch * groups * len(strips) * len(cbs),
+    )
 
 
 KERNELS = {

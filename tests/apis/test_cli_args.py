@@ -1,5 +1,6 @@
 """The argparse types of the tools: an out-of-range integer or an unknown
 or absent device is a one-line usage error that names what was expected."""
+
 import argparse
 
 import pytest
@@ -14,28 +15,34 @@ def _parser(**kwargs):
     return parser
 
 
-@pytest.mark.parametrize('text, message', [
-    ('0', 'argument --x: expected an integer in [1, 8], got 0'),
-    ('9', 'argument --x: expected an integer in [1, 8], got 9'),
-    ('two', "argument --x: expected an integer, got 'two'"),
-])
+@pytest.mark.parametrize(
+    'text, message',
+    [
+        ('0', 'argument --x: expected an integer in [1, 8], got 0'),
+        ('9', 'argument --x: expected an integer in [1, 8], got 9'),
+        ('two', "argument --x: expected an integer, got 'two'"),
+    ],
+)
 def test_int_in_range(text, message, capsys):
     with pytest.raises(SystemExit) as info:
         _parser(type=int_in_range(1, 8)).parse_args(['--x', text])
     assert info.value.code == 2
-    assert capsys.readouterr().err.splitlines(
-    )[-1] == f'tool: error: {message}'
+    assert (
+        capsys.readouterr().err.splitlines()[-1] == f'tool: error: {message}'
+    )
     assert _parser(type=int_in_range(1, 8)).parse_args(['--x', '8']).x == 8
 
 
 def test_device_arg(capsys):
-    assert _parser(type=device_arg).parse_args(['--x', 'cpu']).x == \
-        torch.device('cpu')
+    assert _parser(type=device_arg).parse_args(
+        ['--x', 'cpu']
+    ).x == torch.device('cpu')
     with pytest.raises(SystemExit):
         _parser(type=device_arg).parse_args(['--x', 'garbage'])
     assert capsys.readouterr().err.splitlines()[-1] == (
         "tool: error: argument --x: expected a device such as 'cpu' or "
-        "'cuda:0', got 'garbage'")
+        "'cuda:0', got 'garbage'"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is present')
@@ -43,5 +50,6 @@ def test_device_arg_without_a_gpu(capsys):
     with pytest.raises(SystemExit):
         _parser(type=device_arg).parse_args(['--x', 'cuda'])
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "tool: error: argument --x: expected an available device, got "
-        "'cuda': no CUDA device")
+        'tool: error: argument --x: expected an available device, got '
+        "'cuda': no CUDA device"
+    )

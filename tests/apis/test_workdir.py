@@ -2,6 +2,7 @@
 host and start time; a killed holder (kill -9) does not leave it held, nor
 does a forked child (a dataloader worker) that outlives the release. (Two
 ``tools/train.py`` runs: tests/tools/test_work_dir_lock.py.)"""
+
 import multiprocessing
 import os
 import signal
@@ -14,7 +15,8 @@ import pytest
 from mmevo.apis import LOCK_FILE, WorkDirBusyError, lock_work_dir
 
 REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 HOLD = """
 import sys, time
@@ -31,7 +33,8 @@ def hold_lock(work_dir):
         [sys.executable, '-c', HOLD, str(work_dir)],
         env=dict(os.environ, PYTHONPATH=REPO),
         stdout=subprocess.PIPE,
-        text=True)
+        text=True,
+    )
     assert proc.stdout.readline().strip() == 'locked'
     return proc
 
@@ -45,7 +48,8 @@ def test_a_live_holder_is_named_and_a_killed_one_frees_it(tmp_path):
         assert '\n' not in message
         assert message.startswith(
             f"work dir '{tmp_path / 'w'}' is in use by another training run "
-            f'(pid {holder.pid} on {socket.gethostname()}, started ')
+            f'(pid {holder.pid} on {socket.gethostname()}, started '
+        )
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

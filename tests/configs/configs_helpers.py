@@ -2,6 +2,7 @@
 
 (A plain module, not a conftest.py, so its name is unique in the suite.)
 """
+
 import copy
 import functools
 from pathlib import Path
@@ -22,8 +23,10 @@ def all_configs(classification=False):
         rel = path.relative_to(CONFIG_DIR)
         # The Swin families have AdamW recipes of their own, outside the
         # SGD table of these tests.
-        if rel.parts[0] in ('demo', 'elsa_swin', 'acmix_swin') or \
-                '_base_' in rel.parts:
+        if (
+            rel.parts[0] in ('demo', 'elsa_swin', 'acmix_swin')
+            or '_base_' in rel.parts
+        ):
             continue
         if path.name.endswith('_in1k.py') == classification:
             paths.append(str(path.relative_to(ROOT)))

@@ -8,6 +8,7 @@ synthetic image, then one inference, on the CPU. SyncBN becomes BN with
 checked against the published table in ``test_config_complexity.py``; this
 file checks behaviour.
 """
+
 import warnings
 
 import numpy as np
@@ -19,6 +20,7 @@ from mmengine.structures import InstanceData, PixelData
 
 import mmevo  # noqa: F401  registers mmevo's modules
 from mmevo.integrations.mmengine.dist import convert_sync_bn_to_bn
+
 from configs_helpers import all_configs, load
 
 CONFIGS = all_configs()  # every config but configs/demo/ (tested elsewhere)
@@ -55,16 +57,19 @@ def det_batch(with_mask, seed=0):
     """One synthetic COCO-style image with two boxes (and their masks)."""
     from mmdet.structures import DetDataSample
     from mmdet.structures.mask import BitmapMasks
+
     rng = np.random.default_rng(seed)
     h, w = DET_SIZE
     img = torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8))
-    boxes = torch.tensor([[4., 6., 50., 44.], [40., 20., 120., 58.]])
+    boxes = torch.tensor([[4.0, 6.0, 50.0, 44.0], [40.0, 20.0, 120.0, 58.0]])
     sample = DetDataSample(
         metainfo=dict(
             img_shape=(h, w),
             ori_shape=(h, w),
-            scale_factor=(1., 1.),
-            pad_shape=(h, w)))
+            scale_factor=(1.0, 1.0),
+            pad_shape=(h, w),
+        )
+    )
     gt = InstanceData(bboxes=boxes, labels=torch.tensor([3, 17]))
     if with_mask:
         masks = np.zeros((2, h, w), dtype=np.uint8)
@@ -79,17 +84,19 @@ def seg_batch(seed=0):
     """Two synthetic Cityscapes-style crops with 19-class labels and ignored
     (255) pixels."""
     from mmseg.structures import SegDataSample
+
     rng = np.random.default_rng(seed)
     h, w = SEG_SIZE
     inputs, samples = [], []
     for _ in range(SEG_BATCH):
         inputs.append(
-            torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8)))
+            torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8))
+        )
         label = torch.from_numpy(rng.integers(0, 19, (1, h, w))).long()
         label[:, :4] = 255
         sample = SegDataSample(
-            metainfo=dict(
-                img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
+            metainfo=dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w))
+        )
         sample.gt_sem_seg = PixelData(data=label)
         samples.append(sample)
     return dict(inputs=inputs, data_samples=samples)
@@ -112,15 +119,19 @@ def test_registry_builds_the_published_components(built):
         if part in cfg.model:
             assert type(getattr(model, part)).__name__ == cfg.model[part].type
     if 'roi_head' in cfg.model and 'mask_head' in cfg.model.roi_head:
-        assert (type(model.roi_head.mask_head).__name__ ==
-                cfg.model.roi_head.mask_head.type)
+        assert (
+            type(model.roi_head.mask_head).__name__
+            == cfg.model.roi_head.mask_head.type
+        )
     # SyncBN was turned into BN (the only norm CPU training can run).
     norms = [
-        m for m in model.modules()
+        m
+        for m in model.modules()
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
     ]
     assert norms and not any(
-        isinstance(m, torch.nn.SyncBatchNorm) for m in norms)
+        isinstance(m, torch.nn.SyncBatchNorm) for m in norms
+    )
 
 
 def test_one_training_step(built):
@@ -141,21 +152,27 @@ def test_one_training_step(built):
     # Frozen parameters (a detector's stem and stage 1) do not move ...
     assert changed <= trainable
     # ... while the last stage and every head did get a step.
-    for prefix in ('backbone.layer4.', 'neck.', 'rpn_head.', 'bbox_head.',
-                   'roi_head.bbox_head.', 'roi_head.mask_head.',
-                   'decode_head.'):
+    for prefix in (
+        'backbone.layer4.',
+        'neck.',
+        'rpn_head.',
+        'bbox_head.',
+        'roi_head.bbox_head.',
+        'roi_head.mask_head.',
+        'decode_head.',
+    ):
         names = {n for n in trainable if n.startswith(prefix)}
         if names:
             assert names & changed, f'no parameter of {prefix} was updated'
     if cfg.model.backbone.get('frozen_stages', -1) == 1:
         # frozen_stages=1: only stages 2-4 of the backbone train.
-        assert {n
-                for n in trainable if n.startswith('backbone.')} == {
-                    n
-                    for n, _ in model.named_parameters()
-                    if n.startswith(('backbone.layer2.', 'backbone.layer3.',
-                                     'backbone.layer4.'))
-                }
+        assert {n for n in trainable if n.startswith('backbone.')} == {
+            n
+            for n, _ in model.named_parameters()
+            if n.startswith(
+                ('backbone.layer2.', 'backbone.layer3.', 'backbone.layer4.')
+            )
+        }
 
 
 def test_one_inference(built):
@@ -171,11 +188,11 @@ def test_one_inference(built):
             assert seg.shape == (1, *SEG_SIZE)
             assert seg.min() >= 0 and seg.max() < 19
         return
-    (result, ) = results
+    (result,) = results
     pred = result.pred_instances
     h, w = DET_SIZE
     n = len(pred)
-    assert pred.bboxes.shape == (n, 4) and pred.labels.shape == (n, )
+    assert pred.bboxes.shape == (n, 4) and pred.labels.shape == (n,)
     if n:
         assert ((pred.scores >= 0) & (pred.scores <= 1)).all()
         assert (pred.bboxes[:, 0::2] >= 0).all()

@@ -8,6 +8,7 @@ schedules are run through mmengine's schedulers and compared, iteration by
 iteration, with the published formulas; the losses with the published label
 smoothing; the models are built and counted.
 """
+
 import copy
 import math
 import os
@@ -21,6 +22,7 @@ import yaml
 from mmengine.registry import PARAM_SCHEDULERS, DefaultScope
 
 import mmevo
+
 from configs_helpers import ROOT, all_configs, load
 
 # ``import mmevo`` registers nothing when it comes first in the process (a
@@ -30,15 +32,26 @@ mmevo.register_all_modules()
 # name: (backbone, depth, published top-1, published params with the head M)
 REDNET = {
     f'rednet/rednet{d}_64xb32-warmup-coslr_in1k': ('RedNet', d, top1, params)
-    for d, top1, params in ((26, 75.96, 9.23), (38, 77.48, 12.39),
-                            (50, 78.35, 15.54), (101, 78.92,
-                                                 25.65), (152, 79.12, 33.99))
+    for d, top1, params in (
+        (26, 75.96, 9.23),
+        (38, 77.48, 12.39),
+        (50, 78.35, 15.54),
+        (101, 78.92, 25.65),
+        (152, 79.12, 33.99),
+    )
 }
 ACMIX = {
-    f'acmix/acmix-resnet{d}_4xb32-warmup-coslr-90e_in1k':
-    ('ACmixResNet', d, top1, params)
-    for d, top1, params in ((26, 76.1, 10.6), (38, 77.4, 14.6), (50, 77.8,
-                                                                 18.6))
+    f'acmix/acmix-resnet{d}_4xb32-warmup-coslr-90e_in1k': (
+        'ACmixResNet',
+        d,
+        top1,
+        params,
+    )
+    for d, top1, params in (
+        (26, 76.1, 10.6),
+        (38, 77.4, 14.6),
+        (50, 77.8, 18.6),
+    )
 }
 PUBLISHED = {**REDNET, **ACMIX}
 # Recipes. RedNet: 64 GPUs x 32, SGD lr 0.8 Nesterov, 130 epochs, warm-up of
@@ -46,14 +59,17 @@ PUBLISHED = {**REDNET, **ACMIX}
 # 5 warm-up epochs from 0.25, then cosine over 85, by iteration.
 RECIPES = dict(
     RedNet=dict(
-        lr=0.8, nesterov=True, epochs=130, base_batch=2048, smooth='mmcls'),
+        lr=0.8, nesterov=True, epochs=130, base_batch=2048, smooth='mmcls'
+    ),
     ACmixResNet=dict(
-        lr=0.1, nesterov=False, epochs=90, base_batch=128, smooth='acmix'))
+        lr=0.1, nesterov=False, epochs=90, base_batch=128, smooth='acmix'
+    ),
+)
 CONFIGS = all_configs(classification=True)
 
 
 def _name(rel_path):
-    return rel_path[len('configs/'):-len('.py')]
+    return rel_path[len('configs/') : -len('.py')]
 
 
 def test_table_covers_every_config():
@@ -66,20 +82,26 @@ def test_model_and_scope(rel_path):
     backbone_type, depth, _, _ = PUBLISHED[_name(rel_path)]
     assert cfg.default_scope == 'mmpretrain'
     assert cfg.custom_imports == dict(
-        imports=['mmevo'], allow_failed_imports=False)
+        imports=['mmevo'], allow_failed_imports=False
+    )
     model = cfg.model
     assert model.type == 'ImageClassifier'
-    assert (model.backbone.type, model.backbone.depth) == (backbone_type,
-                                                           depth)
-    assert tuple(model.backbone.out_indices) == (3, )
+    assert (model.backbone.type, model.backbone.depth) == (
+        backbone_type,
+        depth,
+    )
+    assert tuple(model.backbone.out_indices) == (3,)
     assert model.backbone.get('init_cfg') is None  # trained from scratch
     assert model.backbone.norm_cfg.type == 'BN'
     if backbone_type == 'RedNet':
         assert model.backbone.stem_kernel_size == 3  # the ImageNet stem
         assert model.backbone.zero_init_residual is True
     else:
-        assert (model.backbone.kernel_att, model.backbone.head,
-                model.backbone.kernel_conv) == (7, 4, 3)
+        assert (
+            model.backbone.kernel_att,
+            model.backbone.head,
+            model.backbone.kernel_conv,
+        ) == (7, 4, 3)
         assert model.backbone.zero_init_residual is False
         assert model.head.init_cfg is None  # PyTorch's nn.Linear init
     assert model.neck.type == 'GlobalAveragePooling'
@@ -103,7 +125,8 @@ def test_optimiser_and_batch(rel_path):
     assert optim.optimizer.get('nesterov', False) is recipe['nesterov']
     assert cfg.train_dataloader.batch_size == 32
     assert cfg.auto_scale_lr == dict(
-        enable=False, base_batch_size=recipe['base_batch'])
+        enable=False, base_batch_size=recipe['base_batch']
+    )
     assert cfg.train_cfg.max_epochs == recipe['epochs']
     assert cfg.train_cfg.by_epoch is True
 
@@ -125,14 +148,20 @@ def test_data(rel_path):
         assert not dataset.get('ann_file') and not dataset.get('data_prefix')
     steps = [t['type'] for t in train.pipeline]
     assert steps == [
-        'LoadImageFromFile', 'RandomResizedCrop', 'RandomFlip', 'PackInputs'
+        'LoadImageFromFile',
+        'RandomResizedCrop',
+        'RandomFlip',
+        'PackInputs',
     ]
     assert train.pipeline[1].scale == 224
     assert train.pipeline[2].prob == 0.5
     assert train.pipeline[2].direction == 'horizontal'
     steps = [t['type'] for t in val.pipeline]
     assert steps == [
-        'LoadImageFromFile', 'ResizeEdge', 'CenterCrop', 'PackInputs'
+        'LoadImageFromFile',
+        'ResizeEdge',
+        'CenterCrop',
+        'PackInputs',
     ]
     assert (val.pipeline[1].scale, val.pipeline[1].edge) == (256, 'short')
     assert val.pipeline[2].crop_size == 224
@@ -155,7 +184,9 @@ def simulate_lr(cfg, epoch_length):
         if sched.pop('convert_to_iter_based', False):
             schedulers.append(
                 cls.build_iter_from_epoch(
-                    optimizer, epoch_length=epoch_length, **sched))
+                    optimizer, epoch_length=epoch_length, **sched
+                )
+            )
         else:
             schedulers.append(cls(optimizer, **sched))
     lrs = []
@@ -188,10 +219,12 @@ def test_rednet_schedule_is_mmcv_cosine_with_linear_warmup():
             t = epoch * length + step
             k = (1 - t / 3130) * (1 - 0.25) if t < 3130 else 0
             assert lr == pytest.approx(
-                regular * (1 - k), rel=1e-9, abs=1e-12), (epoch, step)
+                regular * (1 - k), rel=1e-9, abs=1e-12
+            ), (epoch, step)
     assert lrs[0][0] == pytest.approx(0.2)
-    assert lrs[-1][-1] == pytest.approx(0.8 * 0.5 *
-                                        (1 + math.cos(math.pi * 129 / 130)))
+    assert lrs[-1][-1] == pytest.approx(
+        0.8 * 0.5 * (1 + math.cos(math.pi * 129 / 130))
+    )
 
 
 def test_acmix_schedule_is_the_published_iteration_formula():
@@ -206,28 +239,40 @@ def test_acmix_schedule_is_the_published_iteration_formula():
 
     def published(epoch, step):
         if epoch < 5:
-            return lr0 / 4 + 3 * lr0 / 4 * (1 + step +
-                                            epoch * length) / (5. * length)
-        return 0.5 * lr0 * (1 + math.cos(math.pi *
-                                         ((epoch - 5) * length + step) /
-                                         ((epochs - 5) * length)))
+            return lr0 / 4 + 3 * lr0 / 4 * (1 + step + epoch * length) / (
+                5.0 * length
+            )
+        return (
+            0.5
+            * lr0
+            * (
+                1
+                + math.cos(
+                    math.pi
+                    * ((epoch - 5) * length + step)
+                    / ((epochs - 5) * length)
+                )
+            )
+        )
 
     flat = [lr for row in lrs for lr in row]
     warm = 5 * length
     assert flat[0] == pytest.approx(lr0 / 4)
     assert flat[warm - 1] == pytest.approx(published(4, length - 1)) == lr0
     for t in range(warm):
-        assert abs(flat[t] -
-                   published(t // length, t % length)) <= (0.75 * lr0 / warm +
-                                                           1e-12)
+        assert abs(flat[t] - published(t // length, t % length)) <= (
+            0.75 * lr0 / warm + 1e-12
+        )
         assert flat[t] == pytest.approx(lr0 * (0.25 + 0.75 * t / (warm - 1)))
     for t in range(warm, epochs * length):  # cosine
         assert flat[t] == pytest.approx(
-            published(t // length, t % length), rel=1e-9, abs=1e-15)
+            published(t // length, t % length), rel=1e-9, abs=1e-15
+        )
 
 
 def _loss(rel_path):
     from mmpretrain.registry import MODELS
+
     cfg = load(rel_path)
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         return MODELS.build(cfg.model.head.loss)
@@ -238,7 +283,7 @@ def test_label_smoothing_is_the_published_one(rel_path):
     recipe = RECIPES[PUBLISHED[_name(rel_path)][0]]
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 1000, generator=gen, dtype=torch.float64) * 3
-    target = torch.randint(0, 1000, (6, ), generator=gen)
+    target = torch.randint(0, 1000, (6,), generator=gen)
     one_hot = torch.nn.functional.one_hot(target, 1000).double()
     if recipe['smooth'] == 'mmcls':
         # mmcls 0.x LabelSmoothLoss, mode 'original', 0.1
@@ -254,6 +299,7 @@ def test_label_smoothing_is_the_published_one(rel_path):
 
 def build(rel_path):
     from mmpretrain.registry import MODELS
+
     cfg = load(rel_path)
     cfg.model.data_preprocessor = cfg.data_preprocessor
     with DefaultScope.overwrite_default_scope('mmpretrain'):
@@ -284,18 +330,23 @@ def test_parameters(rel_path):
     # code is 1.4% under the paper's ACmix-ResNet-50)
     tol = 0.005 if PUBLISHED[name][0] == 'RedNet' else 0.02
     assert abs(params - published) <= tol * published, (
-        f'{name}: {params / 1e6:.3f} M vs {published / 1e6:.2f} M published')
+        f'{name}: {params / 1e6:.3f} M vs {published / 1e6:.2f} M published'
+    )
 
 
-@pytest.mark.parametrize('rel_path', [
-    'configs/rednet/rednet26_64xb32-warmup-coslr_in1k.py',
-    'configs/acmix/acmix-resnet26_4xb32-warmup-coslr-90e_in1k.py',
-])
+@pytest.mark.parametrize(
+    'rel_path',
+    [
+        'configs/rednet/rednet26_64xb32-warmup-coslr_in1k.py',
+        'configs/acmix/acmix-resnet26_4xb32-warmup-coslr-90e_in1k.py',
+    ],
+)
 def test_one_training_step(rel_path):
     """One step of the config's optimiser on two tiny images: a finite
     smoothed loss, every parameter updated (nothing frozen)."""
     from mmengine.optim import build_optim_wrapper
     from mmpretrain.structures import DataSample
+
     cfg, model = build(rel_path)
     model.train()
     optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
@@ -303,16 +354,19 @@ def test_one_training_step(rel_path):
     data = dict(
         inputs=[
             torch.randint(
-                0, 256, (3, 64, 64), generator=gen, dtype=torch.uint8)
+                0, 256, (3, 64, 64), generator=gen, dtype=torch.uint8
+            )
             for _ in range(2)
         ],
-        data_samples=[DataSample().set_gt_label(i) for i in (3, 997)])
+        data_samples=[DataSample().set_gt_label(i) for i in (3, 997)],
+    )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     log_vars = model.train_step(data, optim_wrapper)
     # label smoothing: the loss of a uniform prediction is log(1000)
     assert 0 < log_vars['loss'].item() < 3 * math.log(1000)
     unchanged = [
-        n for n, p in model.named_parameters()
+        n
+        for n, p in model.named_parameters()
         if torch.equal(p.detach(), before[n])
     ]
     assert unchanged == []
@@ -322,11 +376,15 @@ def test_metafile_lists_every_imagenet_config():
     models = {}
     for folder in ('rednet', 'acmix'):
         meta = yaml.safe_load(
-            (ROOT / 'configs' / folder / 'metafile.yml').read_text())
-        models.update({
-            f'{folder}/{m["Name"]}': m
-            for m in meta['Models'] if m['Name'].endswith('_in1k')
-        })
+            (ROOT / 'configs' / folder / 'metafile.yml').read_text()
+        )
+        models.update(
+            {
+                f'{folder}/{m["Name"]}': m
+                for m in meta['Models']
+                if m['Name'].endswith('_in1k')
+            }
+        )
     assert set(models) == set(PUBLISHED)
     for name, model in models.items():
         _, _, top1, params = PUBLISHED[name]
@@ -334,7 +392,7 @@ def test_metafile_lists_every_imagenet_config():
         assert (ROOT / model['Config']).is_file()
         assert model['Metadata']['Training Data'] == 'ImageNet-1k'
         assert model['Metadata']['Parameters'] == round(params * 1e6)
-        (result, ) = model['Results']
+        (result,) = model['Results']
         assert result['Task'] == 'Image Classification'
         assert result['Dataset'] == 'ImageNet-1k'
         assert result['Metrics']['Top 1 Accuracy'] == top1
@@ -348,12 +406,14 @@ def test_get_flops_counts_a_classifier_at_224():
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,
-        timeout=300)
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'Input shape: (1, 3, 224, 224)' in out.stdout
     params = re.search(r'Params: ([\d.]+) M trainable', out.stdout)
-    flops = re.search(r'FLOPs: ([\d.]+) G .*; ([\d.]+) G in mmevo ops',
-                      out.stdout)
+    flops = re.search(
+        r'FLOPs: ([\d.]+) G .*; ([\d.]+) G in mmevo ops', out.stdout
+    )
     assert params and flops, out.stdout
     assert float(params.group(1)) == pytest.approx(9.23, rel=0.005)
     # the published 1.73 G, within 10% (counting conventions differ)

@@ -6,6 +6,7 @@ and stage 1 (``frozen_stages=1``) are not in them. The trainable count must
 agree within 1%. ``tools/analysis/get_flops.py`` is run as a command; the
 FLOP rules of the ops themselves are tested in ``tests/ops/test_flops.py``.
 """
+
 import os
 import re
 import subprocess
@@ -23,6 +24,7 @@ import mmevo  # noqa: F401  registers mmevo's modules
 from mmevo.layers import ACmix, Involution
 from mmevo.models import ACmixResNet
 from mmevo.ops.flops import FLOP_HANDLES
+
 from configs_helpers import ROOT, load
 
 
@@ -58,13 +60,17 @@ def test_parameters_match_published(name):
     published = PUBLISHED_PARAMS_M[name] * 1e6
     assert abs(trainable - published) <= 0.01 * published, (
         f'{name}: {trainable / 1e6:.3f} M trainable ({total / 1e6:.3f} M in '
-        f'all) vs {published / 1e6:.1f} M published')
+        f'all) vs {published / 1e6:.1f} M published'
+    )
     if 'cityscapes' in name:
         assert total == trainable  # nothing is frozen in segmentation
     else:
         # What frozen_stages=1 leaves out: the stem and stage 1.
-        frozen = sum(p.numel() for n, p in model.named_parameters()
-                     if n.startswith(('backbone.stem', 'backbone.layer1.')))
+        frozen = sum(
+            p.numel()
+            for n, p in model.named_parameters()
+            if n.startswith(('backbone.stem', 'backbone.layer1.'))
+        )
         assert total - trainable == frozen > 0
 
 
@@ -96,12 +102,17 @@ def _conv_macs_by_hooks(model):
     return macs
 
 
-@pytest.mark.parametrize('build,shape', [
-    (lambda: ACmix(8, 8), (2, 8, 5, 7)),
-    (lambda: Involution(16, 3, 2), (2, 16, 9, 6)),
-    (lambda: ACmixResNet(26, stem_channels=16, base_channels=16),
-     (1, 3, 64, 48)),
-])
+@pytest.mark.parametrize(
+    'build,shape',
+    [
+        (lambda: ACmix(8, 8), (2, 8, 5, 7)),
+        (lambda: Involution(16, 3, 2), (2, 16, 9, 6)),
+        (
+            lambda: ACmixResNet(26, stem_channels=16, base_channels=16),
+            (1, 3, 64, 48),
+        ),
+    ],
+)
 def test_counter_sees_the_stock_convs(build, shape):
     """FLOP counting traces the model: the stock graph runs, every conv
     module (ACmix's projections, fc and dep_conv; the involution's
@@ -109,7 +120,7 @@ def test_counter_sees_the_stock_convs(build, shape):
     and no CPU fast-path matmul is left in the count."""
     model = build().eval()
     macs = _conv_macs_by_hooks(model)
-    analyzer = FlopAnalyzer(model, (torch.randn(shape), ))
+    analyzer = FlopAnalyzer(model, (torch.randn(shape),))
     analyzer.set_op_handle(**FLOP_HANDLES)
     analyzer.unsupported_ops_warnings(False)
     flops = analyzer.by_operator()
@@ -124,7 +135,8 @@ def test_model_flops_include_every_involution():
     in the backbone, the neck and the RPN head) has every involution's
     output size times K*K, the independent reference taken by hooks."""
     model = build_model(
-        'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py')
+        'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py'
+    )
     expected, called = [], set()
 
     def hook(module, inputs, output):
@@ -133,14 +145,16 @@ def test_model_flops_include_every_involution():
         called.add(module)
 
     involutions = {
-        n: m
-        for n, m in model.named_modules() if isinstance(m, Involution)
+        n: m for n, m in model.named_modules() if isinstance(m, Involution)
     }
-    assert {n.split('.')[0]
-            for n in involutions} == {'backbone', 'neck', 'rpn_head'}
+    assert {n.split('.')[0] for n in involutions} == {
+        'backbone',
+        'neck',
+        'rpn_head',
+    }
     for m in involutions.values():
         m.register_forward_hook(hook)
-    analyzer = FlopAnalyzer(_Features(model), (torch.randn(1, 3, 96, 160), ))
+    analyzer = FlopAnalyzer(_Features(model), (torch.randn(1, 3, 96, 160),))
     analyzer.set_op_handle(**FLOP_HANDLES)
     analyzer.unsupported_ops_warnings(False)
     with torch.no_grad():
@@ -154,21 +168,30 @@ def test_model_flops_include_every_involution():
 
 def test_cli_prints_parameters_and_flops():
     config = 'configs/rednet/retinanet_rednet50_inv-neck_1x_coco.py'
-    out = subprocess.run([
-        sys.executable, 'tools/analysis/get_flops.py', config, '--shape',
-        '128', '160'
-    ],
-                         cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                         capture_output=True,
-                         text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            'tools/analysis/get_flops.py',
+            config,
+            '--shape',
+            '128',
+            '160',
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    params = re.search(r'Params: ([\d.]+) M trainable .*, ([\d.]+) M in all',
-                       out.stdout)
+    params = re.search(
+        r'Params: ([\d.]+) M trainable .*, ([\d.]+) M in all', out.stdout
+    )
     flops = re.search(
         r'FLOPs: ([\d.]+) G \(([\d.]+) G without mmevo ops.*; ([\d.]+) G in '
-        r'mmevo ops', out.stdout)
+        r'mmevo ops',
+        out.stdout,
+    )
     assert params and flops, out.stdout
     assert abs(float(params.group(1)) - 26.3) <= 0.01 * 26.3
     total, without, in_ops = (float(flops.group(i)) for i in (1, 2, 3))
@@ -181,12 +204,12 @@ def test_metafile_lists_every_rednet_config():
     meta = yaml.safe_load((ROOT / 'configs/rednet/metafile.yml').read_text())
     # (the ImageNet classifiers, *_in1k: tests/configs/test_config_cls.py)
     models = {
-        m['Name']: m
-        for m in meta['Models'] if not m['Name'].endswith('_in1k')
+        m['Name']: m for m in meta['Models'] if not m['Name'].endswith('_in1k')
     }
     assert set(models) == set(PUBLISHED_PARAMS_M)
     for name, model in models.items():
         assert model['Config'] == f'configs/rednet/{name}.py'
         assert (ROOT / model['Config']).is_file()
         assert model['Metadata']['Parameters'] == round(
-            PUBLISHED_PARAMS_M[name] * 1e6)
+            PUBLISHED_PARAMS_M[name] * 1e6
+        )

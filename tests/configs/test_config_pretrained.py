@@ -5,6 +5,7 @@ The checkpoints are stood in for by tensors of the published keys and shapes
 they were released: mmcls format (``state_dict`` with keys under
 ``backbone.``) for RedNet, a torchvision-style classifier for ACmix.
 """
+
 import json
 import logging
 
@@ -13,6 +14,7 @@ from mmengine.logging import MMLogger
 from mmengine.registry import MODELS, init_default_scope
 
 import mmevo  # noqa: F401
+
 from configs_helpers import ROOT, load
 
 # Keys and shapes of the released ImageNet checkpoints.
@@ -29,7 +31,7 @@ def _fake_checkpoint(entry, path, prefix=''):
         else:
             state[prefix + key] = torch.rand(shape, generator=gen) + 0.5
     torch.save(dict(state_dict=state, meta=dict()), path)
-    return {k[len(prefix):]: v for k, v in state.items()}
+    return {k[len(prefix) :]: v for k, v in state.items()}
 
 
 def _init_backbone(rel_path, checkpoint):
@@ -55,10 +57,12 @@ def test_rednet_detection_stem_loads_imagenet_checkpoint(tmp_path):
     size-mismatch warning, as the published runs did."""
     ref = json.loads((REFERENCE / 'rednet50_state_dict.json').read_text())
     ckpt = _fake_checkpoint(
-        ref['rednet50_cls'], tmp_path / 'rn50.pth', prefix='backbone.')
+        ref['rednet50_cls'], tmp_path / 'rn50.pth', prefix='backbone.'
+    )
     backbone, messages = _init_backbone(
         'configs/rednet/faster-rcnn_rednet50_fpn_1x_coco.py',
-        tmp_path / 'rn50.pth')
+        tmp_path / 'rn50.pth',
+    )
     state = backbone.state_dict()
     skipped = {'stem.1.conv2.conv.weight', 'stem.1.conv2.conv.bias'}
     assert set(state) == set(ckpt)  # same names, published layout
@@ -67,19 +71,23 @@ def test_rednet_detection_stem_loads_imagenet_checkpoint(tmp_path):
             assert state[key].shape[0] == 7 * 7 * 2 != value.shape[0]
         else:
             assert torch.equal(state[key], value), key
-    assert any('size mismatch' in m and 'stem.1.conv2.conv.weight' in m
-               for m in messages), messages
+    assert any(
+        'size mismatch' in m and 'stem.1.conv2.conv.weight' in m
+        for m in messages
+    ), messages
 
 
 def test_rednet_imagenet_stem_loads_everything(tmp_path):
     """The documented alternative, stem_kernel_size=3, loads every tensor."""
     ref = json.loads((REFERENCE / 'rednet50_state_dict.json').read_text())
     ckpt = _fake_checkpoint(
-        ref['rednet50_cls'], tmp_path / 'rn50.pth', prefix='backbone.')
+        ref['rednet50_cls'], tmp_path / 'rn50.pth', prefix='backbone.'
+    )
     cfg_path = tmp_path / 'stem3.py'
     cfg_path.write_text(
         f"_base_ = '{ROOT}/configs/rednet/faster-rcnn_rednet50_fpn_1x_coco.py'"
-        "\nmodel = dict(backbone=dict(stem_kernel_size=3))\n")
+        '\nmodel = dict(backbone=dict(stem_kernel_size=3))\n'
+    )
     backbone, messages = _init_backbone(str(cfg_path), tmp_path / 'rn50.pth')
     state = backbone.state_dict()
     assert all(torch.equal(state[k], v) for k, v in ckpt.items())
@@ -94,7 +102,8 @@ def test_acmix_backbone_loads_classifier_checkpoint(tmp_path):
     ckpt = _fake_checkpoint(ref['acmix_resnet50'], tmp_path / 'acmix.pth')
     backbone, _ = _init_backbone(
         'configs/acmix/faster-rcnn_acmix-r50_fpn_1x_coco.py',
-        tmp_path / 'acmix.pth')
+        tmp_path / 'acmix.pth',
+    )
     state = backbone.state_dict()
     body = {k: v for k, v in ckpt.items() if not k.startswith('fc.')}
     assert set(state) == set(body)  # only the classifier head is left out

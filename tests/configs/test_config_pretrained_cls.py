@@ -15,6 +15,7 @@ it so) refuses unless mmevo's allowlist is installed: the checkpoints are
 loaded here as mmevo's ``tools/train.py`` loads them, after
 ``mmevo.register_all_modules()``.
 """
+
 import json
 import logging
 
@@ -26,6 +27,7 @@ from mmengine.runner import Runner
 
 import mmevo
 from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
+
 from configs_helpers import ROOT, load
 
 # ``import mmevo`` registers nothing when it comes first in the process (a
@@ -52,9 +54,9 @@ def _official(path):
     shapes.update({'head.fc.weight': [1000, 2048], 'head.fc.bias': [1000]})
     gen = torch.Generator().manual_seed(0)
     state = {
-        k:
-        torch.tensor(5) if k.endswith('num_batches_tracked') else
-        torch.rand(s, generator=gen) + 0.5
+        k: torch.tensor(5)
+        if k.endswith('num_batches_tracked')
+        else torch.rand(s, generator=gen) + 0.5
         for k, s in shapes.items()
     }
     torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state), path)
@@ -69,7 +71,8 @@ def _trained(tmp_path):
     cfg = load(IN1K)
     cfg.train_dataloader.update(batch_size=2, num_workers=0)
     cfg.train_dataloader.dataset.update(
-        data_root=root, metainfo=dict(classes=CLS_CLASSES))
+        data_root=root, metainfo=dict(classes=CLS_CLASSES)
+    )
     cfg.train_dataloader.dataset.pipeline[1].scale = 64
     cfg.train_cfg.max_epochs = 1
     cfg.val_dataloader = cfg.val_cfg = cfg.val_evaluator = None
@@ -80,7 +83,8 @@ def _trained(tmp_path):
     ckpt = torch.load(
         tmp_path / 'work' / 'epoch_1.pth',
         map_location='cpu',
-        weights_only=False)
+        weights_only=False,
+    )
     assert {'meta', 'state_dict', 'message_hub', 'optimizer'} <= set(ckpt)
     return ckpt['state_dict']
 
@@ -118,12 +122,14 @@ def test_dense_config_starts_from_the_classifier(checkpoints, kind, rel_path):
     backbone, messages = _init_backbone(rel_path, path)
     ours = backbone.state_dict()
     body = {
-        k[len('backbone.'):]: v
-        for k, v in state.items() if k.startswith('backbone.')
+        k[len('backbone.') :]: v
+        for k, v in state.items()
+        if k.startswith('backbone.')
     }
-    assert {k
-            for k in state if not k.startswith('backbone.')
-            } == {'head.fc.weight', 'head.fc.bias'}
+    assert {k for k in state if not k.startswith('backbone.')} == {
+        'head.fc.weight',
+        'head.fc.bias',
+    }
     assert set(ours) == set(body)
     for key, value in body.items():
         if key in STEM:
@@ -131,7 +137,8 @@ def test_dense_config_starts_from_the_classifier(checkpoints, kind, rel_path):
         else:
             assert torch.equal(ours[key], value), key
     mismatched = [m for m in messages if 'size mismatch' in m]
-    assert mismatched and all('stem.1.conv2.conv' in m
-                              for m in mismatched), messages
+    assert mismatched and all('stem.1.conv2.conv' in m for m in mismatched), (
+        messages
+    )
     # nothing else is reported: the head is outside the prefix
     assert not any('unexpected key' in m and 'head' in m for m in messages)

@@ -6,6 +6,7 @@ mmengine's ``Config.fromfile`` with all their bases merged (``mmdet::``,
 ``mmseg::`` and ``configs/_base_/``), so a change in a base config that alters
 a published value fails here.
 """
+
 import pytest
 
 from configs_helpers import all_configs, load
@@ -23,7 +24,8 @@ DET = dict(
     warmup_ratio=0.001,
     batch=2,
     base_batch=16,
-    scale=(1333, 800))
+    scale=(1333, 800),
+)
 SEG = dict(
     task='seg',
     lr=0.01,
@@ -36,88 +38,100 @@ SEG = dict(
     base_batch=8,
     crop=(512, 1024),
     warmup=None,
-    clip=None)
+    clip=None,
+)
 # name: (detector/segmentor recipe, backbone, neck, rpn head, mask head)
 PUBLISHED = {
-    'rednet/faster-rcnn_rednet50_fpn_1x_coco':
-    dict(DET, lr=0.02, warmup=500, clip=None, neck='FPN', rpn='RPNHead'),
-    'rednet/faster-rcnn_rednet50_inv-neck_1x_coco':
-    dict(
-        DET,
-        lr=0.02,
-        warmup=2000,
-        clip=None,
-        neck='InvolutionFPN',
-        rpn='RPNHead'),
-    'rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco':
-    dict(
-        DET,
-        lr=0.02,
-        warmup=2000,
-        clip=5,
-        neck='InvolutionFPN',
-        rpn='InvolutionRPNHead'),
-    'rednet/mask-rcnn_rednet50_fpn_1x_coco':
-    dict(
-        DET,
-        lr=0.02,
-        warmup=500,
-        clip=None,
-        neck='FPN',
-        rpn='RPNHead',
-        mask='FCNMaskHead'),
-    'rednet/mask-rcnn_rednet50_inv-neck_1x_coco':
-    dict(
+    'rednet/faster-rcnn_rednet50_fpn_1x_coco': dict(
+        DET, lr=0.02, warmup=500, clip=None, neck='FPN', rpn='RPNHead'
+    ),
+    'rednet/faster-rcnn_rednet50_inv-neck_1x_coco': dict(
         DET,
         lr=0.02,
         warmup=2000,
         clip=None,
         neck='InvolutionFPN',
         rpn='RPNHead',
-        mask='FCNMaskHead'),
-    'rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco':
-    dict(
+    ),
+    'rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco': dict(
         DET,
         lr=0.02,
         warmup=2000,
         clip=5,
         neck='InvolutionFPN',
         rpn='InvolutionRPNHead',
-        mask='InvolutionFCNMaskHead'),
-    'rednet/retinanet_rednet50_fpn_1x_coco':
-    dict(DET, lr=0.01, warmup=2000, clip=None, neck='FPN', retina=True),
-    'rednet/retinanet_rednet50_inv-neck_1x_coco':
-    dict(
-        DET, lr=0.01, warmup=2000, clip=40, neck='InvolutionFPN', retina=True),
-    'rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024':
-    dict(SEG, neck='FPN', head='FPNHead'),
-    'rednet/fpn_rednet50-inv-neck_4xb2-80k_cityscapes-512x1024':
-    dict(SEG, neck='InvolutionFPN', head='FPNHead'),
-    'rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024':
-    dict(SEG, neck=None, head='UPerHead'),
+    ),
+    'rednet/mask-rcnn_rednet50_fpn_1x_coco': dict(
+        DET,
+        lr=0.02,
+        warmup=500,
+        clip=None,
+        neck='FPN',
+        rpn='RPNHead',
+        mask='FCNMaskHead',
+    ),
+    'rednet/mask-rcnn_rednet50_inv-neck_1x_coco': dict(
+        DET,
+        lr=0.02,
+        warmup=2000,
+        clip=None,
+        neck='InvolutionFPN',
+        rpn='RPNHead',
+        mask='FCNMaskHead',
+    ),
+    'rednet/mask-rcnn_rednet50_inv-neck-head_1x_coco': dict(
+        DET,
+        lr=0.02,
+        warmup=2000,
+        clip=5,
+        neck='InvolutionFPN',
+        rpn='InvolutionRPNHead',
+        mask='InvolutionFCNMaskHead',
+    ),
+    'rednet/retinanet_rednet50_fpn_1x_coco': dict(
+        DET, lr=0.01, warmup=2000, clip=None, neck='FPN', retina=True
+    ),
+    'rednet/retinanet_rednet50_inv-neck_1x_coco': dict(
+        DET, lr=0.01, warmup=2000, clip=40, neck='InvolutionFPN', retina=True
+    ),
+    'rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024': dict(
+        SEG, neck='FPN', head='FPNHead'
+    ),
+    'rednet/fpn_rednet50-inv-neck_4xb2-80k_cityscapes-512x1024': dict(
+        SEG, neck='InvolutionFPN', head='FPNHead'
+    ),
+    'rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024': dict(
+        SEG, neck=None, head='UPerHead'
+    ),
 }
 PUBLISHED['rednet50_fpn_coco'] = PUBLISHED[
-    'rednet/faster-rcnn_rednet50_fpn_1x_coco']
+    'rednet/faster-rcnn_rednet50_fpn_1x_coco'
+]
 # ACmix-ResNet-50 has no published detection/segmentation run: its configs
 # use the recipe of the RedNet-50 plain-FPN counterpart.
 ACMIX = {
-    'acmix/faster-rcnn_acmix-r50_fpn_1x_coco':
-    'rednet/faster-rcnn_rednet50_fpn_1x_coco',
-    'acmix/mask-rcnn_acmix-r50_fpn_1x_coco':
-    'rednet/mask-rcnn_rednet50_fpn_1x_coco',
-    'acmix/retinanet_acmix-r50_fpn_1x_coco':
-    'rednet/retinanet_rednet50_fpn_1x_coco',
-    'acmix/fpn_acmix-r50_4xb2-80k_cityscapes-512x1024':
-    'rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024',
-    'acmix/upernet_acmix-r50_4xb2-80k_cityscapes-512x1024':
-    'rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024',
+    'acmix/faster-rcnn_acmix-r50_fpn_1x_coco': (
+        'rednet/faster-rcnn_rednet50_fpn_1x_coco'
+    ),
+    'acmix/mask-rcnn_acmix-r50_fpn_1x_coco': (
+        'rednet/mask-rcnn_rednet50_fpn_1x_coco'
+    ),
+    'acmix/retinanet_acmix-r50_fpn_1x_coco': (
+        'rednet/retinanet_rednet50_fpn_1x_coco'
+    ),
+    'acmix/fpn_acmix-r50_4xb2-80k_cityscapes-512x1024': (
+        'rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024'
+    ),
+    'acmix/upernet_acmix-r50_4xb2-80k_cityscapes-512x1024': (
+        'rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024'
+    ),
 }
 EXPECTED = dict(PUBLISHED)
 EXPECTED.update({k: PUBLISHED[v] for k, v in ACMIX.items()})
 
 
 def _name(rel_path):
-    return rel_path[len('configs/'):-len('.py')]
+    return rel_path[len('configs/') : -len('.py')]
 
 
 NON_DEMO = all_configs()  # every config but configs/demo/ (tested elsewhere)
@@ -160,7 +174,7 @@ def test_optimiser_and_schedule(rel_path):
         assert cfg.train_cfg.type == 'EpochBasedTrainLoop'
         assert cfg.train_cfg.max_epochs == exp['max_epochs'] == step.end
     else:
-        (poly, ) = scheds
+        (poly,) = scheds
         assert (poly.type, poly.by_epoch, poly.begin) == ('PolyLR', False, 0)
         assert poly.power == exp['power']
         assert poly.eta_min == exp['eta_min']
@@ -273,7 +287,8 @@ def test_mmevo_is_imported_and_scopes_are_set(rel_path):
     # config must import mmevo to find RedNet / ACmixResNet / InvolutionFPN.
     cfg = load(rel_path)
     assert cfg.custom_imports == dict(
-        imports=['mmevo'], allow_failed_imports=False)
+        imports=['mmevo'], allow_failed_imports=False
+    )
     task = EXPECTED[_name(rel_path)]['task']
     assert cfg.default_scope == ('mmdet' if task == 'det' else 'mmseg')
     # Validation during training, as published.
@@ -285,13 +300,14 @@ def test_mmevo_is_imported_and_scopes_are_set(rel_path):
 def test_checkpoint_path_is_overridable():
     cfg = load('configs/rednet50_fpn_coco.py')
     cfg.merge_from_dict(
-        {'model.backbone.init_cfg.checkpoint': '/elsewhere/rednet50.pth'})
+        {'model.backbone.init_cfg.checkpoint': '/elsewhere/rednet50.pth'}
+    )
     assert cfg.model.backbone.init_cfg.checkpoint == '/elsewhere/rednet50.pth'
     assert cfg.model.backbone.init_cfg.prefix == 'backbone.'
 
 
 def test_headline_config_inherits_without_copy():
     # configs/rednet50_fpn_coco.py only names its base: same merged config.
-    text = (load('configs/rednet50_fpn_coco.py').pretty_text)
+    text = load('configs/rednet50_fpn_coco.py').pretty_text
     base = load('configs/rednet/faster-rcnn_rednet50_fpn_1x_coco.py')
     assert text == base.pretty_text

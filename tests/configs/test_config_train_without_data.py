@@ -1,4 +1,5 @@
 """The headline command stops with the one-line missing-data message."""
+
 import os
 import subprocess
 import sys
@@ -10,16 +11,18 @@ def test_train_headline_config_without_coco(tmp_path):
     # Run from an empty directory: the config's relative data root
     # (data/coco/) is missing there whatever the developer has under ROOT.
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([
-        sys.executable,
-        str(ROOT / 'tools' / 'train.py'),
-        str(ROOT / 'configs' / 'rednet50_fpn_coco.py')
-    ],
-                         cwd=tmp_path,
-                         env=env,
-                         capture_output=True,
-                         text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / 'tools' / 'train.py'),
+            str(ROOT / 'configs' / 'rednet50_fpn_coco.py'),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     # One clear line, no traceback: which path, and where to read how to

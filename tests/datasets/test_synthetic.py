@@ -1,5 +1,6 @@
 """The synthetic demo sets: deterministic, exact annotations, and read by
 mmdet's CocoDataset / mmseg's CityscapesDataset unchanged."""
+
 import filecmp
 import glob
 import json
@@ -10,15 +11,20 @@ import cv2
 import numpy as np
 import pytest
 
-from mmevo.datasets import (DET_CLASSES, SEG_TRAIN_IDS,
-                            make_synthetic_cityscapes, make_synthetic_coco)
+from mmevo.datasets import (
+    DET_CLASSES,
+    SEG_TRAIN_IDS,
+    make_synthetic_cityscapes,
+    make_synthetic_coco,
+)
 
 
 def _tree(root):
     return sorted(
         osp.relpath(p, root)
         for p in glob.glob(osp.join(root, '**', '*'), recursive=True)
-        if osp.isfile(p))
+        if osp.isfile(p)
+    )
 
 
 @pytest.fixture(scope='module')
@@ -47,7 +53,8 @@ def test_coco_is_deterministic(coco, tmp_path):
     assert not filecmp.cmp(
         osp.join(coco, 'train', '000000.png'),
         osp.join(other, 'train', '000000.png'),
-        shallow=False)
+        shallow=False,
+    )
 
 
 def test_coco_annotations_match_the_pixels(coco):
@@ -55,13 +62,15 @@ def test_coco_annotations_match_the_pixels(coco):
         data = json.load(f)
     assert [c['name'] for c in data['categories']] == list(DET_CLASSES)
     assert len(data['images']) == 12
-    assert len({a['id']
-                for a in data['annotations']}) == len(data['annotations'])
+    assert len({a['id'] for a in data['annotations']}) == len(
+        data['annotations']
+    )
     # fill ratio area / box area fits the shape: pi/4 for a circle,
     # 1 to 1/(cos 15 + sin 15)^2 = 0.67 for a square rotated at most 15
     # degrees, ~1/2 for a triangle
     ratio_range = dict(
-        circle=(0.7, 0.86), square=(0.62, 1.0), triangle=(0.3, 0.62))
+        circle=(0.7, 0.86), square=(0.62, 1.0), triangle=(0.3, 0.62)
+    )
     by_image = {}
     for ann in data['annotations']:
         x, y, w, h = ann['bbox']
@@ -81,11 +90,15 @@ def test_coco_annotations_match_the_pixels(coco):
             # the box spans the pixels of the polygon drawn at rounded vertices
             assert np.allclose(poly.min(0), [x, y], atol=0.51)
             assert np.allclose(poly.max(0), [x + w - 1, y + h - 1], atol=0.51)
-            inside = img[y + h // 4:y + 3 * h // 4, x + w // 4:x + 3 * w // 4]
-            ring = np.concatenate([
-                img[max(y - 3, 0):y, x:x + w].reshape(-1, 3),
-                img[y + h:y + h + 3, x:x + w].reshape(-1, 3)
-            ])
+            inside = img[
+                y + h // 4 : y + 3 * h // 4, x + w // 4 : x + 3 * w // 4
+            ]
+            ring = np.concatenate(
+                [
+                    img[max(y - 3, 0) : y, x : x + w].reshape(-1, 3),
+                    img[y + h : y + h + 3, x : x + w].reshape(-1, 3),
+                ]
+            )
             if len(ring) and ann['category_id'] != 3:  # triangle centre may
                 # be background in the box's middle half
                 assert np.abs(inside.mean((0, 1)) - ring.mean(0)).mean() > 20
@@ -93,31 +106,36 @@ def test_coco_annotations_match_the_pixels(coco):
 
 def test_coco_loads_in_mmdet(coco):
     from mmdet.datasets import CocoDataset
+
     ds = CocoDataset(
         data_root=coco,
         ann_file='annotations/instances_val.json',
         data_prefix=dict(img='val/'),
         metainfo=dict(classes=DET_CLASSES),
         test_mode=True,
-        pipeline=[])
+        pipeline=[],
+    )
     with open(osp.join(coco, 'annotations', 'instances_val.json')) as f:
         num_anns = len(json.load(f)['annotations'])
     assert len(ds) == 4
     infos = [ds.get_data_info(i) for i in range(len(ds))]
     assert sum(len(i['instances']) for i in infos) == num_anns
     assert all(osp.isfile(i['img_path']) for i in infos)
-    assert {inst['bbox_label']
-            for i in infos
-            for inst in i['instances']} <= set(range(len(DET_CLASSES)))
+    assert {
+        inst['bbox_label'] for i in infos for inst in i['instances']
+    } <= set(range(len(DET_CLASSES)))
 
 
 def test_cityscapes_layout_loads_in_mmseg(cityscapes):
     from mmseg.datasets import CityscapesDataset
+
     ds = CityscapesDataset(
         data_root=cityscapes,
         data_prefix=dict(
-            img_path='leftImg8bit/train', seg_map_path='gtFine/train'),
-        pipeline=[])
+            img_path='leftImg8bit/train', seg_map_path='gtFine/train'
+        ),
+        pipeline=[],
+    )
     assert len(ds) == 4
     for i in range(len(ds)):
         info = ds.get_data_info(i)
@@ -138,26 +156,32 @@ def test_cityscapes_labels_align_with_pixels(cityscapes):
     def load(i):
         img = sorted(
             glob.glob(
-                osp.join(cityscapes, 'leftImg8bit', 'train', '*', '*.png')))[i]
-        lbl = img.replace('leftImg8bit', 'gtFine',
-                          1).replace('_leftImg8bit.png',
-                                     '_gtFine_labelTrainIds.png')
-        return (cv2.imread(img).reshape(-1, 3).astype(np.float64),
-                cv2.imread(lbl, cv2.IMREAD_UNCHANGED).ravel())
+                osp.join(cityscapes, 'leftImg8bit', 'train', '*', '*.png')
+            )
+        )[i]
+        lbl = img.replace('leftImg8bit', 'gtFine', 1).replace(
+            '_leftImg8bit.png', '_gtFine_labelTrainIds.png'
+        )
+        return (
+            cv2.imread(img).reshape(-1, 3).astype(np.float64),
+            cv2.imread(lbl, cv2.IMREAD_UNCHANGED).ravel(),
+        )
 
     fit_img, fit_lbl = load(0)
     ids = [c for c in (0, 1, 2, 10) if (fit_lbl == c).sum() > 50]
     means = np.stack([fit_img[fit_lbl == c].mean(0) for c in ids])
     img, lbl = load(1)
     keep = np.isin(lbl, ids)
-    pred = np.array(ids)[np.argmin(
-        ((img[keep, None] - means[None])**2).sum(-1), axis=1)]
+    pred = np.array(ids)[
+        np.argmin(((img[keep, None] - means[None]) ** 2).sum(-1), axis=1)
+    ]
     assert (pred == lbl[keep]).mean() > 0.8
     # the same classifier on a misaligned (flipped) label map does badly
     flipped = lbl.reshape(64, 128)[::-1].ravel()
     keep_f = np.isin(flipped, ids)
-    pred_f = np.array(ids)[np.argmin(
-        ((img[keep_f, None] - means[None])**2).sum(-1), axis=1)]
+    pred_f = np.array(ids)[
+        np.argmin(((img[keep_f, None] - means[None]) ** 2).sum(-1), axis=1)
+    ]
     assert (pred_f == flipped[keep_f]).mean() < 0.5
 
 
@@ -167,13 +191,17 @@ def test_regeneration_replaces_and_refuses_foreign_dirs(tmp_path):
     stamp = osp.getmtime(osp.join(root, '.synthetic.json'))
     # same arguments: nothing is rewritten
     make_synthetic_cityscapes(
-        root, num_train=4, num_val=1, img_size=(32, 64), skip_if_ready=True)
+        root, num_train=4, num_val=1, img_size=(32, 64), skip_if_ready=True
+    )
     assert osp.getmtime(osp.join(root, '.synthetic.json')) == stamp
     # a smaller set leaves no stale scene of the larger one behind
     make_synthetic_cityscapes(
-        root, num_train=2, num_val=1, img_size=(32, 64), skip_if_ready=True)
-    assert len(
-        glob.glob(osp.join(root, 'leftImg8bit', 'train', '*', '*.png'))) == 2
+        root, num_train=2, num_val=1, img_size=(32, 64), skip_if_ready=True
+    )
+    assert (
+        len(glob.glob(osp.join(root, 'leftImg8bit', 'train', '*', '*.png')))
+        == 2
+    )
     foreign = tmp_path / 'mine'
     foreign.mkdir()
     (foreign / 'keep.txt').write_text('user data')

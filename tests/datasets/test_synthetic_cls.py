@@ -6,6 +6,7 @@ reads it, and reads the same images from the list layout (``meta/*.txt``,
 flat validation folder) into the same samples. The missing-data check names
 ImageNet and the synthetic set as it names COCO and Cityscapes.
 """
+
 import filecmp
 import glob
 import os
@@ -17,21 +18,29 @@ import numpy as np
 import pytest
 from mmengine.config import Config
 
-from mmevo.datasets import (CLS_CLASSES, MissingDataError, check_data_exists,
-                            make_synthetic_imagenet)
+from mmevo.datasets import (
+    CLS_CLASSES,
+    MissingDataError,
+    check_data_exists,
+    make_synthetic_imagenet,
+)
 from mmevo.datasets.synthetic_cls import draw_classification_image
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEMO = osp.join(
-    ROOT, 'configs', 'demo',
-    'rednet26-tiny_1xb32-warmup-coslr-30e_synthetic-imagenet-64px.py')
+    ROOT,
+    'configs',
+    'demo',
+    'rednet26-tiny_1xb32-warmup-coslr-30e_synthetic-imagenet-64px.py',
+)
 
 
 def _tree(root):
     return sorted(
         osp.relpath(p, root)
         for p in glob.glob(osp.join(root, '**', '*'), recursive=True)
-        if osp.isfile(p))
+        if osp.isfile(p)
+    )
 
 
 @pytest.fixture(scope='module')
@@ -43,13 +52,15 @@ def imagenet(tmp_path_factory):
 
 def test_layout_sizes_and_balance(imagenet):
     for split, num in (('train', 23), ('val', 10)):
-        assert sorted(os.listdir(osp.join(imagenet,
-                                          split))) == list(CLS_CLASSES)
+        assert sorted(os.listdir(osp.join(imagenet, split))) == list(
+            CLS_CLASSES
+        )
         files = glob.glob(osp.join(imagenet, split, '*', '*.png'))
         assert len(files) == num
         for i in range(num):
-            path = osp.join(imagenet, split, CLS_CLASSES[i % 10],
-                            f'{i:06d}.png')
+            path = osp.join(
+                imagenet, split, CLS_CLASSES[i % 10], f'{i:06d}.png'
+            )
             img = cv2.imread(path)
             assert img is not None and img.shape[2] == 3
             assert 64 <= img.shape[0] <= 96 and 64 <= img.shape[1] <= 96
@@ -66,18 +77,23 @@ def test_is_deterministic(imagenet, tmp_path):
     files = _tree(imagenet)
     assert files == _tree(again)
     _, mismatch, errors = filecmp.cmpfiles(
-        imagenet, again, files, shallow=False)
+        imagenet, again, files, shallow=False
+    )
     assert not mismatch and not errors
     assert not filecmp.cmp(
         osp.join(imagenet, 'train', CLS_CLASSES[0], '000000.png'),
         osp.join(other, 'train', CLS_CLASSES[0], '000000.png'),
-        shallow=False)
+        shallow=False,
+    )
     # skip_if_ready keeps a complete set; other arguments rewrite it
     stamp = osp.getmtime(osp.join(again, 'val', CLS_CLASSES[3], '000003.png'))
     make_synthetic_imagenet(
-        again, num_train=23, num_val=10, skip_if_ready=True)
-    assert osp.getmtime(osp.join(again, 'val', CLS_CLASSES[3],
-                                 '000003.png')) == stamp
+        again, num_train=23, num_val=10, skip_if_ready=True
+    )
+    assert (
+        osp.getmtime(osp.join(again, 'val', CLS_CLASSES[3], '000003.png'))
+        == stamp
+    )
     make_synthetic_imagenet(again, num_train=5, num_val=2, skip_if_ready=True)
     assert len(glob.glob(osp.join(again, 'train', '*', '*.png'))) == 5
 
@@ -111,12 +127,14 @@ def test_bad_sizes_are_named(tmp_path):
 
 def _imagenet(root, split, **kwargs):
     from mmpretrain.datasets import ImageNet
+
     return ImageNet(
         data_root=root,
         split=split,
         metainfo=dict(classes=CLS_CLASSES),
         pipeline=[],
-        **kwargs)
+        **kwargs,
+    )
 
 
 def _samples(dataset, root):
@@ -144,7 +162,8 @@ def _list_layout(folder_root, root):
                 else:
                     rel = f'ILSVRC2012_val_{name}_{file}'
                 os.makedirs(
-                    osp.dirname(osp.join(root, split, rel)), exist_ok=True)
+                    osp.dirname(osp.join(root, split, rel)), exist_ok=True
+                )
                 shutil.copy(src, osp.join(root, split, rel))
                 lines.append(f'{rel} {label}\n')
         with open(osp.join(root, 'meta', f'{split}.txt'), 'w') as f:
@@ -157,7 +176,8 @@ def test_imagenet_reads_both_layouts_alike(imagenet, tmp_path, split):
     assert folder.ann_file == ''  # scanned the class folders
     expected = sorted(
         (open(p, 'rb').read(), CLS_CLASSES.index(osp.basename(osp.dirname(p))))
-        for p in glob.glob(osp.join(imagenet, split, '*', '*.png')))
+        for p in glob.glob(osp.join(imagenet, split, '*', '*.png'))
+    )
     assert _samples(folder, imagenet) == expected
     listed_root = str(tmp_path / 'listed')
     _list_layout(imagenet, listed_root)
@@ -180,19 +200,23 @@ def _imagenet_cfg(root, **dataset):
         dict(
             train_dataloader=dict(
                 dataset=dict(
-                    type='ImageNet', data_root=root, split='train', **
-                    dataset)),
+                    type='ImageNet', data_root=root, split='train', **dataset
+                )
+            ),
             val_dataloader=dict(
-                dataset=dict(type='ImageNet', data_root=root, split='val'))))
+                dataset=dict(type='ImageNet', data_root=root, split='val')
+            ),
+        )
+    )
 
 
 def test_missing_imagenet_is_named(imagenet, tmp_path):
     nowhere = str(tmp_path / 'imagenet')
     with pytest.raises(
-            MissingDataError,
-            match=r"train_dataloader: data_root '.*imagenet' does not exist; "
-            r'download ImageNet \(ILSVRC 2012\) .* docs/datasets.md '
-            r'\(ImageNet\), .*train_dataloader\.dataset\.data_root=PATH'
+        MissingDataError,
+        match=r"train_dataloader: data_root '.*imagenet' does not exist; "
+        r'download ImageNet \(ILSVRC 2012\) .* docs/datasets.md '
+        r'\(ImageNet\), .*train_dataloader\.dataset\.data_root=PATH',
     ) as info:
         check_data_exists(_imagenet_cfg(nowhere))
     assert info.value.synthetic is None
@@ -200,26 +224,30 @@ def test_missing_imagenet_is_named(imagenet, tmp_path):
     os.makedirs(osp.join(nowhere, 'train'))
     check_data_exists(_imagenet_cfg(nowhere))
     with pytest.raises(
-            MissingDataError,
-            match=r"val_dataloader: split 'val' folder '.*imagenet/val' does "
-            r'not exist'):
+        MissingDataError,
+        match=r"val_dataloader: split 'val' folder '.*imagenet/val' does "
+        r'not exist',
+    ):
         check_data_exists(
-            _imagenet_cfg(nowhere), ['train_dataloader', 'val_dataloader'])
+            _imagenet_cfg(nowhere), ['train_dataloader', 'val_dataloader']
+        )
     # an explicit list file and image folder (mmpretrain's older style)
     cfg = _imagenet_cfg(
-        imagenet, ann_file='meta/train.txt', data_prefix='train')
+        imagenet, ann_file='meta/train.txt', data_prefix='train'
+    )
     with pytest.raises(MissingDataError, match=r"ann_file '.*meta/train.txt'"):
         check_data_exists(cfg)
     check_data_exists(
-        _imagenet_cfg(imagenet), ['train_dataloader', 'val_dataloader'])
+        _imagenet_cfg(imagenet), ['train_dataloader', 'val_dataloader']
+    )
 
 
 def test_missing_synthetic_set_points_to_the_generator(tmp_path):
     cfg = Config.fromfile(DEMO)
     cfg.train_dataloader.dataset.data_root = str(tmp_path / 'synthetic_in')
     with pytest.raises(
-            MissingDataError,
-            match=r'make_synthetic_data.py cls`, or point') as info:
+        MissingDataError, match=r'make_synthetic_data.py cls`, or point'
+    ) as info:
         check_data_exists(cfg)
     assert info.value.synthetic == 'cls'
 

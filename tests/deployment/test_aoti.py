@@ -2,25 +2,27 @@
 evolution layers with H and W dynamic keeps mmevo's operators (or inlines
 their standard-operator formulation), equal to PyTorch at other sizes; the
 compiled package equals PyTorch too."""
+
 import pytest
 import torch
-# this folder is on sys.path
-from layer_cases import LAYERS
 
 from mmevo.deploy import AotiModel, TensorOutputs, export_aoti
 from mmevo.deploy.aoti import export_program
 from mmevo.layers import Involution, LocalSelfAttention
 
+# this folder is on sys.path
+from layer_cases import LAYERS
+
 MMEVO_OPS = {
-    'mmevo.evolution_aggregate.default', 'mmevo.local_correlation.default',
-    'mmevo.local_attention_weights.default'
+    'mmevo.evolution_aggregate.default',
+    'mmevo.local_correlation.default',
+    'mmevo.local_attention_weights.default',
 }
 
 
 def graph_ops(program):
     return {
-        str(n.target)
-        for n in program.graph.nodes if n.op == 'call_function'
+        str(n.target) for n in program.graph.nodes if n.op == 'call_function'
     }
 
 
@@ -65,7 +67,10 @@ def test_inlined_program_has_no_mmevo_ops(stride):
                 kernel_size=5,
                 num_heads=4,
                 padding_mode='reflect',
-                rel_pos_bias=True)))
+                rel_pos_bias=True,
+            ),
+        )
+    )
     x = torch.randn(1, 16, 9, 11)
     program = export_program(model, x, dynamic=False, inline_ops=True)
     assert not graph_ops(program) & MMEVO_OPS
@@ -77,7 +82,6 @@ def test_inlined_program_has_no_mmevo_ops(stride):
 def test_export_error_names_the_layer(tmp_path):
 
     class Broken(Involution):
-
         def generate(self, x):  # a kernel one row short reaches the op
             x, kernel = super().generate(x)
             return x, kernel[..., :-1, :]
@@ -85,11 +89,13 @@ def test_export_error_names_the_layer(tmp_path):
     model = torch.nn.Sequential()
     model.add_module('inv', Broken(16, 3))
     with pytest.raises(
-            RuntimeError,
-            match=r"torch.export failed in layer 'model.inv' \(Broken: "
-            r'kernel_size=3, stride=1'):
+        RuntimeError,
+        match=r"torch.export failed in layer 'model.inv' \(Broken: "
+        r'kernel_size=3, stride=1',
+    ):
         export_aoti(
-            flat(model), torch.randn(1, 16, 8, 8), str(tmp_path / 'x.pt2'))
+            flat(model), torch.randn(1, 16, 8, 8), str(tmp_path / 'x.pt2')
+        )
     assert not (tmp_path / 'x.pt2').exists()
 
 
@@ -106,7 +112,10 @@ def test_layers_package_dynamic(tmp_path):
                 kernel_size=5,
                 num_heads=4,
                 padding_mode='reflect',
-                rel_pos_bias=True)))
+                rel_pos_bias=True,
+            ),
+        )
+    )
     path = str(tmp_path / 'layers.pt2')
     assert export_aoti(model, torch.randn(1, 16, 9, 11), path) == path
     package = AotiModel(path)

@@ -6,6 +6,7 @@ The package calls mmevo's operators (``torch.ops.mmevo.*``): the runner
 loads mmevo's op library (``mmevo/_ext*.so``, the C++ kernels registered
 with ``TORCH_LIBRARY``) with ``--ops-library``. Reflect-padded layers run
 on the backbone's first features, so reflect padding runs in C++ too."""
+
 import importlib.util
 import os.path as osp
 import subprocess
@@ -24,12 +25,17 @@ OPS_LIBRARY = importlib.util.find_spec('mmevo._ext')
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        OPS_LIBRARY is None, reason="mmevo's C++ extension is not built")
+        OPS_LIBRARY is None, reason="mmevo's C++ extension is not built"
+    ),
 ]
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEMO = osp.join(REPO, 'configs', 'demo',
-                'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
+DEMO = osp.join(
+    REPO,
+    'configs',
+    'demo',
+    'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py',
+)
 SHAPE = (1, 3, 64, 96)
 
 
@@ -45,9 +51,11 @@ class WithReflect(torch.nn.Module):
             kernel_size=5,
             num_heads=4,
             padding_mode='reflect',
-            rel_pos_bias=True)
+            rel_pos_bias=True,
+        )
         self.conv = EvolutionConv(
-            128, 3, groups=4, dilation=2, padding_mode='reflect')
+            128, 3, groups=4, dilation=2, padding_mode='reflect'
+        )
 
     def forward(self, x):
         feats = self.backbone(x)
@@ -55,10 +63,9 @@ class WithReflect(torch.nn.Module):
 
 
 def run(cmd, **kwargs):
-    out = subprocess.run([str(c) for c in cmd],
-                         capture_output=True,
-                         text=True,
-                         **kwargs)
+    out = subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, **kwargs
+    )
     assert out.returncode == 0, f'{cmd}:\n{out.stdout}\n{out.stderr}'
     return out.stdout
 
@@ -67,12 +74,17 @@ def run(cmd, **kwargs):
 def runner(tmp_path_factory):
     """deploy/cpp built (about a minute)."""
     build = tmp_path_factory.mktemp('aoti_runner')
-    run([
-        'cmake', '-S',
-        osp.join(REPO, 'deploy', 'cpp'), '-B', build,
-        f'-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}',
-        '-DCMAKE_BUILD_TYPE=Release'
-    ])
+    run(
+        [
+            'cmake',
+            '-S',
+            osp.join(REPO, 'deploy', 'cpp'),
+            '-B',
+            build,
+            f'-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}',
+            '-DCMAKE_BUILD_TYPE=Release',
+        ]
+    )
     run(['cmake', '--build', build])
     return build / 'aoti_runner'
 
@@ -96,20 +108,33 @@ def test_cpp_runner_equals_pytorch(runner, package):
     model, path, tmp = package
     x = torch.randn(*SHAPE)
     x.numpy().tofile(tmp / 'x.bin')
-    printed = run([
-        runner, path, '--shape', *SHAPE, '--input', tmp / 'x.bin',
-        '--output-prefix', tmp / 'out', '--threads', 2, '--ops-library',
-        OPS_LIBRARY.origin
-    ])
+    printed = run(
+        [
+            runner,
+            path,
+            '--shape',
+            *SHAPE,
+            '--input',
+            tmp / 'x.bin',
+            '--output-prefix',
+            tmp / 'out',
+            '--threads',
+            2,
+            '--ops-library',
+            OPS_LIBRARY.origin,
+        ]
+    )
     with torch.no_grad():
         expected = model(x)
     python = AotiModel(path)(x)
     assert printed.count('output ') == len(expected) == 4
     for i, ref in enumerate(expected):
         assert f'output {i}: shape {list(ref.shape)}'.replace(
-            ', ', ',') in printed.replace(', ', ',')
-        out = torch.from_numpy(np.fromfile(tmp / f'out{i}.bin',
-                                           np.float32)).view(ref.shape)
+            ', ', ','
+        ) in printed.replace(', ', ',')
+        out = torch.from_numpy(
+            np.fromfile(tmp / f'out{i}.bin', np.float32)
+        ).view(ref.shape)
         err = (out - ref).abs().max() / ref.abs().max()
         assert err <= 1e-4, (i, float(err))
         # the same program as the Python-loaded package
@@ -119,16 +144,18 @@ def test_cpp_runner_equals_pytorch(runner, package):
 def test_cpp_runner_errors_are_one_line(runner, package, tmp_path):
     _, path, _ = package
     cases = [
-        ([path, '--shape', *SHAPE, '--ops-library',
-          tmp_path / 'none.so'], 'cannot load'),
+        (
+            [path, '--shape', *SHAPE, '--ops-library', tmp_path / 'none.so'],
+            'cannot load',
+        ),
         ([path], 'usage: aoti_runner'),
         ([path, '--shape', *SHAPE, '--input', path], 'must hold'),
         # mmevo's operators unregistered
         ([path, '--shape', *SHAPE], 'mmevo'),
     ]
     for args, message in cases:
-        out = subprocess.run([str(a) for a in [runner, *args]],
-                             capture_output=True,
-                             text=True)
+        out = subprocess.run(
+            [str(a) for a in [runner, *args]], capture_output=True, text=True
+        )
         assert out.returncode != 0
         assert out.stderr.startswith('error: ') and message in out.stderr

@@ -2,6 +2,7 @@
 detector (ONNX, AOTInductor), evaluate the export with the config's metric
 (onnxruntime, the package), and get the score of tools/test.py with the
 PyTorch checkpoint."""
+
 import os.path as osp
 import pickle
 import sys
@@ -16,7 +17,8 @@ from mmevo.deploy import OnnxModel
 
 # the tool tests' helpers (tests/tools/tool_utils.py)
 sys.path.insert(
-    0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools'))
+    0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools')
+)
 from tool_utils import DEMO_DET, DEMO_SEG, load_tool
 
 FASTER_RCNN = 'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py'
@@ -26,7 +28,8 @@ NARROW = dict(
     stem_channels=32,
     base_channels=16,
     init_cfg=None,
-    norm_cfg=dict(type='BN', requires_grad=True))
+    norm_cfg=dict(type='BN', requires_grad=True),
+)
 SEG_CONFIG = """
 _base_ = '{base}'
 data_root = '{root}/'
@@ -67,22 +70,48 @@ def test_export_then_evaluate_matches_pytorch(setup):
     tmp, cfg, ckpt, export = setup
     onnx = str(tmp / 'model.onnx')
     # the demo resizes every image to 128 x 128
-    assert export.main([
-        cfg, ckpt, '--out', onnx, '--shape', '128', '128', '--exporter',
-        'torchscript'
-    ]) == onnx
-    metrics = load_tool('deployment/onnx_test').main([
-        cfg, onnx, '--work-dir',
-        str(tmp / 'onnx_test'), '--out',
-        str(tmp / 'onnx.pkl'), '--cfg-options', 'experiment_name=onnx',
-        'visualizer.name=onnx'
-    ])
-    reference = load_tool('test').main([
-        cfg, ckpt, '--work-dir',
-        str(tmp / 'test'), '--out',
-        str(tmp / 'torch.pkl'), '--cfg-options', 'experiment_name=torch',
-        'visualizer.name=torch'
-    ])
+    assert (
+        export.main(
+            [
+                cfg,
+                ckpt,
+                '--out',
+                onnx,
+                '--shape',
+                '128',
+                '128',
+                '--exporter',
+                'torchscript',
+            ]
+        )
+        == onnx
+    )
+    metrics = load_tool('deployment/onnx_test').main(
+        [
+            cfg,
+            onnx,
+            '--work-dir',
+            str(tmp / 'onnx_test'),
+            '--out',
+            str(tmp / 'onnx.pkl'),
+            '--cfg-options',
+            'experiment_name=onnx',
+            'visualizer.name=onnx',
+        ]
+    )
+    reference = load_tool('test').main(
+        [
+            cfg,
+            ckpt,
+            '--work-dir',
+            str(tmp / 'test'),
+            '--out',
+            str(tmp / 'torch.pkl'),
+            '--cfg-options',
+            'experiment_name=torch',
+            'visualizer.name=torch',
+        ]
+    )
     assert metrics.keys() == reference.keys()
     for key, value in reference.items():
         assert metrics[key] == pytest.approx(value, abs=2e-3), key
@@ -95,19 +124,25 @@ def test_export_then_evaluate_matches_pytorch(setup):
         ours, ref = ours['pred_instances'], ref['pred_instances']
         assert len(ref['scores']) > 0
         torch.testing.assert_close(
-            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5)
+            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5
+        )
         torch.testing.assert_close(
-            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3)
+            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3
+        )
         assert torch.equal(ours['labels'], ref['labels'])
 
 
 @pytest.mark.parametrize(
-    'tool', ['pytorch2onnx', 'onnx_test', 'pytorch2aoti', 'aoti_test'])
+    'tool', ['pytorch2onnx', 'onnx_test', 'pytorch2aoti', 'aoti_test']
+)
 def test_missing_file_is_one_line(tool, setup, capsys):
     tmp, cfg, ckpt, _ = setup
     nowhere = str(tmp / 'nowhere')
-    argv = ([cfg, nowhere, '--out', str(tmp / 'x.out')]
-            if tool.startswith('pytorch2') else [cfg, nowhere])
+    argv = (
+        [cfg, nowhere, '--out', str(tmp / 'x.out')]
+        if tool.startswith('pytorch2')
+        else [cfg, nowhere]
+    )
     with pytest.raises(SystemExit) as info:
         load_tool(f'deployment/{tool}').main(argv)
     assert info.value.code != 0
@@ -123,12 +158,14 @@ def test_aoti_input_too_small_is_one_line(setup, capsys):
     out = tmp / 'small.pt2'
     with pytest.raises(SystemExit) as info:
         load_tool('deployment/pytorch2aoti').main(
-            [cfg, ckpt, '--out',
-             str(out), '--shape', '1', '1', '--dynamic'])
+            [cfg, ckpt, '--out', str(out), '--shape', '1', '1', '--dynamic']
+        )
     assert info.value.code != 0
     err = capsys.readouterr().err
-    assert err.startswith('error: torch.export at --shape 1 1 --dynamic '
-                          'failed: ') and err.count('\n') == 1
+    assert (
+        err.startswith('error: torch.export at --shape 1 1 --dynamic failed: ')
+        and err.count('\n') == 1
+    )
     assert not out.exists()
 
 
@@ -139,8 +176,8 @@ def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
     torch.save({'state_dict': dict(list(state.items())[1:])}, partial)
     with pytest.raises(SystemExit) as info:
         load_tool('deployment/pytorch2onnx').main(
-            [cfg, partial, '--out',
-             str(tmp / 'partial.onnx')])
+            [cfg, partial, '--out', str(tmp / 'partial.onnx')]
+        )
     assert info.value.code != 0
     err = capsys.readouterr().err
     assert 'does not fit the model: missing keys 1 (' in err
@@ -157,22 +194,45 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
     model = build_model(load_config(str(cfg)))
     ckpt, onnx = str(tmp / 'seg.pth'), str(tmp / 'seg.onnx')
     torch.save({'state_dict': model.state_dict()}, ckpt)
-    export.main([
-        str(cfg), ckpt, '--out', onnx, '--shape', '64', '128', '--exporter',
-        'torchscript'
-    ])
-    metrics = load_tool('deployment/onnx_test').main([
-        str(cfg), onnx, '--work-dir',
-        str(tmp / 'seg_onnx'), '--out',
-        str(tmp / 'seg_onnx.pkl'), '--cfg-options', 'experiment_name=seg_onnx',
-        'visualizer.name=seg_onnx'
-    ])
-    reference = load_tool('test').main([
-        str(cfg), ckpt, '--work-dir',
-        str(tmp / 'seg_test'), '--out',
-        str(tmp / 'seg_torch.pkl'), '--cfg-options',
-        'experiment_name=seg_torch', 'visualizer.name=seg_torch'
-    ])
+    export.main(
+        [
+            str(cfg),
+            ckpt,
+            '--out',
+            onnx,
+            '--shape',
+            '64',
+            '128',
+            '--exporter',
+            'torchscript',
+        ]
+    )
+    metrics = load_tool('deployment/onnx_test').main(
+        [
+            str(cfg),
+            onnx,
+            '--work-dir',
+            str(tmp / 'seg_onnx'),
+            '--out',
+            str(tmp / 'seg_onnx.pkl'),
+            '--cfg-options',
+            'experiment_name=seg_onnx',
+            'visualizer.name=seg_onnx',
+        ]
+    )
+    reference = load_tool('test').main(
+        [
+            str(cfg),
+            ckpt,
+            '--work-dir',
+            str(tmp / 'seg_test'),
+            '--out',
+            str(tmp / 'seg_torch.pkl'),
+            '--cfg-options',
+            'experiment_name=seg_torch',
+            'visualizer.name=seg_torch',
+        ]
+    )
     assert metrics.keys() == reference.keys()
     for key, value in reference.items():
         assert metrics[key] == pytest.approx(value, abs=0.2), key
@@ -186,7 +246,8 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
             ours['seg_logits']['data'],
             ref['seg_logits']['data'],
             rtol=1e-4,
-            atol=1e-4)
+            atol=1e-4,
+        )
 
 
 @pytest.mark.slow
@@ -201,7 +262,8 @@ def test_aoti_package_then_evaluate_matches_pytorch(task, setup):
     if task == 'seg':
         root = str(tmp / 'aoti_cityscapes')
         make_synthetic_cityscapes(
-            root, num_train=1, num_val=2, img_size=(64, 128))
+            root, num_train=1, num_val=2, img_size=(64, 128)
+        )
         cfg = str(tmp / 'aoti_seg_cfg.py')
         open(cfg, 'w').write(SEG_CONFIG.format(base=DEMO_SEG, root=root))
         torch.manual_seed(0)
@@ -210,20 +272,31 @@ def test_aoti_package_then_evaluate_matches_pytorch(task, setup):
         torch.save({'state_dict': model.state_dict()}, ckpt)
         shape, tolerance = ['64', '128'], 0.2
     package = str(tmp / f'{task}.pt2')
-    assert load_tool('deployment/pytorch2aoti').main(
-        [cfg, ckpt, '--out', package, '--shape', *shape,
-         '--dynamic']) == package
+    assert (
+        load_tool('deployment/pytorch2aoti').main(
+            [cfg, ckpt, '--out', package, '--shape', *shape, '--dynamic']
+        )
+        == package
+    )
     preds = {}
     metrics = []
     for tool, model in (('deployment/aoti_test', package), ('test', ckpt)):
         name = f'aoti_{task}_{osp.basename(tool)}'
         metrics.append(
-            load_tool(tool).main([
-                cfg, model, '--work-dir',
-                str(tmp / name), '--out',
-                str(tmp / f'{name}.pkl'), '--cfg-options',
-                f'experiment_name={name}', f'visualizer.name={name}'
-            ]))
+            load_tool(tool).main(
+                [
+                    cfg,
+                    model,
+                    '--work-dir',
+                    str(tmp / name),
+                    '--out',
+                    str(tmp / f'{name}.pkl'),
+                    '--cfg-options',
+                    f'experiment_name={name}',
+                    f'visualizer.name={name}',
+                ]
+            )
+        )
         preds[tool] = pickle.load(open(tmp / f'{name}.pkl', 'rb'))
     assert metrics[0].keys() == metrics[1].keys()
     for key, value in metrics[1].items():
@@ -234,14 +307,17 @@ def test_aoti_package_then_evaluate_matches_pytorch(task, setup):
                 ours['seg_logits']['data'],
                 ref['seg_logits']['data'],
                 rtol=1e-4,
-                atol=1e-4)
+                atol=1e-4,
+            )
             continue
         ours, ref = ours['pred_instances'], ref['pred_instances']
         assert len(ref['scores']) > 0
         torch.testing.assert_close(
-            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5)
+            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5
+        )
         torch.testing.assert_close(
-            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3)
+            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3
+        )
         assert torch.equal(ours['labels'], ref['labels'])
 
 
@@ -277,11 +353,14 @@ def settle(model):
                 # size bound of the NMS outputs' data-dependent length
                 pytest.mark.xfail(
                     reason='AOTInductor cannot compile two-stage detectors yet'
-                )
-            ]),
-    ])
+                ),
+            ],
+        ),
+    ],
+)
 def test_two_stage_export_then_evaluate_matches_pytorch(
-        config, metric, exporter, setup):
+    config, metric, exporter, setup
+):
     """A narrow Faster / Mask R-CNN on the tiny set: the ONNX graph's
     detections (and mask head outputs) through the config's own mask head
     give tools/test.py's detections and metrics. Faster R-CNN with the
@@ -292,15 +371,17 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
     name = osp.basename(config).split('_')[0]
     cfg = Config.fromfile(config)
     demo = Config.fromfile(det_cfg)
-    cfg.merge_from_dict({
-        'model.backbone': NARROW,
-        'model.neck.in_channels': [64, 128, 256, 512],
-        'model.roi_head.bbox_head.num_classes': 3,
-        # fewer candidates (3 a proposal) than max_per_img: no cut among
-        # the near-equal scores of a random box head
-        'model.test_cfg.rpn.max_per_img': 20,
-        'model.test_cfg.rcnn.score_thr': 0.0,
-    })
+    cfg.merge_from_dict(
+        {
+            'model.backbone': NARROW,
+            'model.neck.in_channels': [64, 128, 256, 512],
+            'model.roi_head.bbox_head.num_classes': 3,
+            # fewer candidates (3 a proposal) than max_per_img: no cut among
+            # the near-equal scores of a random box head
+            'model.test_cfg.rpn.max_per_img': 20,
+            'model.test_cfg.rcnn.score_thr': 0.0,
+        }
+    )
     if 'segm' in metric:
         cfg.model.roi_head.mask_head.num_classes = 3
     cfg.test_dataloader = demo.test_dataloader
@@ -315,29 +396,61 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
     torch.save({'state_dict': model.state_dict()}, ckpt)
     if exporter == 'aoti':
         exported = str(tmp / f'{name}.pt2')
-        load_tool('deployment/pytorch2aoti').main([
-            path, ckpt, '--out', exported, '--shape', '128', '128', '--dynamic'
-        ])
+        load_tool('deployment/pytorch2aoti').main(
+            [
+                path,
+                ckpt,
+                '--out',
+                exported,
+                '--shape',
+                '128',
+                '128',
+                '--dynamic',
+            ]
+        )
         evaluate = load_tool('deployment/aoti_test')
     else:
         exported = str(tmp / f'{name}.onnx')
-        export.main([
-            path, ckpt, '--out', exported, '--shape', '128', '128',
-            '--exporter', exporter
-        ])
+        export.main(
+            [
+                path,
+                ckpt,
+                '--out',
+                exported,
+                '--shape',
+                '128',
+                '128',
+                '--exporter',
+                exporter,
+            ]
+        )
         evaluate = load_tool('deployment/onnx_test')
-    metrics = evaluate.main([
-        path, exported, '--work-dir',
-        str(tmp / f'{name}_onnx'), '--out',
-        str(tmp / f'{name}_onnx.pkl'), '--cfg-options',
-        f'experiment_name={name}_onnx', f'visualizer.name={name}_onnx'
-    ])
-    reference = load_tool('test').main([
-        path, ckpt, '--work-dir',
-        str(tmp / f'{name}_test'), '--out',
-        str(tmp / f'{name}_torch.pkl'), '--cfg-options',
-        f'experiment_name={name}_torch', f'visualizer.name={name}_torch'
-    ])
+    metrics = evaluate.main(
+        [
+            path,
+            exported,
+            '--work-dir',
+            str(tmp / f'{name}_onnx'),
+            '--out',
+            str(tmp / f'{name}_onnx.pkl'),
+            '--cfg-options',
+            f'experiment_name={name}_onnx',
+            f'visualizer.name={name}_onnx',
+        ]
+    )
+    reference = load_tool('test').main(
+        [
+            path,
+            ckpt,
+            '--work-dir',
+            str(tmp / f'{name}_test'),
+            '--out',
+            str(tmp / f'{name}_torch.pkl'),
+            '--cfg-options',
+            f'experiment_name={name}_torch',
+            f'visualizer.name={name}_torch',
+        ]
+    )
     assert metrics.keys() == reference.keys()
     for key, value in reference.items():
         assert metrics[key] == pytest.approx(value, abs=2e-3), key
@@ -352,10 +465,15 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
         # each PyTorch detection has its ONNX one; of two overlapping
         # boxes of near-equal score NMS may keep either (a few may differ)
         keys = [
-            torch.cat([
-                p['bboxes'], p['scores'][:, None] * 100,
-                p['labels'][:, None] * 1e6
-            ], 1).double() for p in (ours, ref)
+            torch.cat(
+                [
+                    p['bboxes'],
+                    p['scores'][:, None] * 100,
+                    p['labels'][:, None] * 1e6,
+                ],
+                1,
+            ).double()
+            for p in (ours, ref)
         ]
         dist, match = torch.cdist(keys[1], keys[0]).min(1)
         same = dist < 0.05
@@ -373,30 +491,44 @@ def test_upernet_exports_with_dynamic_sizes(setup):
     tmp, _, _, export = setup
     bn = dict(type='BN', requires_grad=True)
     cfg = Config.fromfile(
-        'configs/rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024.py')
-    cfg.merge_from_dict({
-        'model.backbone': NARROW,
-        'model.decode_head.in_channels': [64, 128, 256, 512],
-        'model.decode_head.channels': 32,
-        'model.decode_head.norm_cfg': bn,
-        'model.auxiliary_head.in_channels': 256,
-        'model.auxiliary_head.channels': 32,
-        'model.auxiliary_head.norm_cfg': bn,
-    })
+        'configs/rednet/upernet_rednet50_4xb2-80k_cityscapes-512x1024.py'
+    )
+    cfg.merge_from_dict(
+        {
+            'model.backbone': NARROW,
+            'model.decode_head.in_channels': [64, 128, 256, 512],
+            'model.decode_head.channels': 32,
+            'model.decode_head.norm_cfg': bn,
+            'model.auxiliary_head.in_channels': 256,
+            'model.auxiliary_head.channels': 32,
+            'model.auxiliary_head.norm_cfg': bn,
+        }
+    )
     path = str(tmp / 'upernet.py')
     cfg.dump(path)
     torch.manual_seed(0)
     model = build_model(load_config(path))
     ckpt, onnx = str(tmp / 'upernet.pth'), str(tmp / 'upernet.onnx')
     torch.save({'state_dict': model.state_dict()}, ckpt)
-    export.main([
-        path, ckpt, '--out', onnx, '--shape', '64', '128', '--dynamic',
-        '--exporter', 'torchscript'
-    ])
+    export.main(
+        [
+            path,
+            ckpt,
+            '--out',
+            onnx,
+            '--shape',
+            '64',
+            '128',
+            '--dynamic',
+            '--exporter',
+            'torchscript',
+        ]
+    )
     session = OnnxModel(onnx)
     for hw in [(96, 160), (65, 97)]:
         x = torch.randn(1, 3, *hw)
         with torch.no_grad():
             expected = model(x, mode='tensor')
         torch.testing.assert_close(
-            session(x)[0], expected, rtol=1e-4, atol=1e-4)
+            session(x)[0], expected, rtol=1e-4, atol=1e-4
+        )

@@ -2,6 +2,7 @@
 ``roi_align`` in mmevo/deploy/ops.py): equal to independent references in
 PyTorch, traceable by torch.export, and standard ONNX operators under both
 exporters, checked in onnxruntime at sizes other than the export's."""
+
 import os.path as osp
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from mmevo.deploy import OnnxModel, export_onnx, nms, roi_align
 
 
-def random_boxes(n, size=64., generator=None):
+def random_boxes(n, size=64.0, generator=None):
     """``n`` boxes (x1, y1, x2, y2) of 2 to 22 pixels within ``size``."""
     xy = torch.rand(n, 2, generator=generator) * (size - 24)
     wh = 2 + torch.rand(n, 2, generator=generator) * 20
@@ -37,8 +38,9 @@ def nms_reference(boxes, scores, iou_threshold):
     return torch.tensor(keep, dtype=torch.long)
 
 
-def roi_align_reference(feats, rois, output_size, spatial_scale,
-                        sampling_ratio, aligned):
+def roi_align_reference(
+    feats, rois, output_size, spatial_scale, sampling_ratio, aligned
+):
     """RoIAlign by ``grid_sample`` (RoIs inside the map, away from its
     border, where the two interpolate alike): the mean of ``sampling_ratio
     ** 2`` bilinear samples per bin."""
@@ -49,21 +51,25 @@ def roi_align_reference(feats, rois, output_size, spatial_scale,
         x1, y1, x2, y2 = (roi[1:] * spatial_scale - 0.5 * aligned).tolist()
         # sample positions: bin + (k + 0.5) / s of a bin, in pixels
         ys = y1 + (torch.arange(h * s, dtype=torch.float64) + 0.5) * (
-            (y2 - y1) / (h * s))
+            (y2 - y1) / (h * s)
+        )
         xs = x1 + (torch.arange(w * s, dtype=torch.float64) + 0.5) * (
-            (x2 - x1) / (w * s))
+            (x2 - x1) / (w * s)
+        )
         gy, gx = torch.meshgrid(ys, xs, indexing='ij')
         # align_corners=True: -1 and 1 are the first and last pixel centres
         height, width = feats.shape[2:]
         grid = torch.stack([gx / (width - 1), gy / (height - 1)], -1) * 2 - 1
         sampled = F.grid_sample(
-            feats[int(roi[0])][None].double(), grid[None], align_corners=True)
+            feats[int(roi[0])][None].double(), grid[None], align_corners=True
+        )
         out.append(F.avg_pool2d(sampled, s)[0])
     return torch.stack(out).to(feats.dtype)
 
 
-@pytest.mark.parametrize('n,iou_threshold', [(0, 0.5), (1, 0.5), (7, 0.3),
-                                             (200, 0.5), (300, 0.7)])
+@pytest.mark.parametrize(
+    'n,iou_threshold', [(0, 0.5), (1, 0.5), (7, 0.3), (200, 0.5), (300, 0.7)]
+)
 def test_nms_equals_reference(n, iou_threshold):
     generator = torch.Generator().manual_seed(n)
     boxes = random_boxes(n, generator=generator)
@@ -80,36 +86,50 @@ def test_roi_align_equals_reference(aligned, output_size, scale):
     feats = torch.randn(2, 3, 19, 23, generator=generator)
     # within pixels 2 .. 16 of the map
     xy = 2 + torch.rand(4, 2, generator=generator) * 7
-    boxes = torch.cat([xy, xy + 1 + torch.rand(4, 2, generator=generator) * 7],
-                      1)
-    rois = torch.cat([torch.tensor([[0.], [1.], [1.], [0.]]), boxes / scale],
-                     1)
+    boxes = torch.cat(
+        [xy, xy + 1 + torch.rand(4, 2, generator=generator) * 7], 1
+    )
+    rois = torch.cat(
+        [torch.tensor([[0.0], [1.0], [1.0], [0.0]]), boxes / scale], 1
+    )
     out = roi_align(feats, rois, list(output_size), scale, 2, aligned)
     assert out.shape == (4, 3, *output_size)
     torch.testing.assert_close(
         out,
         roi_align_reference(feats, rois, output_size, scale, 2, aligned),
         rtol=1e-5,
-        atol=1e-5)
+        atol=1e-5,
+    )
 
 
-@pytest.mark.parametrize('args,message', [
-    ((torch.rand(5, 5), torch.rand(5), 0.5), r'boxes must be \(N, 4\)'),
-    ((torch.rand(5, 4), torch.rand(4), 0.5), r'scores must be \(N, \)'),
-])
+@pytest.mark.parametrize(
+    'args,message',
+    [
+        ((torch.rand(5, 5), torch.rand(5), 0.5), r'boxes must be \(N, 4\)'),
+        ((torch.rand(5, 4), torch.rand(4), 0.5), r'scores must be \(N, \)'),
+    ],
+)
 def test_nms_bad_input_is_named(args, message):
     with pytest.raises(ValueError, match=message):
         nms(*args)
 
 
-@pytest.mark.parametrize('feats,rois,size,message', [
-    (torch.rand(4, 6, 6), torch.zeros(1, 5), [2, 2], 'feats must be'),
-    (torch.rand(1, 4, 6, 6), torch.zeros(1, 4), [2, 2], 'rois must be'),
-    (torch.rand(1, 4, 6, 6), torch.zeros(1, 5), [2], 'output_size must be'),
-])
+@pytest.mark.parametrize(
+    'feats,rois,size,message',
+    [
+        (torch.rand(4, 6, 6), torch.zeros(1, 5), [2, 2], 'feats must be'),
+        (torch.rand(1, 4, 6, 6), torch.zeros(1, 4), [2, 2], 'rois must be'),
+        (
+            torch.rand(1, 4, 6, 6),
+            torch.zeros(1, 5),
+            [2],
+            'output_size must be',
+        ),
+    ],
+)
 def test_roi_align_bad_input_is_named(feats, rois, size, message):
     with pytest.raises(ValueError, match=message):
-        roi_align(feats, rois, size, 1., 0, True)
+        roi_align(feats, rois, size, 1.0, 0, True)
 
 
 def test_ops_pass_opcheck():
@@ -121,7 +141,8 @@ def test_ops_pass_opcheck():
     rois = torch.cat([torch.zeros(30, 1), boxes], 1)
     torch.library.opcheck(
         torch.ops.mmevo.roi_align.default,
-        (torch.randn(1, 4, 16, 16), rois, [7, 7], 0.25, 0, True))
+        (torch.randn(1, 4, 16, 16), rois, [7, 7], 0.25, 0, True),
+    )
 
 
 class Detect(torch.nn.Module):
@@ -187,11 +208,13 @@ def test_symbolics_are_registered_by_the_export_not_the_import(tmp_path):
         print('ok')
     """)
     repo = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-    out = subprocess.run([sys.executable, '-c', script],
-                         cwd=repo,
-                         capture_output=True,
-                         text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, '-c', script],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # (the failed export prints its graph first)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == 'ok', out.stdout

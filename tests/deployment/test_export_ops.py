@@ -1,25 +1,40 @@
 """The ONNX formulation of the evolution ops (mmevo/ops/export.py): equal to
 the float64 reference, and exported with H and W dynamic by both exporters."""
+
 import itertools
 
 import pytest
 import torch
 
 from mmevo.deploy import OnnxModel, export_onnx
-from mmevo.ops import (evolution_aggregate, export, local_attention_weights,
-                       local_correlation, output_size)
-from mmevo.ops.reference import (aggregate_reference,
-                                 attention_weights_reference,
-                                 correlation_reference)
+from mmevo.ops import (
+    evolution_aggregate,
+    export,
+    local_attention_weights,
+    local_correlation,
+    output_size,
+)
+from mmevo.ops.reference import (
+    aggregate_reference,
+    attention_weights_reference,
+    correlation_reference,
+)
 
 # (H, W, K, stride, padding, dilation): odd sizes, maps smaller than the
 # padding (repeated reflection), 1-pixel maps
-GEOMETRIES = [(9, 11, 3, 1, 1, 1), (7, 6, 5, 2, 2, 1), (5, 8, 3, 2, 2, 2),
-              (2, 3, 3, 1, 2, 1), (1, 4, 3, 1, 1, 1), (6, 5, 7, 3, 3, 1)]
+GEOMETRIES = [
+    (9, 11, 3, 1, 1, 1),
+    (7, 6, 5, 2, 2, 1),
+    (5, 8, 3, 2, 2, 2),
+    (2, 3, 3, 1, 2, 1),
+    (1, 4, 3, 1, 1, 1),
+    (6, 5, 7, 3, 3, 1),
+]
 
 
-@pytest.mark.parametrize('geometry,mode',
-                         itertools.product(GEOMETRIES, ['zeros', 'reflect']))
+@pytest.mark.parametrize(
+    'geometry,mode', itertools.product(GEOMETRIES, ['zeros', 'reflect'])
+)
 def test_equal_to_reference(geometry, mode):
     H, W, K, s, p, d = geometry
     torch.manual_seed(0)
@@ -29,12 +44,16 @@ def test_equal_to_reference(geometry, mode):
     q = torch.randn(2, 6, Ho, Wo, dtype=torch.float64)
     torch.testing.assert_close(
         export.aggregate(x, w, s, p, d, mode),
-        aggregate_reference(x, w, s, p, d, mode))
-    for softmax, ref in ((False, correlation_reference),
-                         (True, attention_weights_reference)):
+        aggregate_reference(x, w, s, p, d, mode),
+    )
+    for softmax, ref in (
+        (False, correlation_reference),
+        (True, attention_weights_reference),
+    ):
         torch.testing.assert_close(
             export.correlation(q, x, 3, K, s, p, d, mode, softmax),
-            ref(q, x, 3, K, s, p, d, mode))
+            ref(q, x, 3, K, s, p, d, mode),
+        )
 
 
 class Attention(torch.nn.Module):
@@ -52,9 +71,10 @@ class Attention(torch.nn.Module):
         return evolution_aggregate(x, weights + logits, s, None, 1, self.mode)
 
 
-@pytest.mark.parametrize('stride,mode,dynamo', [(1, 'reflect', True),
-                                                (2, 'zeros', True),
-                                                (2, 'reflect', False)])
+@pytest.mark.parametrize(
+    'stride,mode,dynamo',
+    [(1, 'reflect', True), (2, 'zeros', True), (2, 'reflect', False)],
+)
 def test_ops_export_dynamic(stride, mode, dynamo, tmp_path):
     torch.manual_seed(0)
     model = Attention(stride, mode).eval()
@@ -64,4 +84,5 @@ def test_ops_export_dynamic(stride, mode, dynamo, tmp_path):
     for hw in ((9, 8), (5, 13), (1, 2), (2, 2)):
         x = torch.randn(1, 4, *hw)
         torch.testing.assert_close(
-            session(x)[0], model(x), rtol=1e-4, atol=1e-4)
+            session(x)[0], model(x), rtol=1e-4, atol=1e-4
+        )

@@ -1,6 +1,7 @@
 """The export rewrites (mmevo/deploy/rewrites.py) patch the module
 instances of the model being exported, for the block only, never their
 classes; and exporting a layer needs no mmdet."""
+
 import os.path as osp
 import subprocess
 import sys
@@ -32,9 +33,11 @@ class OwnPool(nn.AdaptiveAvgPool2d):
 
 def test_instances_are_rewritten_for_the_block_only():
     model = nn.Sequential(
-        nn.AdaptiveAvgPool2d(3), Upsample(scale_factor=2., mode='nearest'),
-        OwnPool(2))
-    other = nn.Sequential(nn.AdaptiveAvgPool2d(3), Upsample(scale_factor=2.))
+        nn.AdaptiveAvgPool2d(3),
+        Upsample(scale_factor=2.0, mode='nearest'),
+        OwnPool(2),
+    )
+    other = nn.Sequential(nn.AdaptiveAvgPool2d(3), Upsample(scale_factor=2.0))
     classes = (nn.AdaptiveAvgPool2d, Upsample, OwnPool)
     stock = {cls: vars(cls)['forward'] for cls in classes}
     x = torch.randn(1, 2, 7, 5)
@@ -98,9 +101,11 @@ def test_layer_export_needs_no_mmdet(tmp_path):
         assert not loaded, loaded
         print('ok')
     """)
-    out = subprocess.run([sys.executable, '-c', script],
-                         cwd=REPO,
-                         capture_output=True,
-                         text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, '-c', script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0 and out.stdout.strip() == 'ok', out.stderr

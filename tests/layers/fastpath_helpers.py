@@ -6,6 +6,7 @@ input and of every parameter must agree. Forward hooks on the ``nn.Conv2d``
 modules tell which path ran (the fast paths call some convs' weights
 directly), so a comparison of the stock path with itself fails.
 """
+
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -48,11 +49,12 @@ def run(model, x, on):
     set_cpu_fastpath(model, on)
     try:
         outs = model(x)
-        outs = outs if isinstance(outs, tuple) else (outs, )
+        outs = outs if isinstance(outs, tuple) else (outs,)
         gen = torch.Generator().manual_seed(1)
         loss = sum(
             (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
-            for o in outs)
+            for o in outs
+        )
         loss.backward()
     finally:
         set_cpu_fastpath(model, True)
@@ -75,7 +77,8 @@ def assert_paths_equal(model, x, has_fast_path=True):
     for name, g in stock[2].items():
         assert g is not None, name
         torch.testing.assert_close(
-            fast[2][name], g, rtol=1e-9, atol=1e-10, msg=name)
+            fast[2][name], g, rtol=1e-9, atol=1e-10, msg=name
+        )
     if has_fast_path:
         assert fast[3] < stock[3]
     else:

@@ -1,4 +1,5 @@
 """ACmix equals the published forward (unfold + reflection padding)."""
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,8 @@ def reflect_pad(x, pad):
     as a differentiable gather of numpy's padded indices."""
     rows, cols = (
         torch.from_numpy(np.pad(np.arange(n), pad, mode='reflect'))
-        for n in x.shape[-2:])
+        for n in x.shape[-2:]
+    )
     return x[..., rows, :][..., cols]
 
 
@@ -38,22 +40,29 @@ def published_acmix(layer, x):
     q_att = (q.view(b * head, hd, h, w) * hd**-0.5)[:, :, ::s, ::s]
     q_pe = pe[:, :, ::s, ::s]
     h_out, w_out = q_att.shape[-2:]
-    unfold_k = unfold(k.view(b * head, hd, h, w)).view(b * head, hd, K * K,
-                                                       h_out, w_out)
+    unfold_k = unfold(k.view(b * head, hd, h, w)).view(
+        b * head, hd, K * K, h_out, w_out
+    )
     unfold_rpe = unfold(pe).view(1, hd, K * K, h_out, w_out)
-    att = (q_att.unsqueeze(2) *
-           (unfold_k + q_pe.unsqueeze(2) - unfold_rpe)).sum(1)
+    att = (
+        q_att.unsqueeze(2) * (unfold_k + q_pe.unsqueeze(2) - unfold_rpe)
+    ).sum(1)
     att = att.softmax(1)
-    out_att = unfold(v.view(b * head, hd, h, w)).view(b * head, hd, K * K,
-                                                      h_out, w_out)
+    out_att = unfold(v.view(b * head, hd, h, w)).view(
+        b * head, hd, K * K, h_out, w_out
+    )
     out_att = (att.unsqueeze(1) * out_att).sum(2).view(b, c, h_out, w_out)
 
     f_all = layer.fc(
-        torch.cat([
-            q.view(b, head, hd, h * w),
-            k.view(b, head, hd, h * w),
-            v.view(b, head, hd, h * w)
-        ], 1))
+        torch.cat(
+            [
+                q.view(b, head, hd, h * w),
+                k.view(b, head, hd, h * w),
+                v.view(b, head, hd, h * w),
+            ],
+            1,
+        )
+    )
     f_conv = f_all.permute(0, 2, 1, 3).reshape(b, -1, h, w)
     out_conv = F.conv2d(f_conv, layer.dep_conv.weight, None, s, 1, groups=hd)
     return layer.rate1 * out_att + layer.rate2 * out_conv
@@ -79,21 +88,24 @@ def randomised(layer):
         (16, 16, 7, 4, 2, 1, (2, 3)),
         (8, 8, 3, 2, 1, 2, (6, 5)),  # dilated window
         (8, 8, 7, 4, 1, 1, (1, 1)),
-    ])
-def test_equals_published(in_planes, out_planes, kernel_att, head, stride,
-                          dilation, size):
+    ],
+)
+def test_equals_published(
+    in_planes, out_planes, kernel_att, head, stride, dilation, size
+):
     torch.manual_seed(0)
     layer = randomised(
-        ACmix(in_planes, out_planes, kernel_att, head, 3, stride,
-              dilation)).double()
+        ACmix(in_planes, out_planes, kernel_att, head, 3, stride, dilation)
+    ).double()
     x = torch.randn(2, in_planes, *size, dtype=torch.float64)
     out = layer(x)
     assert out.shape == (2, out_planes) + tuple(-(-n // stride) for n in size)
     torch.testing.assert_close(out, published_acmix(layer, x))
 
 
-@pytest.mark.parametrize('stride, size', [(1, (9, 7)), (2, (9, 10)),
-                                          (2, (3, 4)), (1, (2, 3))])
+@pytest.mark.parametrize(
+    'stride, size', [(1, (9, 7)), (2, (9, 10)), (2, (3, 4)), (1, (2, 3))]
+)
 def test_gradients_equal_published(stride, size):
     """Every parameter's and the input's gradient, through the fused
     projection split with its reflection (padding 2: maps just larger than
@@ -102,11 +114,13 @@ def test_gradients_equal_published(stride, size):
     layer = randomised(ACmix(8, 12, 5, 3, 3, stride)).double()
     x = torch.randn(2, 8, *size, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(
-        2, 12, *(-(-n // stride) for n in size), dtype=torch.float64)
+        2, 12, *(-(-n // stride) for n in size), dtype=torch.float64
+    )
     inputs = [x] + list(layer.parameters())
     ours = torch.autograd.grad((layer(x) * weight).sum(), inputs)
-    theirs = torch.autograd.grad((published_acmix(layer, x) * weight).sum(),
-                                 inputs)
+    theirs = torch.autograd.grad(
+        (published_acmix(layer, x) * weight).sum(), inputs
+    )
     names = ['x'] + [name for name, _ in layer.named_parameters()]
     for name, a, b in zip(names, ours, theirs):
         if name == 'conv_p.bias':  # shifts every logit of a window alike:
@@ -134,24 +148,24 @@ def test_reflection_pad2d_where_published_runs():
     """On the published sizes our numpy-style pad is ReflectionPad2d."""
     x = torch.randn(1, 2, 8, 9, dtype=torch.float64)
     torch.testing.assert_close(
-        reflect_pad(x, 3),
-        torch.nn.ReflectionPad2d(3)(x))
+        reflect_pad(x, 3), torch.nn.ReflectionPad2d(3)(x)
+    )
 
 
 def test_published_init_and_names():
     layer = ACmix(64, 64)
     shapes = {k: tuple(v.shape) for k, v in layer.state_dict().items()}
     assert shapes == {
-        'rate1': (1, ),
-        'rate2': (1, ),
+        'rate1': (1,),
+        'rate2': (1,),
         'conv1.weight': (64, 64, 1, 1),
-        'conv1.bias': (64, ),
+        'conv1.bias': (64,),
         'conv2.weight': (64, 64, 1, 1),
-        'conv2.bias': (64, ),
+        'conv2.bias': (64,),
         'conv3.weight': (64, 64, 1, 1),
-        'conv3.bias': (64, ),
+        'conv3.bias': (64,),
         'conv_p.weight': (16, 2, 1, 1),
-        'conv_p.bias': (16, ),
+        'conv_p.bias': (16,),
         'fc.weight': (9, 12, 1, 1),
         'dep_conv.weight': (64, 9, 3, 3),
     }
@@ -169,10 +183,10 @@ def test_shift_init_survives_parent_init():
     from mmengine.model import BaseModule
 
     class Parent(BaseModule):
-
         def __init__(self):
             super().__init__(
-                init_cfg=dict(type='Normal', layer='Conv2d', std=1.))
+                init_cfg=dict(type='Normal', layer='Conv2d', std=1.0)
+            )
             self.mix = ACmix(8, 8, 3, 2)
 
     parent = Parent()

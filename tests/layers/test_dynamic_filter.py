@@ -1,4 +1,5 @@
 """DynamicFilter equals the DDF formula (spatial x channel filter)."""
+
 import math
 
 import pytest
@@ -41,14 +42,17 @@ def ddf_reference(layer, x):
 
 
 @pytest.mark.parametrize(
-    'kernel_size, stride, dilation, gen_kernel_size, combine, size', [
+    'kernel_size, stride, dilation, gen_kernel_size, combine, size',
+    [
         (3, 1, 1, 1, 'mul', (6, 7)),
         (3, 2, 1, 1, 'add', (8, 6)),
         (5, 1, 2, 3, 'mul', (7, 9)),
         (3, 2, 1, 3, 'add', (7, 5)),
-    ])
-def test_equals_ddf_formula(kernel_size, stride, dilation, gen_kernel_size,
-                            combine, size):
+    ],
+)
+def test_equals_ddf_formula(
+    kernel_size, stride, dilation, gen_kernel_size, combine, size
+):
     torch.manual_seed(0)
     layer = DynamicFilter(
         10,
@@ -56,7 +60,8 @@ def test_equals_ddf_formula(kernel_size, stride, dilation, gen_kernel_size,
         stride,
         dilation,
         gen_kernel_size=gen_kernel_size,
-        kernel_combine=combine).double()
+        kernel_combine=combine,
+    ).double()
     x = torch.randn(2, 10, *size, dtype=torch.float64)
     torch.testing.assert_close(layer(x), ddf_reference(layer, x))
 
@@ -64,8 +69,11 @@ def test_equals_ddf_formula(kernel_size, stride, dilation, gen_kernel_size,
 def test_published_names():
     names = {k for k, _ in DynamicFilter(16).named_parameters()}
     assert names == {
-        'spatial_branch.0.weight', 'spatial_branch.0.bias',
-        'channel_branch.1.weight', 'channel_branch.1.bias',
-        'channel_branch.3.weight', 'channel_branch.3.bias',
-        'channel_branch.4.std'
+        'spatial_branch.0.weight',
+        'spatial_branch.0.bias',
+        'channel_branch.1.weight',
+        'channel_branch.1.bias',
+        'channel_branch.3.weight',
+        'channel_branch.3.bias',
+        'channel_branch.4.std',
     }

@@ -3,6 +3,7 @@
 Every layer runs twice on the same float64 input, with ``use_cpu_fastpath``
 on and off (``fastpath_helpers.assert_paths_equal``).
 """
+
 import os
 import subprocess
 import sys
@@ -10,44 +11,87 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from fastpath_helpers import assert_paths_equal, count_conv_calls, randomised
 from torch import nn
 
-from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
-                          Involution, LocalSelfAttention, set_cpu_fastpath)
+from mmevo.layers import (
+    ELSA,
+    ACmix,
+    DynamicFilter,
+    EvolutionConv,
+    Involution,
+    LocalSelfAttention,
+    set_cpu_fastpath,
+)
 from mmevo.layers.fastpath import pointwise, takes_cpu_fastpath
 
+from fastpath_helpers import assert_paths_equal, count_conv_calls, randomised
+
 ROOT = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 LAYERS = {
-    'evolution_conv_s2':
-    (lambda: EvolutionConv(8, 3, stride=2), 8, (7, 6), False),
+    'evolution_conv_s2': (
+        lambda: EvolutionConv(8, 3, stride=2),
+        8,
+        (7, 6),
+        False,
+    ),
     'involution': (lambda: Involution(16, 7), 16, (9, 7), True),
     'involution_s2_odd': (lambda: Involution(32, 3, 2), 32, (7, 9), True),
-    'involution_no_norm_act':
-    (lambda: Involution(16, 3, norm_cfg=None, act_cfg=None), 16, (5, 6),
-     True),
-    'involution_gn_gelu': (lambda: Involution(
-        16, 3, norm_cfg=dict(type='GN', num_groups=2),
-        act_cfg=dict(type='GELU')), 16, (5, 6), True),
-    'dynamic_filter_s2':
-    (lambda: DynamicFilter(8, stride=2), 8, (7, 8), False),
-    'local_self_attention_s2':
-    (lambda: LocalSelfAttention(8, num_heads=2, kernel_size=3, stride=2), 8,
-     (7, 6), False),
-    'elsa_s2':
-    (lambda: ELSA(24, 2, kernel_size=3, stride=2), 24, (7, 6), False),
+    'involution_no_norm_act': (
+        lambda: Involution(16, 3, norm_cfg=None, act_cfg=None),
+        16,
+        (5, 6),
+        True,
+    ),
+    'involution_gn_gelu': (
+        lambda: Involution(
+            16,
+            3,
+            norm_cfg=dict(type='GN', num_groups=2),
+            act_cfg=dict(type='GELU'),
+        ),
+        16,
+        (5, 6),
+        True,
+    ),
+    'dynamic_filter_s2': (
+        lambda: DynamicFilter(8, stride=2),
+        8,
+        (7, 8),
+        False,
+    ),
+    'local_self_attention_s2': (
+        lambda: LocalSelfAttention(8, num_heads=2, kernel_size=3, stride=2),
+        8,
+        (7, 6),
+        False,
+    ),
+    'elsa_s2': (
+        lambda: ELSA(24, 2, kernel_size=3, stride=2),
+        24,
+        (7, 6),
+        False,
+    ),
     'acmix': (lambda: ACmix(8, 8, 5, 2), 8, (9, 7), True),
     'acmix_in_ne_out': (lambda: ACmix(8, 12, 5, 3), 8, (6, 7), True),
     'acmix_s2_odd': (lambda: ACmix(8, 8, 5, 2, stride=2), 8, (7, 9), True),
-    'acmix_dilated_kc5': (lambda: ACmix(8, 8, 3, 2, kernel_conv=5,
-                                        dilation=2), 8, (9, 8), True),
+    'acmix_dilated_kc5': (
+        lambda: ACmix(8, 8, 3, 2, kernel_conv=5, dilation=2),
+        8,
+        (9, 8),
+        True,
+    ),
     # maps not larger than the reflection padding (3 for kernel 7)
     'acmix_tiny_map': (lambda: ACmix(8, 8, 7, 2), 8, (3, 2), True),
-    'acmix_s2_tiny_map': (lambda: ACmix(8, 8, 7, 2, stride=2), 8, (2, 3),
-                          True),
+    'acmix_s2_tiny_map': (
+        lambda: ACmix(8, 8, 7, 2, stride=2),
+        8,
+        (2, 3),
+        True,
+    ),
 }
 
 
@@ -87,8 +131,9 @@ def test_switch_defaults_on_and_set_cpu_fastpath_reaches_every_layer():
     assert all(m.use_cpu_fastpath for m in layers)
     assert all(takes_cpu_fastpath(m, x) for m in layers)
     assert set_cpu_fastpath(model, False) is model
-    assert not any(m.use_cpu_fastpath or takes_cpu_fastpath(m, x)
-                   for m in layers)
+    assert not any(
+        m.use_cpu_fastpath or takes_cpu_fastpath(m, x) for m in layers
+    )
     assert not hasattr(model[1], 'use_cpu_fastpath')
     with pytest.raises(TypeError, match='on must be a bool, got str'):
         set_cpu_fastpath(model, '0')
@@ -103,16 +148,16 @@ def test_tracing_runs_the_stock_graph():
     x = torch.randn(1, 8, 6, 7)
     traced = torch.jit.trace(layer, x)
     assert {id(m) for m in calls} == {
-        id(m)
-        for m in layer.modules() if isinstance(m, nn.Conv2d)
+        id(m) for m in layer.modules() if isinstance(m, nn.Conv2d)
     }
     graph = str(traced.inlined_graph)
     assert 'baddbmm' not in graph and 'aten::_convolution' in graph
     torch.testing.assert_close(traced(x), layer(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('build', [lambda: Involution(16, 3),
-                                   lambda: ACmix(16, 16, 3, 2)])
+@pytest.mark.parametrize(
+    'build', [lambda: Involution(16, 3), lambda: ACmix(16, 16, 3, 2)]
+)
 def test_compiling_runs_the_stock_graph(build):
     """torch.compile captures the stock graph (convolutions, no matmuls)
     even with the switch on, and computes what eager mode computes."""
@@ -142,23 +187,27 @@ def test_other_devices_run_the_stock_graph():
 
 
 def _python(code, **env):
-    return subprocess.run([sys.executable, '-c', code],
-                          cwd=ROOT,
-                          capture_output=True,
-                          text=True,
-                          timeout=120,
-                          env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    return subprocess.run(
+        [sys.executable, '-c', code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT, **env),
+    )
 
 
 def test_environment_variable_sets_the_default():
-    code = ('import torch\n'
-            'from mmevo.layers import Involution\n'
-            'layer = Involution(16, 3)\n'
-            'calls = []\n'
-            'layer.conv2.conv.register_forward_hook(\n'
-            '    lambda *args: calls.append(1))\n'
-            'layer(torch.randn(1, 16, 4, 4))\n'
-            'print(layer.use_cpu_fastpath, len(calls))\n')
+    code = (
+        'import torch\n'
+        'from mmevo.layers import Involution\n'
+        'layer = Involution(16, 3)\n'
+        'calls = []\n'
+        'layer.conv2.conv.register_forward_hook(\n'
+        '    lambda *args: calls.append(1))\n'
+        'layer(torch.randn(1, 16, 4, 4))\n'
+        'print(layer.use_cpu_fastpath, len(calls))\n'
+    )
     off = _python(code, MMEVO_CPU_FASTPATH='0')
     assert off.returncode == 0, off.stderr[-2000:]
     assert off.stdout.split() == ['False', '1']
@@ -180,20 +229,25 @@ def test_environment_variable_sets_the_default():
 def test_pointwise_equals_conv2d_with_gradients(size, bias):
     gen = torch.Generator().manual_seed(size[0])
     x = torch.randn(
-        3, 6, *size, generator=gen, dtype=torch.float64, requires_grad=True)
+        3, 6, *size, generator=gen, dtype=torch.float64, requires_grad=True
+    )
     w = torch.randn(
-        5, 6, 1, 1, generator=gen, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(
-        5, generator=gen, dtype=torch.float64,
-        requires_grad=True) if bias else None
+        5, 6, 1, 1, generator=gen, dtype=torch.float64, requires_grad=True
+    )
+    b = (
+        torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)
+        if bias
+        else None
+    )
     inputs = [t for t in (x, w, b) if t is not None]
     g = torch.randn(3, 5, *size, generator=gen, dtype=torch.float64)
     ours = pointwise(x, w, b)
     ref = F.conv2d(x, w, b)
     torch.testing.assert_close(ours, ref)
     for a, r in zip(
-            torch.autograd.grad(ours, inputs, g),
-            torch.autograd.grad(ref, inputs, g)):
+        torch.autograd.grad(ours, inputs, g),
+        torch.autograd.grad(ref, inputs, g),
+    ):
         torch.testing.assert_close(a, r)
     assert torch.autograd.gradgradcheck(pointwise, (x, w, b), fast_mode=True)
 

@@ -1,4 +1,5 @@
 """Involution equals the published (unfold) formula; works on every size."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,22 +19,30 @@ def published_involution(layer, x, ceil_mode=False):
     weight = layer.conv2(layer.conv1(pooled))
     b, _, h, w = weight.shape
     weight = weight.view(b, G, K * K, h, w).unsqueeze(2)
-    windows = F.unfold(x, K, d,
-                       d * (K - 1) // 2, s).view(b, G, gc, K * K, h, w)
+    windows = F.unfold(x, K, d, d * (K - 1) // 2, s).view(
+        b, G, gc, K * K, h, w
+    )
     return (weight * windows).sum(dim=3).view(b, C, h, w)
 
 
-@pytest.mark.parametrize('channels, kernel_size, stride, dilation, size', [
-    (32, 7, 1, 1, (8, 10)),
-    (32, 7, 2, 1, (8, 12)),
-    (16, 3, 1, 2, (9, 7)),
-    (32, 5, 2, 2, (10, 6)),
-])
-def test_equals_published_on_even_sizes(channels, kernel_size, stride,
-                                        dilation, size):
+@pytest.mark.parametrize(
+    'channels, kernel_size, stride, dilation, size',
+    [
+        (32, 7, 1, 1, (8, 10)),
+        (32, 7, 2, 1, (8, 12)),
+        (16, 3, 1, 2, (9, 7)),
+        (32, 5, 2, 2, (10, 6)),
+    ],
+)
+def test_equals_published_on_even_sizes(
+    channels, kernel_size, stride, dilation, size
+):
     torch.manual_seed(0)
-    layer = Involution(
-        channels, kernel_size, stride, dilation=dilation).double().eval()
+    layer = (
+        Involution(channels, kernel_size, stride, dilation=dilation)
+        .double()
+        .eval()
+    )
     x = torch.randn(2, channels, *size, dtype=torch.float64)
     torch.testing.assert_close(layer(x), published_involution(layer, x))
 
@@ -54,8 +63,9 @@ def test_odd_sizes_with_stride_two(size):
     expected_hw = tuple(-(-n // 2) for n in size)  # ceil(n / 2)
     assert out.shape == (1, 16) + expected_hw
     assert layer.generate_kernel(x).shape[-2:] == expected_hw
-    torch.testing.assert_close(out,
-                               published_involution(layer, x, ceil_mode=True))
+    torch.testing.assert_close(
+        out, published_involution(layer, x, ceil_mode=True)
+    )
 
 
 def test_published_names_and_shapes():
@@ -64,13 +74,13 @@ def test_published_names_and_shapes():
     shapes = {k: tuple(v.shape) for k, v in layer.state_dict().items()}
     assert shapes == {
         'conv1.conv.weight': (8, 32, 1, 1),
-        'conv1.bn.weight': (8, ),
-        'conv1.bn.bias': (8, ),
-        'conv1.bn.running_mean': (8, ),
-        'conv1.bn.running_var': (8, ),
+        'conv1.bn.weight': (8,),
+        'conv1.bn.bias': (8,),
+        'conv1.bn.running_mean': (8,),
+        'conv1.bn.running_var': (8,),
         'conv1.bn.num_batches_tracked': (),
         'conv2.conv.weight': (98, 8, 1, 1),
-        'conv2.conv.bias': (98, ),
+        'conv2.conv.bias': (98,),
     }
 
 
@@ -82,7 +92,7 @@ def test_kernel_layout_is_group_major_then_row_major():
         layer.conv2.conv.weight.zero_()
         layer.conv2.conv.bias.zero_()
         # group 1, window position (0, 2): channel 1*9 + 0*3 + 2 = 11
-        layer.conv2.conv.bias[11] = 1.
+        layer.conv2.conv.bias[11] = 1.0
     x = torch.randn(1, 32, 5, 6, dtype=torch.float64)
     out = layer(x)
     assert out[:, :16].abs().max() == 0

@@ -1,17 +1,27 @@
 """Every layer takes an empty batch, forward and backward, on both paths."""
+
 import pytest
 import torch
 
-from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
-                          Involution, LocalSelfAttention, set_cpu_fastpath)
+from mmevo.layers import (
+    ELSA,
+    ACmix,
+    DynamicFilter,
+    EvolutionConv,
+    Involution,
+    LocalSelfAttention,
+    set_cpu_fastpath,
+)
 
 LAYERS = {
     'evolution_conv': (lambda: EvolutionConv(8, 3, stride=2), 8, 8),
     'involution': (lambda: Involution(16, 7, 2), 16, 16),
     'dynamic_filter': (lambda: DynamicFilter(8, stride=2), 8, 8),
-    'local_self_attention':
-    (lambda: LocalSelfAttention(8, num_heads=2, kernel_size=3, stride=2), 8,
-     8),
+    'local_self_attention': (
+        lambda: LocalSelfAttention(8, num_heads=2, kernel_size=3, stride=2),
+        8,
+        8,
+    ),
     'elsa': (lambda: ELSA(24, 2, kernel_size=3, stride=2), 24, 24),
     'acmix': (lambda: ACmix(8, 12, 5, 3, stride=2), 8, 12),
 }

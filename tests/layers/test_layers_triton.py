@@ -7,14 +7,21 @@ against that float64 run; ``torch.compile(fullgraph=True)`` against eager
 on CUDA. Without a GPU the layers run on CPU tensors through Triton's
 interpreter; each layer gets its own tile config.
 """
+
 import copy
 import importlib
 
 import pytest
 import torch
 
-from mmevo.layers import (ELSA, ACmix, DynamicFilter, EvolutionConv,
-                          Involution, LocalSelfAttention)
+from mmevo.layers import (
+    ELSA,
+    ACmix,
+    DynamicFilter,
+    EvolutionConv,
+    Involution,
+    LocalSelfAttention,
+)
 from mmevo.ops.library import use_backend
 
 CUDA = torch.cuda.is_available()
@@ -25,8 +32,10 @@ LAYERS = {
     'EvolutionConv': (lambda: EvolutionConv(8, 3, stride=2), (2, 8, 7, 6)),
     'Involution': (lambda: Involution(32, 7, stride=2), (2, 32, 15, 16)),
     'DynamicFilter': (lambda: DynamicFilter(16, stride=2), (2, 16, 7, 8)),
-    'LocalSelfAttention': (lambda: LocalSelfAttention(
-        16, num_heads=4, kernel_size=5, stride=2), (2, 16, 9, 8)),
+    'LocalSelfAttention': (
+        lambda: LocalSelfAttention(16, num_heads=4, kernel_size=5, stride=2),
+        (2, 16, 9, 8),
+    ),
     'ELSA': (lambda: ELSA(24, 2, kernel_size=3, stride=2), (2, 24, 7, 6)),
     'ACmix': (lambda: ACmix(32, 32, stride=2), (2, 32, 7, 3)),
 }
@@ -38,21 +47,27 @@ def run(layer, x, backend, autocast=None):
     """name -> output, grad of the input and of every parameter."""
     layer.zero_grad(set_to_none=True)
     x = x.clone().requires_grad_()
-    with use_backend(backend), torch.autocast(
+    with (
+        use_backend(backend),
+        torch.autocast(
             x.device.type,
             dtype=autocast or torch.float32,
-            enabled=autocast is not None):
+            enabled=autocast is not None,
+        ),
+    ):
         out = layer(x)
     params = [p for p in layer.parameters() if p.requires_grad]
     gout = torch.randn(
         out.shape,
         generator=torch.Generator().manual_seed(3),
-        dtype=torch.float64).to(x.device, out.dtype)
+        dtype=torch.float64,
+    ).to(x.device, out.dtype)
     grads = torch.autograd.grad(out, [x] + params, gout, allow_unused=True)
     # A compiled module prefixes its parameters' names.
     names = ['out', 'grad_input'] + [
         'grad_' + n.removeprefix('_orig_mod.')
-        for n, p in layer.named_parameters() if p.requires_grad
+        for n, p in layer.named_parameters()
+        if p.requires_grad
     ]
     return dict(zip(names, [out] + list(grads)))
 
@@ -64,7 +79,8 @@ def errors(got, ref, norm):
     holds only rounding noise, against which any difference is huge."""
     size = {
         k: float(r.detach().abs().max() if norm == 'max' else r.norm())
-        for k, r in ref.items() if r is not None
+        for k, r in ref.items()
+        if r is not None
     }
     floor = 1e-2 * max(size.values())
     out = {}

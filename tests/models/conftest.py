@@ -1,6 +1,7 @@
 """The model tests build mmdet's modules as a config with
 ``default_scope='mmdet'`` is built, whatever scope an earlier test (a
 runner) left current."""
+
 import pytest
 from mmengine.registry import DefaultScope
 

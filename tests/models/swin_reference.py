@@ -6,6 +6,7 @@ in the project's reference notes (damo-cv/ELSA f3b7ac7, LeapLabTHU/ACmix
 without mmevo's modules. ``p`` is a state dict of one block or one model,
 in the official key names.
 """
+
 import math
 
 import torch
@@ -13,8 +14,9 @@ import torch.nn.functional as F
 
 
 def layer_norm(x, p, name):
-    return F.layer_norm(x, x.shape[-1:], p[f'{name}.weight'],
-                        p[f'{name}.bias'], 1e-5)
+    return F.layer_norm(
+        x, x.shape[-1:], p[f'{name}.weight'], p[f'{name}.bias'], 1e-5
+    )
 
 
 def linear(x, p, name):
@@ -39,8 +41,9 @@ def elsa_block(x, p, num_heads, group_width, kernel_size=7):
     K = kernel_size
     dim_qk = math.ceil((C // 3 * 2) / group_width) * group_width
     y = layer_norm(x, p, 'norm1').permute(0, 3, 1, 2)
-    qkv = torch.einsum('bchw,oc->bohw', y, p['attn.pre_proj.weight'][:, :, 0,
-                                                                     0])
+    qkv = torch.einsum(
+        'bchw,oc->bohw', y, p['attn.pre_proj.weight'][:, :, 0, 0]
+    )
     qkv = qkv + p['attn.pre_proj.bias'][:, None, None]
     q, k, v = qkv.split([dim_qk, dim_qk, C], 1)
     h = F.conv2d(
@@ -48,9 +51,11 @@ def elsa_block(x, p, num_heads, group_width, kernel_size=7):
         p['attn.attn.0.weight'],
         p['attn.attn.0.bias'],
         padding=K // 2,
-        groups=dim_qk // group_width)
-    logits = torch.einsum('bchw,oc->bohw', gelu(h),
-                          p['attn.attn.2.weight'][:, :, 0, 0])
+        groups=dim_qk // group_width,
+    )
+    logits = torch.einsum(
+        'bchw,oc->bohw', gelu(h), p['attn.attn.2.weight'][:, :, 0, 0]
+    )
     logits = logits + p['attn.attn.2.bias'][:, None, None]
     attn = logits.view(B, num_heads, K * K, H, W).softmax(2)
     head_of = torch.arange(C) // (C // num_heads)
@@ -66,14 +71,9 @@ def _offset_index(di, dj, table):
     return (di + table - 1) * (2 * table - 1) + (dj + table - 1)
 
 
-def window_block(x,
-                 p,
-                 num_heads,
-                 window_size,
-                 shift,
-                 pad_small_map,
-                 layout,
-                 qk_scale=None):
+def window_block(
+    x, p, num_heads, window_size, shift, pad_small_map, layout, qk_scale=None
+):
     """Shifted-window block on NHWC ``x``, ``layout`` 'elsa' (stage 4 of
     ELSA-Swin: chunks v, q, k; ``rb[h, offset(key - query)]``) or 'acmix'
     (chunks q, k, v; ``table[offset(query - key), h]``; plus the conv path
@@ -98,9 +98,12 @@ def window_block(x,
     if layout == 'elsa':
         table = round(math.sqrt(p['attn.rb'].shape[1]) + 1) // 2
     else:
-        table = round(
-            math.sqrt(p['attn.relative_position_bias_table'].shape[0]) +
-            1) // 2
+        table = (
+            round(
+                math.sqrt(p['attn.relative_position_bias_table'].shape[0]) + 1
+            )
+            // 2
+        )
     out = torch.zeros_like(y)
     N = ws * ws
     cells = [(i, j) for i in range(ws) for j in range(ws)]
@@ -108,44 +111,49 @@ def window_block(x,
     for a, (qi, qj) in enumerate(cells):
         for b, (ki, kj) in enumerate(cells):
             if layout == 'elsa':
-                bias[:, a,
-                     b] = p['attn.rb'][:,
-                                       _offset_index(ki - qi, kj - qj, table)]
+                bias[:, a, b] = p['attn.rb'][
+                    :, _offset_index(ki - qi, kj - qj, table)
+                ]
             else:
-                bias[:, a,
-                     b] = p['attn.relative_position_bias_table'][_offset_index(
-                         qi - ki, qj - kj, table)]
+                bias[:, a, b] = p['attn.relative_position_bias_table'][
+                    _offset_index(qi - ki, qj - kj, table)
+                ]
     for r0 in range(0, Hp, ws):
         for c0 in range(0, Wp, ws):
-            t = qkv_map[:, r0:r0 + ws,
-                        c0:c0 + ws].reshape(B, N, 3, num_heads, d)
+            t = qkv_map[:, r0 : r0 + ws, c0 : c0 + ws].reshape(
+                B, N, 3, num_heads, d
+            )
             if layout == 'elsa':
                 v, q, k = t.unbind(2)
             else:
                 q, k, v = t.unbind(2)
             logits = torch.einsum('bnhd,bmhd->bhnm', q, k) * scale + bias
             if s:
-                labels = torch.tensor([
-                    region(r0 + i, Hp) * 3 + region(c0 + j, Wp)
-                    for i, j in cells
-                ])
+                labels = torch.tensor(
+                    [
+                        region(r0 + i, Hp) * 3 + region(c0 + j, Wp)
+                        for i, j in cells
+                    ]
+                )
                 differ = labels[:, None] != labels[None, :]
-                logits = logits - 100. * differ.to(x.dtype)
+                logits = logits - 100.0 * differ.to(x.dtype)
             o = torch.einsum('bhnm,bmhd->bnhd', logits.softmax(-1), v)
             name = 'attn.post_proj' if layout == 'elsa' else 'attn.proj'
             o = linear(o.reshape(B, N, C), p, name)
-            out[:, r0:r0 + ws, c0:c0 + ws] = o.view(B, ws, ws, C)
+            out[:, r0 : r0 + ws, c0 : c0 + ws] = o.view(B, ws, ws, C)
     if layout == 'acmix':
         # fc over the 3 * heads (q, k, v) heads, output channel d * 9 + tap
         heads = qkv_map.view(B, Hp, Wp, 3 * num_heads, d)
-        mixed = torch.einsum('bxyjd,tj->bdtxy', heads,
-                             p['attn.fc.weight'][:, :, 0, 0])
+        mixed = torch.einsum(
+            'bxyjd,tj->bdtxy', heads, p['attn.fc.weight'][:, :, 0, 0]
+        )
         mixed = mixed + p['attn.fc.bias'][None, None, :, None, None]
         conv = F.conv2d(
             mixed.reshape(B, d * 9, Hp, Wp),
             p['attn.dep_conv.weight'],
             padding=1,
-            groups=d).permute(0, 2, 3, 1)
+            groups=d,
+        ).permute(0, 2, 3, 1)
         out = p['attn.rate1'] * out + p['attn.rate2'] * conv
     if s:
         out = torch.roll(out, (s, s), (1, 2))
@@ -156,34 +164,40 @@ def window_block(x,
 def patch_merging(x, p):
     H, W = x.shape[1:3]
     x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-    x = torch.cat([
-        x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]
-    ], -1)
+    x = torch.cat(
+        [
+            x[:, 0::2, 0::2],
+            x[:, 1::2, 0::2],
+            x[:, 0::2, 1::2],
+            x[:, 1::2, 1::2],
+        ],
+        -1,
+    )
     return linear(layer_norm(x, p, 'norm'), p, 'reduction')
 
 
 def sub(p, prefix):
-    return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in p.items() if k.startswith(prefix)}
 
 
-def swin_model(img,
-               p,
-               depths,
-               num_heads,
-               family,
-               group_width=4,
-               window_size=7,
-               pad_small_map=False,
-               out_indices=(0, 1, 2, 3)):
+def swin_model(
+    img,
+    p,
+    depths,
+    num_heads,
+    family,
+    group_width=4,
+    window_size=7,
+    pad_small_map=False,
+    out_indices=(0, 1, 2, 3),
+):
     """Whole backbone: patch embedding (zero-padded to 4), stages, a norm
     per output (``norm{i}``; ``norm`` of a classifier is ``norm3``)."""
     H, W = img.shape[2:]
     img = F.pad(img, (0, -W % 4, 0, -H % 4))
     x = F.conv2d(
-        img,
-        p['patch_embed.proj.weight'],
-        p['patch_embed.proj.bias'],
-        stride=4).permute(0, 2, 3, 1)
+        img, p['patch_embed.proj.weight'], p['patch_embed.proj.bias'], stride=4
+    ).permute(0, 2, 3, 1)
     x = layer_norm(x, p, 'patch_embed.norm')
     outs = []
     for i, depth in enumerate(depths):
@@ -192,8 +206,15 @@ def swin_model(img,
             if family == 'elsa' and i < 3:
                 x = elsa_block(x, bp, num_heads[i], group_width)
             else:
-                x = window_block(x, bp, num_heads[i], window_size, j % 2,
-                                 pad_small_map, family)
+                x = window_block(
+                    x,
+                    bp,
+                    num_heads[i],
+                    window_size,
+                    j % 2,
+                    pad_small_map,
+                    family,
+                )
         if i in out_indices:
             outs.append(layer_norm(x, p, f'norm{i}').permute(0, 3, 1, 2))
         if i < 3:

@@ -1,15 +1,17 @@
 """ACmixSwinTransformer against the official ACmix-Swin formulas (float64
 derivations in ``swin_reference.py``), its initialisation, the official
 parameter counts and key list, and its backbone behaviour."""
+
 import json
 import os.path as osp
 
 import pytest
-import swin_reference as ref
 import torch
 
 from mmevo.models import ACmixSwinTransformer
 from mmevo.models.backbones.swin_convert import official_state_dict
+
+import swin_reference as ref
 
 DATA = osp.join(osp.dirname(__file__), 'data', 'swin_family_state_dict.json')
 TINY = dict(embed_dims=16, depths=(1, 2, 1, 2), num_heads=(2, 2, 4, 4))
@@ -20,14 +22,20 @@ def official(name):
         return json.load(f)[name]
 
 
-@pytest.mark.parametrize('pad_small_map,size', [(False, (61, 45)),
-                                                (True, (61, 45)),
-                                                (False, (224, 224)),
-                                                (True, (100, 36))])
+@pytest.mark.parametrize(
+    'pad_small_map,size',
+    [
+        (False, (61, 45)),
+        (True, (61, 45)),
+        (False, (224, 224)),
+        (True, (100, 36)),
+    ],
+)
 def test_whole_model_matches_formulas(pad_small_map, size):
     torch.manual_seed(0)
     model = ACmixSwinTransformer(
-        **TINY, drop_path_rate=0., pad_small_map=pad_small_map)
+        **TINY, drop_path_rate=0.0, pad_small_map=pad_small_map
+    )
     p = ref.randomised(model)
     model = model.double().eval()
     x = torch.randn(2, 3, *size, dtype=torch.float64)
@@ -39,16 +47,18 @@ def test_whole_model_matches_formulas(pad_small_map, size):
         TINY['depths'],
         TINY['num_heads'],
         'acmix',
-        pad_small_map=pad_small_map)
+        pad_small_map=pad_small_map,
+    )
     for out, exp in zip(outs, expected):
         assert out.shape == exp.shape
         torch.testing.assert_close(out, exp, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize('pad_small_map', [False, True])
-@pytest.mark.parametrize('dim,heads,size', [(24, 3, (9, 13)), (8, 1, (3, 5)),
-                                            (32, 4, (14, 14)),
-                                            (20, 5, (7, 8))])
+@pytest.mark.parametrize(
+    'dim,heads,size',
+    [(24, 3, (9, 13)), (8, 1, (3, 5)), (32, 4, (14, 14)), (20, 5, (7, 8))],
+)
 def test_window_blocks_match_formula(dim, heads, size, pad_small_map):
     torch.manual_seed(1)
     model = ACmixSwinTransformer(
@@ -56,15 +66,17 @@ def test_window_blocks_match_formula(dim, heads, size, pad_small_map):
         depths=(2, 1, 1, 1),
         num_heads=(heads, 1, 1, 1),
         qk_scale=0.4,
-        drop_path_rate=0.,
-        pad_small_map=pad_small_map)
+        drop_path_rate=0.0,
+        pad_small_map=pad_small_map,
+    )
     x = torch.randn(2, *size, dim, dtype=torch.float64)
     for index in (0, 1):
         block = model.layers[0].blocks[index]
         p = ref.randomised(block, seed=index)
         block = block.double()
         expected = ref.window_block(
-            x, p, heads, 7, index, pad_small_map, 'acmix', qk_scale=0.4)
+            x, p, heads, 7, index, pad_small_map, 'acmix', qk_scale=0.4
+        )
         torch.testing.assert_close(block(x), expected, rtol=1e-10, atol=1e-10)
 
 
@@ -86,26 +98,33 @@ def test_published_initialisation():
     assert attn.relative_position_bias_table.shape == (169, 2)
 
 
-@pytest.mark.parametrize('arch,count', [('tiny', 28649908),
-                                        ('small', 50345080)])
+@pytest.mark.parametrize(
+    'arch,count', [('tiny', 28649908), ('small', 50345080)]
+)
 def test_classifier_parameters_equal_official(arch, count):
     from mmpretrain.models import ImageClassifier
+
     assert official('params')[f'acmix_swin_{arch}_cls'] == count
     from mmengine.registry import DefaultScope
-    with torch.device('meta'), \
-            DefaultScope.overwrite_default_scope('mmpretrain'):
+
+    with (
+        torch.device('meta'),
+        DefaultScope.overwrite_default_scope('mmpretrain'),
+    ):
         model = ImageClassifier(
             backbone=dict(
-                type='ACmixSwinTransformer', arch=arch, out_indices=(3, )),
+                type='ACmixSwinTransformer', arch=arch, out_indices=(3,)
+            ),
             neck=dict(type='GlobalAveragePooling'),
-            head=dict(type='LinearClsHead', num_classes=1000, in_channels=768))
+            head=dict(type='LinearClsHead', num_classes=1000, in_channels=768),
+        )
     assert sum(p.numel() for p in model.parameters()) == count
 
 
 def test_keys_are_the_official_ones():
     keys = official('acmix_swin_tiny_cls')
     with torch.device('meta'):
-        model = ACmixSwinTransformer(out_indices=(3, ))
+        model = ACmixSwinTransformer(out_indices=(3,))
     shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
     assert shapes == official_state_dict({'model': keys})
     # the published attn_mask buffers are dropped, not expected
@@ -121,7 +140,8 @@ def test_init_cfg_loads_the_official_classifier(tmp_path):
     path = str(tmp_path / 'acmix_swin_tiny.pth')
     torch.save(dict(model=state), path)
     model = ACmixSwinTransformer(
-        out_indices=(3, ), init_cfg=dict(type='Pretrained', checkpoint=path))
+        out_indices=(3,), init_cfg=dict(type='Pretrained', checkpoint=path)
+    )
     model.init_weights()
     loaded = model.state_dict()
     expected = official_state_dict(dict(model=state))
@@ -133,8 +153,12 @@ def test_init_cfg_loads_the_official_classifier(tmp_path):
 def test_any_size_and_empty_batch():
     model = ACmixSwinTransformer(**TINY, pad_small_map=True)
     outs = model(torch.randn(1, 3, 29, 83))
-    assert [tuple(o.shape) for o in outs] == [(1, 16, 8, 21), (1, 32, 4, 11),
-                                              (1, 64, 2, 6), (1, 128, 1, 3)]
+    assert [tuple(o.shape) for o in outs] == [
+        (1, 16, 8, 21),
+        (1, 32, 4, 11),
+        (1, 64, 2, 6),
+        (1, 128, 1, 3),
+    ]
     x = torch.randn(0, 3, 64, 64, requires_grad=True)
     outs = model(x)
     assert [o.shape[0] for o in outs] == [0] * 4
@@ -172,12 +196,14 @@ def test_onnx_export_with_dynamic_hw(tmp_path):
     # TorchScript exporter (the dynamo one is tested on ELSA-Swin, whose
     # window blocks these are): exported at 224, checked at sizes that pad
     from mmevo.deploy import OnnxModel, TensorOutputs, export_onnx
+
     torch.manual_seed(9)
     backbone = ACmixSwinTransformer(
         embed_dims=16,
         depths=(1, 1, 1, 2),
         num_heads=(1, 2, 4, 8),
-        pad_small_map=True).eval()
+        pad_small_map=True,
+    ).eval()
     model = TensorOutputs(backbone, lambda m, x: m(x))
     path = str(tmp_path / 'acmix_swin.onnx')
     export_onnx(model, torch.randn(1, 3, 224, 224), path, dynamo=False)

@@ -4,6 +4,7 @@ Both backbones (and their blocks) run with ``use_cpu_fastpath`` on and off
 on the same float64 input: outputs and all gradients agree
 (``tests/layers/fastpath_helpers.py``, shared with the layer tests).
 """
+
 import importlib.util
 import os
 
@@ -17,8 +18,11 @@ from mmevo.models import ACmixResNet, RedNet
 
 def _layer_test_helpers():
     path = os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), os.pardir, 'layers',
-        'fastpath_helpers.py')
+        os.path.dirname(os.path.abspath(__file__)),
+        os.pardir,
+        'layers',
+        'fastpath_helpers.py',
+    )
     spec = importlib.util.spec_from_file_location('fastpath_helpers', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

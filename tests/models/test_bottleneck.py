@@ -9,6 +9,7 @@ with and without ``with_cp`` and a (strided) downsample:
 * with an involution as the middle layer, against mmdet's forward called on
   a copy of mmevo's block.
 """
+
 import copy
 import warnings
 
@@ -24,8 +25,7 @@ from mmevo.models.backbones.bottleneck import MiddleLayerBottleneck
 
 def conv3x3(planes, stride, dilation):
     """The 3x3 conv mmdet's Bottleneck builds as its conv2."""
-    return nn.Conv2d(
-        planes, planes, 3, stride, dilation, dilation, bias=False)
+    return nn.Conv2d(planes, planes, 3, stride, dilation, dilation, bias=False)
 
 
 def involution(planes, stride, dilation):
@@ -36,7 +36,8 @@ def downsample(inplanes, planes, stride):
     """ResLayer's shortcut: strided 1x1 conv and BN."""
     return nn.Sequential(
         nn.Conv2d(inplanes, planes * 4, 1, stride, bias=False),
-        nn.BatchNorm2d(planes * 4))
+        nn.BatchNorm2d(planes * 4),
+    )
 
 
 def randomised(block):
@@ -59,8 +60,9 @@ def step(block, x, forward):
         warnings.simplefilter('ignore')
         out = forward(x)
     gen = torch.Generator().manual_seed(1)
-    (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum(
-    ).backward()
+    (
+        out * torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    ).sum().backward()
     grads = {n: p.grad for n, p in block.named_parameters()}
     return out, x.grad, grads, dict(block.named_buffers())
 
@@ -72,18 +74,21 @@ def assert_steps_equal(ours, theirs, buffers=True):
     for name, grad in theirs[2].items():
         assert grad is not None, name
         torch.testing.assert_close(
-            ours[2][name], grad, rtol=1e-9, atol=1e-12, msg=name)
+            ours[2][name], grad, rtol=1e-9, atol=1e-12, msg=name
+        )
     if buffers:
         for name, buf in theirs[3].items():
             torch.testing.assert_close(
-                ours[3][name], buf, rtol=1e-9, atol=1e-12, msg=name)
+                ours[3][name], buf, rtol=1e-9, atol=1e-12, msg=name
+            )
 
 
 GEOMETRIES = {
     'identity': dict(inplanes=64, stride=1, shortcut=False, size=(9, 7)),
     'downsample': dict(inplanes=32, stride=1, shortcut=True, size=(8, 7)),
     'strided_downsample': dict(
-        inplanes=32, stride=2, shortcut=True, size=(9, 10)),
+        inplanes=32, stride=2, shortcut=True, size=(9, 10)
+    ),
 }
 
 
@@ -96,9 +101,12 @@ def build_pair(geometry, middle, with_cp):
         dilation=2 if middle is involution else 1,
         with_cp=with_cp,
         downsample=downsample(g['inplanes'], 16, g['stride'])
-        if g['shortcut'] else None)
-    ours = randomised(MiddleLayerBottleneck(g['inplanes'], 16, middle,
-                                            **kwargs))
+        if g['shortcut']
+        else None,
+    )
+    ours = randomised(
+        MiddleLayerBottleneck(g['inplanes'], 16, middle, **kwargs)
+    )
     if middle is conv3x3:
         # its own shortcut module: gradients must not accumulate in ours
         kwargs['downsample'] = copy.deepcopy(kwargs['downsample'])
@@ -119,8 +127,9 @@ def test_forward_equals_mmdet(geometry, middle, with_cp, fast):
     set_cpu_fastpath(ours, fast)
     set_cpu_fastpath(theirs, False)
     mine = step(ours.train(), x, ours)
-    reference = step(theirs.train(), x,
-                     lambda t: Bottleneck.forward(theirs, t))
+    reference = step(
+        theirs.train(), x, lambda t: Bottleneck.forward(theirs, t)
+    )
     # mmdet's checkpoint recomputes its BNs in train mode, updating their
     # statistics twice: those are compared below, against no checkpoint.
     assert_steps_equal(mine, reference, buffers=not with_cp)
@@ -129,8 +138,11 @@ def test_forward_equals_mmdet(geometry, middle, with_cp, fast):
         set_cpu_fastpath(plain, False)
         once = step(plain.train(), x, lambda t: Bottleneck.forward(plain, t))
         assert_steps_equal(mine, once)
-        assert all(buf == 1 for name, buf in mine[3].items()
-                   if name.endswith('num_batches_tracked'))
+        assert all(
+            buf == 1
+            for name, buf in mine[3].items()
+            if name.endswith('num_batches_tracked')
+        )
 
 
 @pytest.mark.parametrize('middle', [conv3x3, involution])
@@ -138,7 +150,8 @@ def test_eval_forward_equals_mmdet(middle):
     ours, theirs, x = build_pair('strided_downsample', middle, False)
     with torch.no_grad():
         torch.testing.assert_close(
-            ours.eval()(x), Bottleneck.forward(theirs.eval(), x))
+            ours.eval()(x), Bottleneck.forward(theirs.eval(), x)
+        )
 
 
 def test_with_cp_recomputes_the_block():
@@ -154,12 +167,23 @@ def test_with_cp_recomputes_the_block():
     assert len(calls) == 3
 
 
-@pytest.mark.parametrize('name, value', [
-    ('plugins', [dict(cfg=dict(type='ContextBlock', ratio=0.25),
-                      position='after_conv3')]),
-    ('dcn', dict(type='DCN', deform_groups=1)),
-])
+@pytest.mark.parametrize(
+    'name, value',
+    [
+        (
+            'plugins',
+            [
+                dict(
+                    cfg=dict(type='ContextBlock', ratio=0.25),
+                    position='after_conv3',
+                )
+            ],
+        ),
+        ('dcn', dict(type='DCN', deform_groups=1)),
+    ],
+)
 def test_plugins_and_dcn_are_refused(name, value):
-    with pytest.raises(ValueError,
-                       match=f'{name} must be None for a dynamic middle'):
+    with pytest.raises(
+        ValueError, match=f'{name} must be None for a dynamic middle'
+    ):
         MiddleLayerBottleneck(64, 16, conv3x3, **{name: value})

@@ -4,6 +4,7 @@ Synthetic checkpoints are written from the key/shape lists of the published
 reference implementations (``data/*.json``, copies of the project's reference
 files): random tensors of every listed shape.
 """
+
 import json
 import logging
 import os.path as osp
@@ -58,7 +59,8 @@ class LogCapture(logging.Handler):
 
 def _mismatch_messages(messages):
     return [
-        m for m in messages
+        m
+        for m in messages
         if 'do not match' in m or 'missing' in m or 'unexpected' in m
     ]
 
@@ -66,13 +68,14 @@ def _mismatch_messages(messages):
 def assert_loaded(model, expected):
     """Every model tensor equals the checkpoint tensor of the same key."""
     sd = model.state_dict()
-    assert set(sd) == set(expected), (set(sd) ^ set(expected))
+    assert set(sd) == set(expected), set(sd) ^ set(expected)
     for key, value in expected.items():
         assert torch.equal(sd[key], value), key
 
 
-@pytest.mark.parametrize('stem_kernel_size,variant', [(3, 'rednet50_cls'),
-                                                      (7, 'rednet50_det')])
+@pytest.mark.parametrize(
+    'stem_kernel_size,variant', [(3, 'rednet50_cls'), (7, 'rednet50_det')]
+)
 def test_rednet_keys_shapes_and_params(stem_kernel_size, variant):
     ref = _reference('rednet50_state_dict.json')[variant]
     model = RedNet(50, stem_kernel_size=stem_kernel_size)
@@ -88,31 +91,33 @@ def test_acmix_keys_shapes_and_params():
     head = {'fc.weight': [1000, 2048], 'fc.bias': [1000]}
     assert {**shapes, **head} == ref['state_dict']
     fc = torch.nn.Linear(2048, 1000)
-    n_params = sum(p.numel()
-                   for p in model.parameters()) + sum(p.numel()
-                                                      for p in fc.parameters())
+    n_params = sum(p.numel() for p in model.parameters()) + sum(
+        p.numel() for p in fc.parameters()
+    )
     assert n_params == ref['params'] == 18_333_976
 
 
 def test_rednet_mmcls_checkpoint_via_init_cfg(tmp_path):
     """mmcls format + prefix 'backbone.', through init_cfg, as configs do."""
-    shapes = _reference(
-        'rednet50_state_dict.json')['rednet50_cls']['state_dict']
+    shapes = _reference('rednet50_state_dict.json')['rednet50_cls'][
+        'state_dict'
+    ]
     sd = synthetic_state_dict(shapes)
     ckpt = tmp_path / 'rednet50_mmcls.pth'
     torch.save(
         {
-            'state_dict': {
-                f'backbone.{k}': v
-                for k, v in sd.items()
-            },
-            'meta': {}
-        }, ckpt)
+            'state_dict': {f'backbone.{k}': v for k, v in sd.items()},
+            'meta': {},
+        },
+        ckpt,
+    )
     model = RedNet(
         50,
         stem_kernel_size=3,
         init_cfg=dict(
-            type='Pretrained', checkpoint=str(ckpt), prefix='backbone.'))
+            type='Pretrained', checkpoint=str(ckpt), prefix='backbone.'
+        ),
+    )
     with LogCapture() as log:
         model.init_weights()
     assert not _mismatch_messages(log.messages), log.messages
@@ -130,22 +135,25 @@ def test_rednet_mmcls_checkpoint_via_init_cfg(tmp_path):
 
 def test_imagenet_checkpoint_into_stem7_warns(tmp_path):
     """Published detection runs: stem-3 ImageNet weights, stem-7 model."""
-    shapes = _reference(
-        'rednet50_state_dict.json')['rednet50_cls']['state_dict']
+    shapes = _reference('rednet50_state_dict.json')['rednet50_cls'][
+        'state_dict'
+    ]
     sd = synthetic_state_dict(shapes, seed=1)
     ckpt = tmp_path / 'rednet50_mmcls.pth'
-    torch.save({'state_dict': {
-        f'backbone.{k}': v
-        for k, v in sd.items()
-    }}, ckpt)
+    torch.save(
+        {'state_dict': {f'backbone.{k}': v for k, v in sd.items()}}, ckpt
+    )
     model = RedNet(
         50,
         stem_kernel_size=7,
         init_cfg=dict(
-            type='Pretrained', checkpoint=str(ckpt), prefix='backbone.'))
+            type='Pretrained', checkpoint=str(ckpt), prefix='backbone.'
+        ),
+    )
     before = {
         k: v.clone()
-        for k, v in model.state_dict().items() if k.startswith('stem.1.conv2.')
+        for k, v in model.state_dict().items()
+        if k.startswith('stem.1.conv2.')
     }
     with LogCapture() as log:
         model.init_weights()
@@ -164,13 +172,15 @@ def test_imagenet_checkpoint_into_stem7_warns(tmp_path):
 
 @pytest.mark.parametrize('wrapped', [False, True])
 def test_acmix_torchvision_checkpoint(tmp_path, wrapped):
-    shapes = _reference(
-        'acmix_resnet50_state_dict.json')['acmix_resnet50']['state_dict']
+    shapes = _reference('acmix_resnet50_state_dict.json')['acmix_resnet50'][
+        'state_dict'
+    ]
     sd = synthetic_state_dict(shapes, seed=2)
     ckpt = tmp_path / 'acmix_resnet50.pth'
     torch.save({'state_dict': sd} if wrapped else sd, ckpt)
     model = ACmixResNet(
-        50, init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
+        50, init_cfg=dict(type='Pretrained', checkpoint=str(ckpt))
+    )
     with LogCapture() as log:
         model.init_weights()
     assert not _mismatch_messages(log.messages), log.messages
@@ -198,6 +208,6 @@ def test_acmix_only_drops_fc():
     sd = ACmixResNet(26, stem_channels=16, base_channels=16).state_dict()
     sd['layer9.weight'] = torch.zeros(1)
     with pytest.raises(RuntimeError, match='layer9.weight'):
-        ACmixResNet(
-            26, stem_channels=16, base_channels=16).load_state_dict(
-                sd, strict=True)
+        ACmixResNet(26, stem_channels=16, base_channels=16).load_state_dict(
+            sd, strict=True
+        )

@@ -10,6 +10,7 @@ alone (a functional transcription of d-li14/involution's mmcls RedNet:
 involution = unfold x kernel from two 1x1 convs, average-pooled input at
 stride 2), then the global mean and the fc layer.
 """
+
 import json
 import os.path as osp
 
@@ -44,6 +45,7 @@ def build_classifier(base, **backbone):
     """The ImageClassifier of a model base config, built by mmpretrain's
     registry (the backbone found in mmengine's root registry)."""
     from mmpretrain.registry import MODELS
+
     cfg = Config.fromfile(osp.join(BASES, base))
     cfg.model.backbone.update(backbone)
     return MODELS.build(cfg.model)
@@ -69,30 +71,40 @@ def official_checkpoint(seed=0):
             value = 1 + torch.randn(shape, generator=gen) * 0.1
         else:  # He-scaled conv / fc weight
             fan_in = torch.Size(shape[1:]).numel()
-            value = torch.randn(shape, generator=gen) * (2 / fan_in)**0.5
+            value = torch.randn(shape, generator=gen) * (2 / fan_in) ** 0.5
         if key.endswith('bn3.weight'):
             value = value * 0.3  # the residual branches do not dominate
         if key.endswith('conv2.conv.weight'):
             # an involution is quadratic in its input: with fixed BN
             # statistics its output would square from block to block; a
             # small input-dependent part of the kernel keeps it O(input)
-            value = value * 0.1 / shape[0]**0.5
+            value = value * 0.1 / shape[0] ** 0.5
         state[key] = value
     return state
 
 
 def _bn(x, sd, p):
-    return F.batch_norm(x, sd[f'{p}.running_mean'], sd[f'{p}.running_var'],
-                        sd[f'{p}.weight'], sd[f'{p}.bias'], False, 0.0, 1e-5)
+    return F.batch_norm(
+        x,
+        sd[f'{p}.running_mean'],
+        sd[f'{p}.running_var'],
+        sd[f'{p}.weight'],
+        sd[f'{p}.bias'],
+        False,
+        0.0,
+        1e-5,
+    )
 
 
 def _involution(x, sd, p, k, stride):
     """The published involution (16 channels a group, reduction 4)."""
     y = F.avg_pool2d(x, stride, stride) if stride > 1 else x
     y = F.relu(
-        _bn(F.conv2d(y, sd[f'{p}.conv1.conv.weight']), sd, f'{p}.conv1.bn'))
-    kernel = F.conv2d(y, sd[f'{p}.conv2.conv.weight'],
-                      sd[f'{p}.conv2.conv.bias'])
+        _bn(F.conv2d(y, sd[f'{p}.conv1.conv.weight']), sd, f'{p}.conv1.bn')
+    )
+    kernel = F.conv2d(
+        y, sd[f'{p}.conv2.conv.weight'], sd[f'{p}.conv2.conv.bias']
+    )
     b, c = x.shape[:2]
     g, (h, w) = c // 16, kernel.shape[-2:]
     kernel = kernel.view(b, g, k * k, h, w).unsqueeze(2)
@@ -106,50 +118,68 @@ def reference_logits(sd, x):
     x = x.double()
     x = F.relu(
         _bn(
-            F.conv2d(x, sd['backbone.stem.0.conv.weight'], None, 2, 1), sd,
-            'backbone.stem.0.bn'))
+            F.conv2d(x, sd['backbone.stem.0.conv.weight'], None, 2, 1),
+            sd,
+            'backbone.stem.0.bn',
+        )
+    )
+    x = F.relu(
+        _bn(_involution(x, sd, 'backbone.stem.1', 3, 1), sd, 'backbone.stem.2')
+    )
     x = F.relu(
         _bn(
-            _involution(x, sd, 'backbone.stem.1', 3, 1), sd,
-            'backbone.stem.2'))
-    x = F.relu(
-        _bn(
-            F.conv2d(x, sd['backbone.stem.4.conv.weight'], None, 1, 1), sd,
-            'backbone.stem.4.bn'))
+            F.conv2d(x, sd['backbone.stem.4.conv.weight'], None, 1, 1),
+            sd,
+            'backbone.stem.4.bn',
+        )
+    )
     x = F.max_pool2d(x, 3, 2, 1)
     for i, blocks in enumerate(STAGES):
         for j in range(blocks):
             p = f'backbone.layer{i + 1}.{j}'
             stride = 2 if i > 0 and j == 0 else 1
             out = F.relu(
-                _bn(F.conv2d(x, sd[f'{p}.conv1.weight']), sd, f'{p}.bn1'))
+                _bn(F.conv2d(x, sd[f'{p}.conv1.weight']), sd, f'{p}.bn1')
+            )
             out = F.relu(
                 _bn(
-                    _involution(out, sd, f'{p}.conv2', 7, stride), sd,
-                    f'{p}.bn2'))
+                    _involution(out, sd, f'{p}.conv2', 7, stride),
+                    sd,
+                    f'{p}.bn2',
+                )
+            )
             out = _bn(F.conv2d(out, sd[f'{p}.conv3.weight']), sd, f'{p}.bn3')
             if j == 0:
                 x = _bn(
                     F.conv2d(x, sd[f'{p}.downsample.0.weight'], None, stride),
-                    sd, f'{p}.downsample.1')
+                    sd,
+                    f'{p}.downsample.1',
+                )
             x = F.relu(out + x)
     feat = x.mean(dim=(2, 3))
     return feat @ sd['head.fc.weight'].t() + sd['head.fc.bias']
 
 
-@pytest.mark.parametrize('base,backbone_type', [
-    ('rednet50_in1k.py', RedNet),
-    ('acmix-resnet50_in1k.py', ACmixResNet),
-])
+@pytest.mark.parametrize(
+    'base,backbone_type',
+    [
+        ('rednet50_in1k.py', RedNet),
+        ('acmix-resnet50_in1k.py', ACmixResNet),
+    ],
+)
 def test_classifier_builds_under_mmpretrain_scope(base, backbone_type):
-    from mmpretrain.models import (GlobalAveragePooling, ImageClassifier,
-                                   LinearClsHead)
+    from mmpretrain.models import (
+        GlobalAveragePooling,
+        ImageClassifier,
+        LinearClsHead,
+    )
+
     model = build_classifier(base, depth=26)
     assert type(model) is ImageClassifier
     assert type(model.backbone) is backbone_type
     assert isinstance(model.neck, GlobalAveragePooling)
     assert isinstance(model.head, LinearClsHead)
-    assert model.backbone.out_indices == (3, )
+    assert model.backbone.out_indices == (3,)
     model.eval()
     with torch.no_grad():
         logits = model(torch.randn(2, 3, 64, 64), mode='tensor')
@@ -194,21 +224,23 @@ def test_official_checkpoint_gives_the_official_logits(official):
         torch.testing.assert_close(float64, expected, rtol=1e-9, atol=1e-9)
         float32 = model.float()(x, mode='tensor')
     torch.testing.assert_close(
-        float32.double(),
-        expected,
-        rtol=1e-3,
-        atol=1e-3 * expected.abs().max())
+        float32.double(), expected, rtol=1e-3, atol=1e-3 * expected.abs().max()
+    )
 
 
 def test_official_checkpoint_scores_through_the_data_preprocessor(official):
     """test_step: BGR uint8 images -> RGB, ImageNet mean/std -> softmax of
     the official logits."""
     from mmpretrain.structures import DataSample
+
     path, state = official
     cfg = Config.fromfile(
-        osp.join(ROOT, 'configs', 'rednet',
-                 'rednet50_64xb32-warmup-coslr_in1k.py'))
+        osp.join(
+            ROOT, 'configs', 'rednet', 'rednet50_64xb32-warmup-coslr_in1k.py'
+        )
+    )
     from mmpretrain.registry import MODELS
+
     cfg.model.data_preprocessor = cfg.data_preprocessor
     model = MODELS.build(cfg.model)
     load_checkpoint(model, path, map_location='cpu', strict=True)
@@ -220,7 +252,8 @@ def test_official_checkpoint_scores_through_the_data_preprocessor(official):
     ]
     with torch.no_grad():
         out = model.test_step(
-            dict(inputs=imgs, data_samples=[DataSample() for _ in imgs]))
+            dict(inputs=imgs, data_samples=[DataSample() for _ in imgs])
+        )
     mean = torch.tensor([123.675, 116.28, 103.53]).view(3, 1, 1)
     std = torch.tensor([58.395, 57.12, 57.375]).view(3, 1, 1)
     x = torch.stack([(img.flip(0).double() - mean) / std for img in imgs])

@@ -1,15 +1,21 @@
 """Backbones, neck and heads take an empty batch, forward and backward."""
+
 import pytest
 import torch
 from mmdet.models.roi_heads.mask_heads import FCNMaskHead
 
 from mmevo.layers import set_cpu_fastpath
-from mmevo.models import (ACmixResNet, InvolutionFCNMaskHead, InvolutionFPN,
-                          InvolutionRPNHead, RedNet)
+from mmevo.models import (
+    ACmixResNet,
+    InvolutionFCNMaskHead,
+    InvolutionFPN,
+    InvolutionRPNHead,
+    RedNet,
+)
 
 TINY = {
     RedNet: dict(stem_channels=32, base_channels=16),
-    ACmixResNet: dict(stem_channels=16, base_channels=16)
+    ACmixResNet: dict(stem_channels=16, base_channels=16),
 }
 
 
@@ -21,8 +27,12 @@ def test_backbone_empty_batch(cls, mode, fast):
     model.train(mode == 'train')
     x = torch.rand(0, 3, 64, 48, requires_grad=True)
     outs = model(x)
-    assert [tuple(o.shape) for o in outs] == [(0, 64, 16, 12), (0, 128, 8, 6),
-                                              (0, 256, 4, 3), (0, 512, 2, 2)]
+    assert [tuple(o.shape) for o in outs] == [
+        (0, 64, 16, 12),
+        (0, 128, 8, 6),
+        (0, 256, 4, 3),
+        (0, 512, 2, 2),
+    ]
     sum(o.sum() for o in outs).backward()
     assert x.grad.shape == x.shape
 
@@ -33,12 +43,15 @@ def test_neck_and_rpn_head_empty_batch(fast):
     head = set_cpu_fastpath(InvolutionRPNHead(16, feat_channels=16), fast)
     feats = [
         torch.rand(0, 16, 8, 6, requires_grad=True),
-        torch.rand(0, 32, 4, 3, requires_grad=True)
+        torch.rand(0, 32, 4, 3, requires_grad=True),
     ]
     outs = neck(feats)
     cls, reg = head.forward_single(outs[0])
-    assert [tuple(o.shape) for o in outs] == [(0, 16, 8, 6), (0, 16, 4, 3),
-                                              (0, 16, 2, 2)]
+    assert [tuple(o.shape) for o in outs] == [
+        (0, 16, 8, 6),
+        (0, 16, 4, 3),
+        (0, 16, 2, 2),
+    ]
     assert tuple(cls.shape) == (0, 9, 8, 6)  # 9 anchors, sigmoid
     assert tuple(reg.shape) == (0, 36, 8, 6)
     (sum(o.sum() for o in outs) + cls.sum() + reg.sum()).backward()
@@ -50,7 +63,8 @@ def test_neck_and_rpn_head_empty_batch(fast):
 def test_mask_head_no_rois(mode, fast):
     """0 RoIs give (0, num_classes, 28, 28), as mmdet's FCNMaskHead."""
     cfg = dict(
-        num_convs=2, in_channels=16, conv_out_channels=16, num_classes=3)
+        num_convs=2, in_channels=16, conv_out_channels=16, num_classes=3
+    )
     head = set_cpu_fastpath(InvolutionFCNMaskHead(**cfg), fast)
     rois = torch.rand(0, 16, 14, 14, requires_grad=True)
     out = head.train(mode == 'train')(rois)

@@ -9,6 +9,7 @@ On the CPU the recipes' ``AmpOptimWrapper`` (mmengine: CUDA/NPU/MLU only)
 becomes ``OptimWrapper`` and SyncBN becomes BN; everything else (AdamW,
 parameter-wise decay, warm-up, schedule) is the config's.
 """
+
 import os.path as osp
 
 import pytest
@@ -32,7 +33,8 @@ NARROW = dict(
     group_width=4,
     pad_small_map=True,
     drop_path_rate=0.1,
-    init_cfg=None)
+    init_cfg=None,
+)
 WIDTHS = [16, 32, 64, 128]
 NO_EVAL = dict(
     val_dataloader=None,
@@ -40,7 +42,8 @@ NO_EVAL = dict(
     val_evaluator=None,
     test_dataloader=None,
     test_cfg=None,
-    test_evaluator=None)
+    test_evaluator=None,
+)
 
 
 class Recorder(Hook):
@@ -51,19 +54,15 @@ class Recorder(Hook):
 
     def before_train(self, runner):
         self.before = {
-            n: p.detach().clone()
-            for n, p in runner.model.named_parameters()
+            n: p.detach().clone() for n, p in runner.model.named_parameters()
         }
 
-    def after_train_iter(self,
-                         runner,
-                         batch_idx,
-                         data_batch=None,
-                         outputs=None):
-        self.losses.append({
-            k: float(torch.as_tensor(v).detach())
-            for k, v in outputs.items()
-        })
+    def after_train_iter(
+        self, runner, batch_idx, data_batch=None, outputs=None
+    ):
+        self.losses.append(
+            {k: float(torch.as_tensor(v).detach()) for k, v in outputs.items()}
+        )
 
 
 def run(cfg, tmp_path):
@@ -95,8 +94,12 @@ def check_training(runner, recorder, steps, heads):
         if not torch.equal(p.detach(), recorder.before[n])
     }
     # the ELSA stages, the window-attention stage and every head moved
-    for prefix in ('backbone.layers.0.blocks.0.attn.', 'backbone.layers.3.',
-                   'backbone.norm0.', *heads):
+    for prefix in (
+        'backbone.layers.0.blocks.0.attn.',
+        'backbone.layers.3.',
+        'backbone.norm0.',
+        *heads,
+    ):
         assert any(n.startswith(prefix) for n in changed), prefix
 
 
@@ -106,8 +109,10 @@ def test_elsa_swin_mask_rcnn_trains_on_synthetic_coco(tmp_path):
     scales = [(s, 160) for s in (64, 72, 80, 88, 96)]
     cfg = Config.fromfile(
         osp.join(
-            REPO, 'configs/elsa_swin/'
-            'mask-rcnn_elsa-swin-t_fpn_ms-crop-1x_coco.py'))
+            REPO,
+            'configs/elsa_swin/mask-rcnn_elsa-swin-t_fpn_ms-crop-1x_coco.py',
+        )
+    )
     # the recipe's pipeline, scaled to 64-px images (as 480-800 to COCO)
     pipeline = cfg.train_dataloader.dataset.pipeline
     plain, crop = pipeline[3].transforms
@@ -124,10 +129,14 @@ def test_elsa_swin_mask_rcnn_trains_on_synthetic_coco(tmp_path):
                 roi_head=dict(
                     bbox_roi_extractor=dict(out_channels=32),
                     bbox_head=dict(
-                        in_channels=32, fc_out_channels=64, num_classes=3),
+                        in_channels=32, fc_out_channels=64, num_classes=3
+                    ),
                     mask_roi_extractor=dict(out_channels=32),
                     mask_head=dict(
-                        in_channels=32, conv_out_channels=32, num_classes=3))),
+                        in_channels=32, conv_out_channels=32, num_classes=3
+                    ),
+                ),
+            ),
             train_dataloader=dict(
                 batch_size=2,
                 num_workers=0,
@@ -137,15 +146,23 @@ def test_elsa_swin_mask_rcnn_trains_on_synthetic_coco(tmp_path):
                     metainfo=dict(classes=('circle', 'square', 'triangle')),
                     ann_file='annotations/instances_train.json',
                     data_prefix=dict(img='train/'),
-                    pipeline=pipeline)),
-            train_cfg=dict(max_epochs=1)))
+                    pipeline=pipeline,
+                ),
+            ),
+            train_cfg=dict(max_epochs=1),
+        )
+    )
     assert cfg.optim_wrapper.optimizer.lr == 1e-4  # the recipe's
     runner, recorder = run(cfg, tmp_path)
     check_training(
-        runner, recorder, 3,
-        ('neck.', 'rpn_head.', 'roi_head.bbox_head.', 'roi_head.mask_head.'))
-    assert {'loss_rpn_cls', 'loss_bbox',
-            'loss_mask'} <= set(recorder.losses[0])
+        runner,
+        recorder,
+        3,
+        ('neck.', 'rpn_head.', 'roi_head.bbox_head.', 'roi_head.mask_head.'),
+    )
+    assert {'loss_rpn_cls', 'loss_bbox', 'loss_mask'} <= set(
+        recorder.losses[0]
+    )
 
 
 def test_elsa_swin_upernet_trains_on_synthetic_cityscapes(tmp_path):
@@ -154,8 +171,11 @@ def test_elsa_swin_upernet_trains_on_synthetic_cityscapes(tmp_path):
     crop_size = (44, 44)
     cfg = Config.fromfile(
         osp.join(
-            REPO, 'configs/elsa_swin/'
-            'upernet_elsa-swin-t_8xb2-160k_ade20k-512x512.py'))
+            REPO,
+            'configs/elsa_swin/'
+            'upernet_elsa-swin-t_8xb2-160k_ade20k-512x512.py',
+        )
+    )
     # the ADE20K recipe's pipeline at 1/8 scale, on the Cityscapes layout
     pipeline = [
         dict(type='LoadImageFromFile'),
@@ -164,7 +184,8 @@ def test_elsa_swin_upernet_trains_on_synthetic_cityscapes(tmp_path):
             type='RandomResize',
             scale=(96, 48),
             ratio_range=(0.5, 2.0),
-            keep_ratio=True),
+            keep_ratio=True,
+        ),
         dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
         dict(type='RandomFlip', prob=0.5),
         dict(type='PhotoMetricDistortion'),
@@ -176,9 +197,12 @@ def test_elsa_swin_upernet_trains_on_synthetic_cityscapes(tmp_path):
                 data_preprocessor=dict(size=crop_size),
                 backbone=NARROW,
                 decode_head=dict(
-                    in_channels=WIDTHS, channels=32, num_classes=19),
+                    in_channels=WIDTHS, channels=32, num_classes=19
+                ),
                 auxiliary_head=dict(
-                    in_channels=64, channels=16, num_classes=19)),
+                    in_channels=64, channels=16, num_classes=19
+                ),
+            ),
             train_dataloader=dict(
                 _delete_=True,
                 batch_size=2,
@@ -189,9 +213,14 @@ def test_elsa_swin_upernet_trains_on_synthetic_cityscapes(tmp_path):
                     data_root=root,
                     data_prefix=dict(
                         img_path='leftImg8bit/train',
-                        seg_map_path='gtFine/train'),
-                    pipeline=pipeline)),
-            train_cfg=dict(max_iters=3, val_interval=1000)))
+                        seg_map_path='gtFine/train',
+                    ),
+                    pipeline=pipeline,
+                ),
+            ),
+            train_cfg=dict(max_iters=3, val_interval=1000),
+        )
+    )
     assert cfg.optim_wrapper.optimizer.lr == 6e-5  # the recipe's
     runner, recorder = run(cfg, tmp_path)
     check_training(runner, recorder, 3, ('decode_head.', 'auxiliary_head.'))

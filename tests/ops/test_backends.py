@@ -1,6 +1,7 @@
 """Backend selection: a validated ``MMEVO_OPS_BACKEND``, a clear error for
 ``cpp`` without the extension, and the fallback of 'auto' from a failing
 Triton kernel to PyTorch (failures injected)."""
+
 import os
 import subprocess
 import sys
@@ -9,12 +10,19 @@ import warnings
 import pytest
 import torch
 
-from mmevo.ops import (BACKENDS, backends, cpp_backend, evolution_aggregate,
-                       triton_backend, use_backend)
+from mmevo.ops import (
+    BACKENDS,
+    backends,
+    cpp_backend,
+    evolution_aggregate,
+    triton_backend,
+    use_backend,
+)
 from mmevo.ops.reference import aggregate_reference
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 def test_a_typo_in_the_environment_variable_is_a_value_error():
@@ -24,7 +32,8 @@ def test_a_typo_in_the_environment_variable_is_a_value_error():
         capture_output=True,
         text=True,
         timeout=120,
-        env=dict(os.environ, MMEVO_OPS_BACKEND='tritn', PYTHONPATH=ROOT))
+        env=dict(os.environ, MMEVO_OPS_BACKEND='tritn', PYTHONPATH=ROOT),
+    )
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith('ValueError: MMEVO_OPS_BACKEND must be one of')
@@ -51,8 +60,7 @@ def _cpu_tensors_on_triton(monkeypatch):
     monkeypatch.setattr(backends, '_auto', lambda t: 'triton')
 
 
-def test_a_failing_triton_kernel_falls_back_once_with_one_warning(
-        monkeypatch):
+def test_a_failing_triton_kernel_falls_back_once_with_one_warning(monkeypatch):
     _cpu_tensors_on_triton(monkeypatch)
     calls = []
 
@@ -70,14 +78,20 @@ def test_a_failing_triton_kernel_falls_back_once_with_one_warning(
     torch.testing.assert_close(y, expected)
     assert len(record) == 1
     message = str(record[0].message)
-    for part in ('aggregate', '(2, 8, 7, 9)', 'torch.float64',
-                 'RuntimeError: PTX: out of resources', 'PyTorch backend'):
+    for part in (
+        'aggregate',
+        '(2, 8, 7, 9)',
+        'torch.float64',
+        'RuntimeError: PTX: out of resources',
+        'PyTorch backend',
+    ):
         assert part in message
     # the same geometry: no retry and no second warning
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         torch.testing.assert_close(
-            evolution_aggregate(x, w, padding=1), expected)
+            evolution_aggregate(x, w, padding=1), expected
+        )
     assert len(calls) == 1
     # another geometry tries Triton again
     with pytest.warns(RuntimeWarning):
@@ -92,6 +106,8 @@ def test_a_forced_triton_backend_raises_its_errors(monkeypatch):
     monkeypatch.setattr(triton_backend, 'aggregate', broken)
     x = torch.randn(1, 4, 5, 5)
     w = torch.randn(1, 1, 3, 3, 5, 5)
-    with use_backend('triton'), pytest.raises(RuntimeError,
-                                              match='launch failed'):
+    with (
+        use_backend('triton'),
+        pytest.raises(RuntimeError, match='launch failed'),
+    ):
         evolution_aggregate(x, w, padding=1)

@@ -8,6 +8,7 @@ loaded as a lone file) in float64: the tiled kernels, the explicit reflect
 padding, and the direct formulation of strides, dilations and paddings much
 larger than the map.
 """
+
 import json
 import os
 import subprocess
@@ -17,10 +18,11 @@ import pytest
 
 from mmevo.ops import cpp_backend
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
-SCRIPT = r'''
+SCRIPT = r"""
 import importlib.util
 import json
 import sys
@@ -66,7 +68,7 @@ for B, C, G, H, W, K, s, p, d in json.loads(sys.argv[3]):
 assert ops.cpu_isa() in ('avx512', 'avx2', 'base')
 print(json.dumps([checked, sorted(m for m in sys.modules
                                   if m.startswith('mmevo'))]))
-'''
+"""
 
 # (B, C, G, H, W, K, stride, padding, dilation)
 GEOMETRIES = [
@@ -85,19 +87,24 @@ GEOMETRIES = [
 
 
 @pytest.mark.skipif(
-    not cpp_backend.available(), reason='the C++ extension is not built')
+    not cpp_backend.available(), reason='the C++ extension is not built'
+)
 def test_operators_from_the_library_alone():
     run = subprocess.run(
         [
-            sys.executable, '-c', SCRIPT, cpp_backend.LIBRARY,
+            sys.executable,
+            '-c',
+            SCRIPT,
+            cpp_backend.LIBRARY,
             os.path.join(ROOT, 'mmevo', 'ops', 'reference.py'),
-            json.dumps(GEOMETRIES)
+            json.dumps(GEOMETRIES),
         ],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=os.path.dirname(cpp_backend.LIBRARY),
-        env=dict(os.environ, PYTHONPATH='', OMP_NUM_THREADS='2'))
+        env=dict(os.environ, PYTHONPATH='', OMP_NUM_THREADS='2'),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     checked, modules = json.loads(run.stdout.strip().splitlines()[-1])
     assert checked == 4 * 2 * len(GEOMETRIES)

@@ -8,14 +8,22 @@ backend is forced in turn all the same, so that the answer stays right for
 every one of them (Triton, if it is ever reached, interpreted on CPU
 tensors: ``tests/conftest.py`` sets ``TRITON_INTERPRET=1``).
 """
+
 import pytest
 import torch
 
-from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
-                       local_correlation, output_size)
-from mmevo.ops.reference import (aggregate_reference,
-                                 attention_weights_reference,
-                                 correlation_reference)
+from mmevo.ops import (
+    evolution_aggregate,
+    library,
+    local_attention_weights,
+    local_correlation,
+    output_size,
+)
+from mmevo.ops.reference import (
+    aggregate_reference,
+    attention_weights_reference,
+    correlation_reference,
+)
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -44,10 +52,12 @@ def inputs(geom):
         w=(B, G, K, K, Ho, Wo),
         q=(B, C, Ho, Wo),
         gy=(B, C, Ho, Wo),
-        go=(B, G, K, K, Ho, Wo))
+        go=(B, G, K, K, Ho, Wo),
+    )
     return {
-        name: torch.randn(*shape, generator=gen,
-                          dtype=torch.float64).to(DEVICE)
+        name: torch.randn(*shape, generator=gen, dtype=torch.float64).to(
+            DEVICE
+        )
         for name, shape in shapes.items()
     }
 
@@ -77,15 +87,24 @@ def test_empty_matches_reference(backend, mode, geom):
     window = (s, p, d, mode)
     # (op, reference, inputs, output gradient)
     cases = [
-        (lambda x, w: evolution_aggregate(x, w, *window),
-         lambda x, w: aggregate_reference(x, w, *window), (t['x'],
-                                                           t['w']), t['gy']),
-        (lambda q, x: local_correlation(q, x, G, K, *window),
-         lambda q, x: correlation_reference(q, x, G, K, *window),
-         (t['q'], t['x']), t['go']),
-        (lambda q, x: local_attention_weights(q, x, G, K, *window),
-         lambda q, x: attention_weights_reference(q, x, G, K, *window),
-         (t['q'], t['x']), t['go']),
+        (
+            lambda x, w: evolution_aggregate(x, w, *window),
+            lambda x, w: aggregate_reference(x, w, *window),
+            (t['x'], t['w']),
+            t['gy'],
+        ),
+        (
+            lambda q, x: local_correlation(q, x, G, K, *window),
+            lambda q, x: correlation_reference(q, x, G, K, *window),
+            (t['q'], t['x']),
+            t['go'],
+        ),
+        (
+            lambda q, x: local_attention_weights(q, x, G, K, *window),
+            lambda q, x: attention_weights_reference(q, x, G, K, *window),
+            (t['q'], t['x']),
+            t['go'],
+        ),
     ]
     for op, ref, args, grad in cases:
         with library.use_backend(backend):
@@ -108,11 +127,13 @@ def test_empty_transpose_and_double_backward(backend, mode, geom):
 
     def transpose(gy, w):
         return torch.ops.mmevo.evolution_aggregate_transpose(
-            gy, w, H, W, *window)
+            gy, w, H, W, *window
+        )
 
     def transpose_reference(gy, w):
         x = torch.zeros(
-            B, C, H, W, dtype=gy.dtype, device=gy.device, requires_grad=True)
+            B, C, H, W, dtype=gy.dtype, device=gy.device, requires_grad=True
+        )
         y = aggregate_reference(x, w, *window)
         return torch.autograd.grad(y, x, gy, create_graph=True)[0]
 
@@ -127,7 +148,8 @@ def test_empty_transpose_and_double_backward(backend, mode, geom):
 def test_public_ops_at_zero_channels_do_not_crash():
     """The reported crash: the C++ kernels divided by C = 0 (SIGFPE)."""
     y = evolution_aggregate(
-        torch.randn(2, 0, 9, 11), torch.randn(2, 1, 3, 3, 9, 11))
+        torch.randn(2, 0, 9, 11), torch.randn(2, 1, 3, 3, 9, 11)
+    )
     assert y.shape == (2, 0, 9, 11)
     q = torch.randn(2, 0, 9, 11, requires_grad=True)
     k = torch.randn(2, 0, 9, 11, requires_grad=True)
@@ -141,7 +163,9 @@ def test_empty_map_is_refused(shape):
     name = 'height' if shape[2] == 0 else 'width'
     with pytest.raises(ValueError, match=rf'input {name} must be >= 1, got 0'):
         evolution_aggregate(
-            torch.randn(shape), torch.randn(1, 1, 1, 1, 2, 2), padding=1)
+            torch.randn(shape), torch.randn(1, 1, 1, 1, 2, 2), padding=1
+        )
     with pytest.raises(ValueError, match=rf'key {name} must be >= 1, got 0'):
         local_correlation(
-            torch.randn(1, 4, 2, 2), torch.randn(shape), 1, 1, padding=1)
+            torch.randn(1, 4, 2, 2), torch.randn(shape), 1, 1, padding=1
+        )

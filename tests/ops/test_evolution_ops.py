@@ -8,17 +8,25 @@ gradcheck; reduced precision; reflect padding against torch/numpy; and
 torch.compile of a function using the ops. The fused attention weights are
 checked against the softmax of the reference correlation.
 """
+
 import random
 
 import numpy as np
 import pytest
 import torch
 
-from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
-                       local_correlation, output_size)
-from mmevo.ops.reference import (aggregate_reference,
-                                 attention_weights_reference,
-                                 correlation_reference)
+from mmevo.ops import (
+    evolution_aggregate,
+    library,
+    local_attention_weights,
+    local_correlation,
+    output_size,
+)
+from mmevo.ops.reference import (
+    aggregate_reference,
+    attention_weights_reference,
+    correlation_reference,
+)
 
 N_CONFIGS = 240
 
@@ -33,15 +41,16 @@ def random_config(rng):
         K = rng.choice([1, 3, 5, 7])
         s, d = rng.randint(1, 3), rng.randint(1, 3)
         shape = rng.choice(['odd', 'odd', 'odd', '1x1', '2x3'])
-        H, W = {
-            '1x1': (1, 1),
-            '2x3': (2, 3)
-        }.get(shape, (rng.randint(1, 13), rng.randint(1, 13)))
+        H, W = {'1x1': (1, 1), '2x3': (2, 3)}.get(
+            shape, (rng.randint(1, 13), rng.randint(1, 13))
+        )
         mode = rng.choice(['zeros', 'reflect'])
         p = None if rng.random() < 0.5 else rng.randint(0, d * (K - 1))
         pad = d * (K - 1) // 2 if p is None else p
-        if output_size(H, K, s, pad, d) >= 1 and output_size(W, K, s, pad,
-                                                             d) >= 1:
+        if (
+            output_size(H, K, s, pad, d) >= 1
+            and output_size(W, K, s, pad, d) >= 1
+        ):
             return dict(
                 B=rng.randint(1, 2),
                 C=C,
@@ -54,14 +63,16 @@ def random_config(rng):
                 p=p,
                 pad=pad,
                 mode=mode,
-                layout=rng.choice(['contiguous', 'strided', 'channels_last']))
+                layout=rng.choice(['contiguous', 'strided', 'channels_last']),
+            )
 
 
 def make(shape, layout, gen, dtype=torch.float64):
     """A random tensor of ``shape`` stored with the requested ``layout``."""
     if layout == 'strided':  # every other element of a wider tensor
         big = torch.randn(
-            *shape[:-1], 2 * shape[-1], generator=gen, dtype=dtype)
+            *shape[:-1], 2 * shape[-1], generator=gen, dtype=dtype
+        )
         return big[..., ::2]
     t = torch.randn(*shape, generator=gen, dtype=dtype)
     if layout == 'channels_last' and t.dim() == 4:
@@ -76,9 +87,9 @@ def leaf(t):
 def cases():
     """(backend, seed): the C++ kernels on the full sweep, the PyTorch
     fallback on a part."""
-    return [('cpp', seed)
-            for seed in range(N_CONFIGS)] + [('torch', seed)
-                                             for seed in range(40)]
+    return [('cpp', seed) for seed in range(N_CONFIGS)] + [
+        ('torch', seed) for seed in range(40)
+    ]
 
 
 @pytest.mark.parametrize('backend,seed', cases())
@@ -155,11 +166,15 @@ def test_wide_maps_match_reference(geom, mode):
     gy = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
     go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
     outs = []
-    for fn_a, fn_c, fn_s, padding in ((evolution_aggregate, local_correlation,
-                                       local_attention_weights, p),
-                                      (aggregate_reference,
-                                       correlation_reference,
-                                       attention_weights_reference, pad)):
+    for fn_a, fn_c, fn_s, padding in (
+        (evolution_aggregate, local_correlation, local_attention_weights, p),
+        (
+            aggregate_reference,
+            correlation_reference,
+            attention_weights_reference,
+            pad,
+        ),
+    ):
         xa, wa, qa, xc, qs, xs = (leaf(t) for t in (x, w, q, x, q, x))
         with library.use_backend('cpp'):
             y = fn_a(xa, wa, s, padding, d, mode)
@@ -169,7 +184,8 @@ def test_wide_maps_match_reference(geom, mode):
         (o * go).sum().backward()
         (a * go).sum().backward()
         outs.append(
-            (y, o, a, xa.grad, wa.grad, qa.grad, xc.grad, qs.grad, xs.grad))
+            (y, o, a, xa.grad, wa.grad, qa.grad, xc.grad, qs.grad, xs.grad)
+        )
     for got, want in zip(*outs):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
@@ -183,14 +199,26 @@ def test_sweep_covers_the_issue_list():
     assert seen('mode') == {'zeros', 'reflect'}
     assert seen('layout') == {'contiguous', 'strided', 'channels_last'}
     assert {(c['H'], c['W']) for c in cfgs} >= {(1, 1), (2, 3)}
-    groups = {('1' if c['G'] == 1 else 'C/16' if c['G'] == c['C'] //
-               16 else 'C' if c['G'] == c['C'] else 'other')
-              for c in cfgs if c['C'] >= 16}
+    groups = {
+        (
+            '1'
+            if c['G'] == 1
+            else 'C/16'
+            if c['G'] == c['C'] // 16
+            else 'C'
+            if c['G'] == c['C']
+            else 'other'
+        )
+        for c in cfgs
+        if c['C'] >= 16
+    }
     assert groups >= {'1', 'C/16', 'C'}
     assert any(c['C'] // c['G'] > 64 for c in cfgs)  # several channel blocks
     # Reflect paddings as large as the map (numpy-style re-reflection).
-    assert any(c['mode'] == 'reflect' and c['pad'] >= min(c['H'], c['W'])
-               for c in cfgs)
+    assert any(
+        c['mode'] == 'reflect' and c['pad'] >= min(c['H'], c['W'])
+        for c in cfgs
+    )
 
 
 @pytest.mark.parametrize('backend', ['cpp', 'torch'])
@@ -198,7 +226,8 @@ def test_sweep_covers_the_issue_list():
 def test_gradcheck(backend, mode):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(
-        1, 4, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+        1, 4, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True
+    )
     w = torch.randn(
         1,
         2,
@@ -208,28 +237,38 @@ def test_gradcheck(backend, mode):
         3,
         generator=gen,
         dtype=torch.float64,
-        requires_grad=True)
+        requires_grad=True,
+    )
     q = torch.randn(
-        1, 4, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+        1, 4, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True
+    )
     with library.use_backend(backend):
         assert torch.autograd.gradcheck(
-            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode), (x, w))
+            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode), (x, w)
+        )
         assert torch.autograd.gradcheck(
-            lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode), (q, x))
+            lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode), (q, x)
+        )
         # Second order: the backward is made of the same differentiable ops.
         assert torch.autograd.gradgradcheck(
-            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode), (x, w),
-            fast_mode=True)
+            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, mode),
+            (x, w),
+            fast_mode=True,
+        )
         assert torch.autograd.gradgradcheck(
-            lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode), (q, x),
-            fast_mode=True)
+            lambda a, b: local_correlation(a, b, 2, 3, 2, 2, 2, mode),
+            (q, x),
+            fast_mode=True,
+        )
         assert torch.autograd.gradcheck(
             lambda a, b: local_attention_weights(a, b, 2, 3, 2, 2, 2, mode),
-            (q, x))
+            (q, x),
+        )
         assert torch.autograd.gradgradcheck(
             lambda a, b: local_attention_weights(a, b, 2, 3, 2, 2, 2, mode),
             (q, x),
-            fast_mode=True)
+            fast_mode=True,
+        )
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
@@ -248,21 +287,27 @@ def test_reduced_precision(dtype, mode):
         y.backward(gy.to(dtype))
         o = local_correlation(q.to(dtype), x.to(dtype), 2, 7, 2, None, 1, mode)
         a = local_attention_weights(
-            q.to(dtype) / 8, x.to(dtype), 2, 7, 2, None, 1, mode)
+            q.to(dtype) / 8, x.to(dtype), 2, 7, 2, None, 1, mode
+        )
     xr, wr = leaf(x), leaf(w)
     y_ref = aggregate_reference(xr, wr, 2, 3, 1, mode)
     y_ref.backward(gy)
     o_ref = correlation_reference(q, x, 2, 7, 2, 3, 1, mode)
     a_ref = attention_weights_reference(q / 8, x, 2, 7, 2, 3, 1, mode)
     assert a.dtype == dtype
-    assert (a.float() -
-            a_ref).abs().max() < (2e-2 if dtype == torch.bfloat16 else 3e-3)
+    assert (a.float() - a_ref).abs().max() < (
+        2e-2 if dtype == torch.bfloat16 else 3e-3
+    )
     assert y.dtype == o.dtype == xl.grad.dtype == wl.grad.dtype == dtype
     # Rounding the inputs to bf16 (8 bits) dominates: tolerance relative to
     # the scale.
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
-    for got, ref in [(y, y_ref), (o, o_ref), (xl.grad, xr.grad),
-                     (wl.grad, wr.grad)]:
+    for got, ref in [
+        (y, y_ref),
+        (o, o_ref),
+        (xl.grad, xr.grad),
+        (wl.grad, wr.grad),
+    ]:
         err = (got.float() - ref).abs().max() / ref.abs().max()
         assert err < tol, (got.dtype, err)
 
@@ -272,8 +317,11 @@ def test_autocast_mixed_dtypes():
     bf16."""
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(2, 16, 7, 9, generator=gen, requires_grad=True)
-    w = torch.randn(
-        2, 2, 3, 3, 7, 9, generator=gen).bfloat16().requires_grad_()
+    w = (
+        torch.randn(2, 2, 3, 3, 7, 9, generator=gen)
+        .bfloat16()
+        .requires_grad_()
+    )
     key = torch.randn(2, 16, 7, 9, generator=gen).bfloat16()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         y = evolution_aggregate(x, w)
@@ -297,8 +345,11 @@ def test_reflect_is_reflection_pad(size, padding):
     else:
         xp = torch.from_numpy(
             np.pad(
-                x.numpy(), [(0, 0), (0, 0)] + [(padding, padding)] * 2,
-                mode='reflect'))
+                x.numpy(),
+                [(0, 0), (0, 0)] + [(padding, padding)] * 2,
+                mode='reflect',
+            )
+        )
     K = 3
     Ho, Wo = (output_size(n, K, 1, padding, 1) for n in size)
     w = torch.randn(1, 2, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
@@ -308,7 +359,8 @@ def test_reflect_is_reflection_pad(size, padding):
         o = local_correlation(q, x, 2, K, 1, padding, 1, 'reflect')
     torch.testing.assert_close(y, aggregate_reference(xp, w, 1, 0, 1, 'zeros'))
     torch.testing.assert_close(
-        o, correlation_reference(q, xp, 2, K, 1, 0, 1, 'zeros'))
+        o, correlation_reference(q, xp, 2, K, 1, 0, 1, 'zeros')
+    )
 
 
 def test_backends_agree_bitwise_across_threads():
@@ -341,8 +393,9 @@ def test_torch_compile_fullgraph():
         logits = local_correlation(q, k, 2, 3, 1, None, 1, 'reflect')
         attn = logits.flatten(2, 3).softmax(2).view_as(logits)
         fused = local_attention_weights(v, k, 2, 3, 1, None, 1, 'zeros')
-        return (evolution_aggregate(v, attn, 1, None, 1, 'zeros') +
-                evolution_aggregate(q, fused, 1, None, 1, 'zeros'))
+        return evolution_aggregate(
+            v, attn, 1, None, 1, 'zeros'
+        ) + evolution_aggregate(q, fused, 1, None, 1, 'zeros')
 
     gen = torch.Generator().manual_seed(3)
     args = [torch.randn(1, 4, 5, 6, generator=gen) for _ in range(3)]
@@ -358,20 +411,29 @@ def test_torch_compile_fullgraph():
 
 def test_ops_are_registered():
     """The torch.library names other code (FLOP counters) relies on."""
-    assert torch.ops.mmevo.evolution_aggregate.default._schema.arguments[
-        2].name == 'stride'
+    assert (
+        torch.ops.mmevo.evolution_aggregate.default._schema.arguments[2].name
+        == 'stride'
+    )
     assert [
         a.name
         for a in torch.ops.mmevo.local_correlation.default._schema.arguments
     ] == [
-        'query', 'key', 'groups', 'kernel_size', 'stride', 'padding',
-        'dilation', 'padding_mode'
+        'query',
+        'key',
+        'groups',
+        'kernel_size',
+        'stride',
+        'padding',
+        'dilation',
+        'padding_mode',
     ]
     x = torch.randn(1, 4, 5, 5)
     w = torch.randn(1, 2, 3, 3, 5, 5)
     torch.testing.assert_close(
         torch.ops.mmevo.evolution_aggregate(x, w, 1, 1, 1, 'zeros'),
-        aggregate_reference(x, w, 1, 1, 1, 'zeros'))
+        aggregate_reference(x, w, 1, 1, 1, 'zeros'),
+    )
 
 
 def test_jit_trace_records_the_ops():
@@ -382,7 +444,8 @@ def test_jit_trace_records_the_ops():
 
     def f(x, w):
         return evolution_aggregate(x, w) + local_correlation(x, x, 2, 3).sum(
-            (2, 3)).repeat_interleave(4, 1)
+            (2, 3)
+        ).repeat_interleave(4, 1)
 
     with pytest.warns(torch.jit.TracerWarning):
         traced = torch.jit.trace(f, (x, w))

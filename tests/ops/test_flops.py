@@ -1,5 +1,6 @@
 """The FLOP-counting rules of the mmevo ops (mmevo.ops.flops) in mmengine's
 FlopAnalyzer, against counts written out from the shapes."""
+
 import torch
 from mmengine.analysis import FlopAnalyzer
 from torch import nn

@@ -5,6 +5,7 @@ has; ``MMEVO_CPU_ISA`` selects a narrower one (read once, when the library
 loads), so each variant runs here in a subprocess on the same wide-map,
 strided geometries.
 """
+
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from mmevo.ops import cpp_backend
 
-SCRIPT = r'''
+SCRIPT = r"""
 import torch
 from mmevo.ops import (cpp_backend, evolution_aggregate,
                        local_attention_weights, local_correlation,
@@ -47,11 +48,12 @@ for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1),
         for got, want in zip(*outs):
             torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 print('ok')
-'''
+"""
 
 
 @pytest.mark.skipif(
-    not cpp_backend.available(), reason='the C++ extension is not built')
+    not cpp_backend.available(), reason='the C++ extension is not built'
+)
 @pytest.mark.parametrize('isa', ['avx2', 'base'])
 def test_narrower_isa_matches_reference(isa):
     if isa == 'avx2' and cpp_backend.isa() == 'base':
@@ -62,6 +64,7 @@ def test_narrower_isa_matches_reference(isa):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600)
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().endswith('ok')

@@ -1,5 +1,6 @@
 """Backend selection: ``use_backend`` is per thread; a backward runs on the
 backend of its forward, whichever thread runs it."""
+
 import contextlib
 import threading
 
@@ -22,8 +23,9 @@ def test_use_backend_is_per_thread():
 
     def worker(name):
         try:
-            with (library.use_backend(name)
-                  if name else contextlib.nullcontext()):
+            with (
+                library.use_backend(name) if name else contextlib.nullcontext()
+            ):
                 all_inside.wait(timeout=10)
                 seen[name] = library.primitives(torch.empty(0))
                 done.wait(timeout=10)
@@ -31,7 +33,7 @@ def test_use_backend_is_per_thread():
             errors.append(e)
 
     threads = [
-        threading.Thread(target=worker, args=(name, ))
+        threading.Thread(target=worker, args=(name,))
         for name in ('torch', 'cpp', None)
     ]
     for t in threads:
@@ -81,7 +83,9 @@ def test_backward_runs_on_the_forward_backend(monkeypatch):
 
 def test_unknown_backend():
     with pytest.raises(
-            ValueError, match=r"backend must be one of .*, got "
-            r"'cuda'"):
+        ValueError,
+        match=r'backend must be one of .*, got '
+        r"'cuda'",
+    ):
         with library.use_backend('cuda'):
             pass

@@ -1,6 +1,7 @@
 """The oracle at zero-padded borders: an Inf or NaN in the map does not
 leak into the padding (a multiplication by a 0/1 mask turned it into NaN
 where a convolution reads 0)."""
+
 import itertools
 
 import pytest
@@ -37,7 +38,8 @@ def test_aggregate_is_a_one_hot_convolution(u, v, stride, padding, dilation):
     weight = torch.zeros(1, 1, K, K, dtype=torch.float64)
     weight[0, 0, u, v] = 1
     expected = F.conv2d(
-        x, weight, stride=stride, padding=padding, dilation=dilation)
+        x, weight, stride=stride, padding=padding, dilation=dilation
+    )
     out_hw = [_out_size(n, stride, padding, dilation) for n in x.shape[-2:]]
     kernel = weight.view(1, 1, K, K, 1, 1).expand(1, 1, K, K, *out_hw)
     out = aggregate_reference(x, kernel, stride, padding, dilation, 'zeros')
@@ -51,9 +53,10 @@ def test_correlation_reads_zero_padding(stride, padding, dilation):
     key = _map()
     out_hw = [_out_size(n, stride, padding, dilation) for n in key.shape[-2:]]
     query = torch.ones(1, 1, *out_hw, dtype=torch.float64)
-    out = correlation_reference(query, key, 1, K, stride, padding, dilation,
-                                'zeros')
+    out = correlation_reference(
+        query, key, 1, K, stride, padding, dilation, 'zeros'
+    )
     expected = F.unfold(
-        key, K, dilation=dilation, padding=padding,
-        stride=stride).view(1, 1, K, K, *out_hw)
+        key, K, dilation=dilation, padding=padding, stride=stride
+    ).view(1, 1, K, K, *out_hw)
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)

@@ -6,38 +6,44 @@ nothing.
 (sm_80, sm_90, and sm_100 where the installed Triton has it) in two worker
 processes with fresh Triton caches: about 4 minutes on 2 cores.
 """
+
 import json
 import os
 import subprocess
 import sys
 
 REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 ENV = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
 ENV['PYTHONPATH'] = REPO
 
 
 def python(*args, stdin=None):
     """Run Python without TRITON_INTERPRET (this process may have it)."""
-    out = subprocess.run([sys.executable, *args],
-                         input=stdin,
-                         env=ENV,
-                         cwd=REPO,
-                         capture_output=True,
-                         text=True,
-                         timeout=3600)
+    out = subprocess.run(
+        [sys.executable, *args],
+        input=stdin,
+        env=ENV,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     return out.stdout
 
 
 def test_every_kernel_config_dtype_target_compiles_without_spills():
-    rows = json.loads(python('-m', 'mmevo.ops.triton_aot', '--processes',
-                             '2'))
+    rows = json.loads(python('-m', 'mmevo.ops.triton_aot', '--processes', '2'))
     meta = json.loads(
         python(
-            '-c', 'import json; from mmevo.ops import triton_aot as a, '
+            '-c',
+            'import json; from mmevo.ops import triton_aot as a, '
             'triton_backend as tb; print(json.dumps([a.targets(), '
-            'len(tb.GPU_CONFIGS), list(tb.KERNELS)]))'))
+            'len(tb.GPU_CONFIGS), list(tb.KERNELS)]))',
+        )
+    )
     targets, n_configs, kernels = meta
     assert {80, 90} <= set(targets)
     # 3 kernels x 4 dtypes, and the correlation's fp32 logits of fp16 / bf16
@@ -50,7 +56,7 @@ def test_every_kernel_config_dtype_target_compiles_without_spills():
     assert all(0 < r['regs'] <= 255 for r in rows)
 
 
-SCRIPT = '''
+SCRIPT = """
 import json
 import torch
 from mmevo.ops import triton_backend as tb
@@ -79,7 +85,7 @@ for bad, error in ((len(configs), ValueError), (-1, ValueError),
     else:
         raise AssertionError(f'fixed_config({bad!r}) did not raise')
 print(json.dumps([len(configs), out]))
-'''
+"""
 
 
 def test_fixed_config_prunes_without_touching_the_configs():

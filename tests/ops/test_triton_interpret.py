@@ -10,6 +10,7 @@ file runs in a process that imported triton first. With CUDA the same
 checks run the compiled kernels on the GPU. The interpreter is slow: a small
 sweep, forward and every gradient, fp32 and bf16.
 """
+
 import importlib
 import os
 import sys
@@ -18,10 +19,13 @@ import torch
 
 INTERPRET = not torch.cuda.is_available()
 if INTERPRET:
-    assert 'triton' not in sys.modules or os.environ.get(
-        'TRITON_INTERPRET') == '1', (
-            'triton was imported before TRITON_INTERPRET=1 could be set: run '
-            'tests/ops/test_triton_interpret.py in its own process')
+    assert (
+        'triton' not in sys.modules
+        or os.environ.get('TRITON_INTERPRET') == '1'
+    ), (
+        'triton was imported before TRITON_INTERPRET=1 could be set: run '
+        'tests/ops/test_triton_interpret.py in its own process'
+    )
     os.environ['TRITON_INTERPRET'] = '1'
 DEVICE = 'cpu' if INTERPRET else 'cuda'
 
@@ -29,11 +33,18 @@ DEVICE = 'cpu' if INTERPRET else 'cuda'
 # setup.cfg).
 import pytest
 
-from mmevo.ops import (evolution_aggregate, library, local_attention_weights,
-                       local_correlation, output_size)
-from mmevo.ops.reference import (aggregate_reference,
-                                 attention_weights_reference,
-                                 correlation_reference)
+from mmevo.ops import (
+    evolution_aggregate,
+    library,
+    local_attention_weights,
+    local_correlation,
+    output_size,
+)
+from mmevo.ops.reference import (
+    aggregate_reference,
+    attention_weights_reference,
+    correlation_reference,
+)
 
 tk = importlib.import_module('mmevo.ops.triton_backend')
 pytestmark = pytest.mark.cuda
@@ -46,8 +57,17 @@ GEOMETRIES = [
     (1, 4, 4, 2, 3, 7, 1, 3, 1),
     (1, 12, 3, 1, 1, 1, 1, 0, 1),
     (1, 8, 2, 11, 5, 3, 2, 3, 3),
-    (1, 40, 1, 5, 4, 3, 1, 1,
-     1),  # 40 channels in a group: several channel blocks
+    (
+        1,
+        40,
+        1,
+        5,
+        4,
+        3,
+        1,
+        1,
+        1,
+    ),  # 40 channels in a group: several channel blocks
 ]
 
 
@@ -65,7 +85,8 @@ def run_primitives(x, w, q, gy, go, geom):
         o=tk.correlate(q, x, G, K, s, p, d),
         gq=tk.aggregate(x, go, s, p, d),
         gk=tk.aggregate_transpose(q, go, (H, W), s, p, d),
-        a=tk.correlate(q, x, G, K, s, p, d, softmax=True))
+        a=tk.correlate(q, x, G, K, s, p, d, softmax=True),
+    )
 
 
 def reference_products(x, w, q, gy, go, geom):
@@ -84,15 +105,21 @@ def reference_products(x, w, q, gy, go, geom):
         o=o,
         gq=qc.grad,
         gk=xc.grad,
-        a=attention_weights_reference(q, x, G, K, s, p, d, 'zeros'))
+        a=attention_weights_reference(q, x, G, K, s, p, d, 'zeros'),
+    )
 
 
 def make_inputs(geom, dtype, seed):
     B, C, G, H, W, K, s, p, d = geom
     Ho, Wo = output_size(H, K, s, p, d), output_size(W, K, s, p, d)
     gen = torch.Generator().manual_seed(seed)
-    shapes = [(B, C, H, W), (B, G, K, K, Ho, Wo), (B, C, Ho, Wo),
-              (B, C, Ho, Wo), (B, G, K, K, Ho, Wo)]
+    shapes = [
+        (B, C, H, W),
+        (B, G, K, K, Ho, Wo),
+        (B, C, Ho, Wo),
+        (B, C, Ho, Wo),
+        (B, G, K, K, Ho, Wo),
+    ]
     return [torch.randn(*sh, generator=gen).to(DEVICE, dtype) for sh in shapes]
 
 
@@ -104,7 +131,8 @@ def test_triton_fp32(geom):
     for name in ref:
         assert got[name].dtype == torch.float32
         torch.testing.assert_close(
-            got[name].double(), ref[name], rtol=1e-5, atol=1e-5, msg=name)
+            got[name].double(), ref[name], rtol=1e-5, atol=1e-5, msg=name
+        )
 
 
 @pytest.mark.parametrize('geom', GEOMETRIES[:3])
@@ -126,8 +154,13 @@ def test_triton_through_the_ops(mode):
     gen = torch.Generator().manual_seed(5)
     x, w, q, gy = (
         torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE)
-        for shape in [(1, 8, 4, 5), (1, 2, 5, 5, 4, 5), (1, 8, 4,
-                                                         5), (1, 8, 4, 5)])
+        for shape in [
+            (1, 8, 4, 5),
+            (1, 2, 5, 5, 4, 5),
+            (1, 8, 4, 5),
+            (1, 8, 4, 5),
+        ]
+    )
     results = []
     for triton_backend in (True, False):
         xa, wa, qa = leaf(x), leaf(w), leaf(q)
@@ -143,7 +176,8 @@ def test_triton_through_the_ops(mode):
             # Inside the block: the backward runs the ops (on this backend)
             # too.
             (y * gy).sum().add(o.square().sum()).add(
-                a.square().sum()).backward()
+                a.square().sum()
+            ).backward()
         results.append([y, o, a, xa.grad, wa.grad, qa.grad])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)

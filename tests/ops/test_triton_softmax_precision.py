@@ -4,6 +4,7 @@ Rounded to bf16 first, a logit of 8 is off by up to 0.03, and so is its
 weight, relatively. Run in a subprocess under ``TRITON_INTERPRET=1`` on CPU
 (Triton reads it when imported), compiled on CUDA when there is one.
 """
+
 import os
 import subprocess
 import sys
@@ -12,8 +13,9 @@ import pytest
 import torch
 
 REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = '''
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+SCRIPT = """
 import torch
 from mmevo.ops import local_attention_weights
 from mmevo.ops.library import use_backend
@@ -28,7 +30,7 @@ with use_backend('triton'):
 ref = attention_weights_reference(q.double(), k.double(), 1, 3, 1, 1, 1,
                                   'zeros')
 print(float((got.double() - ref).abs().max()))
-'''
+"""
 
 
 @pytest.mark.cuda
@@ -36,12 +38,14 @@ def test_attention_weights_bf16_logits_fp32():
     env = dict(os.environ, PYTHONPATH=REPO)
     if not torch.cuda.is_available():
         env['TRITON_INTERPRET'] = '1'
-    out = subprocess.run([sys.executable, '-c', SCRIPT],
-                         env=env,
-                         cwd=REPO,
-                         capture_output=True,
-                         text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, '-c', SCRIPT],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     # Weights are <= 1: one bf16 rounding of the result, 2**-8 at most.
     assert float(out.stdout.split()[-1]) <= 2**-8

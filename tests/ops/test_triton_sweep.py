@@ -9,6 +9,7 @@ autotuned configs at the RedNet-50 stage shapes. Without one, a few
 geometries run on CPU tensors through Triton's interpreter (one tile
 config) and the CUDA-only checks skip.
 """
+
 import importlib
 import random
 
@@ -16,12 +17,18 @@ import pytest
 import torch
 from test_evolution_ops import make, random_config
 
-from mmevo.ops import (evolution_aggregate, local_attention_weights,
-                       local_correlation, output_size)
+from mmevo.ops import (
+    evolution_aggregate,
+    local_attention_weights,
+    local_correlation,
+    output_size,
+)
 from mmevo.ops.library import use_backend
-from mmevo.ops.reference import (aggregate_reference,
-                                 attention_weights_reference,
-                                 correlation_reference)
+from mmevo.ops.reference import (
+    aggregate_reference,
+    attention_weights_reference,
+    correlation_reference,
+)
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason='needs a CUDA device')
@@ -40,8 +47,20 @@ TOL = {
 }
 
 
-SMALL = dict(B=2, C=6, G=3, H=5, W=4, K=3, s=2, d=1, p=1, pad=1,
-             mode='reflect', layout='contiguous')
+SMALL = dict(
+    B=2,
+    C=6,
+    G=3,
+    H=5,
+    W=4,
+    K=3,
+    s=2,
+    d=1,
+    p=1,
+    pad=1,
+    mode='reflect',
+    layout='contiguous',
+)
 
 
 def rel_err(got, ref):
@@ -59,17 +78,26 @@ def op_cases(cfg):
     G, K, s, d, mode = (cfg[k] for k in ('G', 'K', 's', 'd', 'mode'))
     p, pad = cfg['p'], cfg['pad']
     return {
-        'aggregate': (lambda x, w: evolution_aggregate(x, w, s, p, d, mode),
-                      lambda x, w: aggregate_reference(x, w, s, pad, d, mode),
-                      ('x', 'w'), 'gy'),
-        'correlation':
-        (lambda q, x: local_correlation(q, x, G, K, s, p, d, mode),
-         lambda q, x: correlation_reference(q, x, G, K, s, pad, d, mode),
-         ('q', 'x'), 'go'),
-        'attention':
-        (lambda q, x: local_attention_weights(q, x, G, K, s, p, d, mode),
-         lambda q, x: attention_weights_reference(q, x, G, K, s, pad, d,
-                                                  mode), ('q', 'x'), 'go'),
+        'aggregate': (
+            lambda x, w: evolution_aggregate(x, w, s, p, d, mode),
+            lambda x, w: aggregate_reference(x, w, s, pad, d, mode),
+            ('x', 'w'),
+            'gy',
+        ),
+        'correlation': (
+            lambda q, x: local_correlation(q, x, G, K, s, p, d, mode),
+            lambda q, x: correlation_reference(q, x, G, K, s, pad, d, mode),
+            ('q', 'x'),
+            'go',
+        ),
+        'attention': (
+            lambda q, x: local_attention_weights(q, x, G, K, s, p, d, mode),
+            lambda q, x: attention_weights_reference(
+                q, x, G, K, s, pad, d, mode
+            ),
+            ('q', 'x'),
+            'go',
+        ),
     }
 
 
@@ -84,11 +112,12 @@ def inputs(cfg, seed, dtype, device):
         w=(B, G, K, K, Ho, Wo),
         q=(B, C, Ho, Wo),
         gy=(B, C, Ho, Wo),
-        go=(B, G, K, K, Ho, Wo))
+        go=(B, G, K, K, Ho, Wo),
+    )
     out = {n: make(sh, cfg['layout'], gen) for n, sh in shapes.items()}
     # O(1) outputs: kernel taps ~ 1/K, attention logits ~ 1 (1/sqrt(d)).
     out['w'] = out['w'] / K
-    out['q'] = out['q'] * (C // G)**-.5
+    out['q'] = out['q'] * (C // G) ** -0.5
     return {n: t.to(dtype).to(device) for n, t in out.items()}
 
 
@@ -114,8 +143,9 @@ def test_triton_matches_float64(seed, dtype, device):
         for name, (op, ref, args, gout) in op_cases(cfg).items():
             with use_backend('triton'):
                 got = forward_backward(op, [t[a] for a in args], t[gout])
-            want = forward_backward(ref, [t[a].double() for a in args],
-                                    t[gout].double())
+            want = forward_backward(
+                ref, [t[a].double() for a in args], t[gout].double()
+            )
             for what, a, b in zip(['out'] + list(args), got, want):
                 assert a.dtype == dtype, (name, what)
                 err = rel_err(a, b)
@@ -147,11 +177,18 @@ def test_second_derivatives_match_reference(device):
             # One tile config: not autotuned.
             with use_backend(backend), tk.fixed_config(len(tk.CONFIGS) - 1):
                 grads = torch.autograd.grad(
-                    fn(*leaves), leaves, t[gout], create_graph=True)
+                    fn(*leaves), leaves, t[gout], create_graph=True
+                )
                 gen = torch.Generator().manual_seed(1)
-                total = sum((g * torch.randn(
-                    g.shape, generator=gen, dtype=g.dtype).to(device)).sum()
-                            for g in grads)
+                total = sum(
+                    (
+                        g
+                        * torch.randn(
+                            g.shape, generator=gen, dtype=g.dtype
+                        ).to(device)
+                    ).sum()
+                    for g in grads
+                )
                 results.append(torch.autograd.grad(total, leaves))
         for a, got, want in zip(args, *results):
             assert rel_err(got, want) <= TOL[torch.float64], (name, a)
@@ -161,13 +198,16 @@ def test_second_derivatives_match_reference(device):
 @needs_cuda
 def test_gradgradcheck_aggregate(device):
     gen = torch.Generator().manual_seed(0)
-    x, w = (torch.randn(*shape, generator=gen, dtype=torch.float64).to(
-        device).requires_grad_() for shape in [(1, 4, 5, 4), (1, 2, 3, 3, 3,
-                                                              2)])
+    x, w = (
+        torch.randn(*shape, generator=gen, dtype=torch.float64)
+        .to(device)
+        .requires_grad_()
+        for shape in [(1, 4, 5, 4), (1, 2, 3, 3, 3, 2)]
+    )
     with use_backend('triton'):
         assert torch.autograd.gradgradcheck(
-            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, 'reflect'),
-            (x, w))
+            lambda a, b: evolution_aggregate(a, b, 2, 1, 1, 'reflect'), (x, w)
+        )
 
 
 @pytest.mark.cuda
@@ -177,13 +217,18 @@ def test_reruns_are_bit_identical(seed, dtype, device):
     """Forward and gradients of every op: the same bits twice (the kernels
     use no atomics)."""
     # The interpreter: one small map (a sweep geometry can take minutes).
-    cfg = sweep_config(1000 + seed) if CUDA else dict(
-        SMALL, mode='zeros' if dtype == torch.float32 else 'reflect')
+    cfg = (
+        sweep_config(1000 + seed)
+        if CUDA
+        else dict(SMALL, mode='zeros' if dtype == torch.float32 else 'reflect')
+    )
     t = inputs(cfg, seed, dtype, device)
     with tk.fixed_config(seed % len(tk.CONFIGS)), use_backend('triton'):
         for name, (op, _, args, gout) in op_cases(cfg).items():
-            first, second = (forward_backward(op, [t[a] for a in args],
-                                              t[gout]) for _ in range(2))
+            first, second = (
+                forward_backward(op, [t[a] for a in args], t[gout])
+                for _ in range(2)
+            )
             assert all(map(torch.equal, first, second)), name
 
 
@@ -199,11 +244,11 @@ def test_more_than_2_31_elements(device):
     x.requires_grad_()
     with use_backend('triton'), tk.fixed_config(0):
         y = evolution_aggregate(x, w, 1, 1, 1, 'zeros')
-        (gx, ) = torch.autograd.grad(y, x, gy)
+        (gx,) = torch.autograd.grad(y, x, gy)
     # The last channels: offsets above 2**31.
     xs = x.detach()[:, -2:].double().requires_grad_()
     ys = aggregate_reference(xs, w.double(), 1, 1, 1, 'zeros')
-    (gxs, ) = torch.autograd.grad(ys, xs, gy[:, -2:].double())
+    (gxs,) = torch.autograd.grad(ys, xs, gy[:, -2:].double())
     assert rel_err(y[:, -2:], ys) <= TOL[torch.float16]
     assert rel_err(gx[:, -2:], gxs) <= TOL[torch.float16]
 
@@ -219,12 +264,14 @@ def test_autotuned_rednet50_stages(C, H, dtype, device):
     gen = torch.Generator().manual_seed(C)
     x = torch.randn(8, C, H, H, generator=gen).to(device, dtype)
     w = (torch.randn(8, C // 16, 7, 7, H, H, generator=gen) / 7).to(
-        device, dtype)
+        device, dtype
+    )
     gy = torch.randn(8, C, H, H, generator=gen).to(device, dtype)
     with use_backend('triton'):
         got = forward_backward(evolution_aggregate, [x, w], gy)
     with use_backend('torch'):
-        want = forward_backward(evolution_aggregate,
-                                [x.double(), w.double()], gy.double())
+        want = forward_backward(
+            evolution_aggregate, [x.double(), w.double()], gy.double()
+        )
     for what, a, b in zip(('out', 'x', 'w'), got, want):
         assert rel_err(a, b) <= TOL[dtype], what

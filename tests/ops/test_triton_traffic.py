@@ -7,6 +7,7 @@ the distinct addresses each program touches per tensor, summed over the
 programs. That sum must equal :mod:`mmevo.ops.triton_traffic`'s
 ``requested`` bytes, and the results must match the float64 reference.
 """
+
 import json
 import os
 import subprocess
@@ -17,7 +18,8 @@ import pytest
 from mmevo.ops import triton_traffic
 
 REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 # (B, C, G, H, W, K, stride, padding, dilation, BLOCK_C, BLOCK_P)
 CASES = [
@@ -28,7 +30,7 @@ CASES = [
     (1, 4, 2, 1, 1, 1, 1, 0, 1, 4, 256),  # 1 x 1 maps
 ]
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys
 import numpy as np
 import torch
@@ -104,7 +106,7 @@ for (kernel, _, tensor), addrs in touched.items():
     key = f'{kernel}.{tensor}'
     sums[key] = sums.get(key, 0) + len(np.unique(np.concatenate(addrs)))
 print(json.dumps(dict(err=err, bytes=sums)))
-'''
+"""
 
 # The kernels' tensors (a, b, out) as the model names them.
 NAMES = {
@@ -122,7 +124,8 @@ def measure(case):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=600)
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -135,19 +138,27 @@ def test_requested_bytes_match_the_loads(case):
         assert err <= 1e-4, (name, err)
     for kernel, names in NAMES.items():
         model = triton_traffic.KERNELS[kernel](
-            B, C, G, (H, W), K, s, p, d, block_p=bp, itemsize=4)
+            B, C, G, (H, W), K, s, p, d, block_p=bp, itemsize=4
+        )
         for arg, name in zip(('a', 'b', 'out'), names):
             # one address per fp32 element
-            assert 4 * got['bytes'].get(f'{kernel}.{arg}', 0) == \
-                model[name].requested, (kernel, name)
+            assert (
+                4 * got['bytes'].get(f'{kernel}.{arg}', 0)
+                == model[name].requested
+            ), (kernel, name)
 
 
 def test_rednet_and_attention_shapes_within_2_5x():
     """The issue's bound on every operand, at the RedNet-50 stage shapes
     (16 channels a group) and ACmix-R50 stage 3's attention (4 heads of 64
     channels), for every CUDA tile."""
-    shapes = [(64, 64, 4, 56), (64, 128, 8, 28), (64, 256, 16, 14),
-              (64, 512, 32, 7), (64, 256, 4, 14)]
+    shapes = [
+        (64, 64, 4, 56),
+        (64, 128, 8, 28),
+        (64, 256, 16, 14),
+        (64, 512, 32, 7),
+        (64, 256, 4, 14),
+    ]
     for B, C, G, H in shapes:
         for bp in (64, 128, 256, 512):
             for kernel, model in triton_traffic.KERNELS.items():

@@ -1,5 +1,6 @@
 """Fixtures of the tool tests: tiny synthetic data sets, made once per
 session."""
+
 import pytest
 
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco

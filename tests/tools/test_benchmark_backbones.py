@@ -1,16 +1,24 @@
 """tools/analysis/benchmark_backbones.py refuses counts it cannot use."""
+
 import sys
 
 import pytest
+
 from tool_utils import load_tool
 
 
-@pytest.mark.parametrize('option, value, low', [('--iters', '0', 1),
-                                                ('--batch', '-1', 1),
-                                                ('--size', 'big', 1),
-                                                ('--warmup', '-1', 0)])
-def test_bad_counts_are_one_line_errors(option, value, low, monkeypatch,
-                                        capsys):
+@pytest.mark.parametrize(
+    'option, value, low',
+    [
+        ('--iters', '0', 1),
+        ('--batch', '-1', 1),
+        ('--size', 'big', 1),
+        ('--warmup', '-1', 0),
+    ],
+)
+def test_bad_counts_are_one_line_errors(
+    option, value, low, monkeypatch, capsys
+):
     tool = load_tool('analysis/benchmark_backbones')
     monkeypatch.setattr(sys, 'argv', ['benchmark_backbones', option, value])
     with pytest.raises(SystemExit) as exit_info:
@@ -18,7 +26,8 @@ def test_bad_counts_are_one_line_errors(option, value, low, monkeypatch,
     assert exit_info.value.code == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.endswith(
-        f"argument {option}: must be an int >= {low}, got '{value}'")
+        f"argument {option}: must be an int >= {low}, got '{value}'"
+    )
 
 
 def test_defaults(monkeypatch):

@@ -3,6 +3,7 @@ an exit status, no traceback (a missing config, data set or pretrained
 checkpoint, a corrupt, empty or malicious checkpoint or one that does not
 fit the model, arguments out of bounds, an ONNX file of another model), and
 launch scripts that pass paths with spaces through intact."""
+
 import os
 import stat
 import subprocess
@@ -15,6 +16,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
 from mmevo.apis import check_data, one_line_errors
+
 from tool_utils import DEMO_DET, REPO, load_tool
 
 # The demo detector evaluated on the 4 validation images of tiny_coco.
@@ -32,7 +34,8 @@ def _run_as_rank0(args, cwd):
     """Run a tool as a fresh, undistributed process (rank 0 prints)."""
     env = {
         k: v
-        for k, v in os.environ.items() if k not in ('RANK', 'SLURM_PROCID')
+        for k, v in os.environ.items()
+        if k not in ('RANK', 'SLURM_PROCID')
     }
     return subprocess.run(
         args,
@@ -40,7 +43,8 @@ def _run_as_rank0(args, cwd):
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(env, PYTHONPATH=REPO))
+        env=dict(env, PYTHONPATH=REPO),
+    )
 
 
 @pytest.mark.parametrize('tool', ['train', 'test'])
@@ -49,19 +53,25 @@ def test_missing_config_is_one_line(tool, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         load_tool(tool).main(argv)
     assert info.value.code == 2
-    assert capsys.readouterr().err == \
-        "error: config file 'x.py' does not exist\n"
+    assert (
+        capsys.readouterr().err == "error: config file 'x.py' does not exist\n"
+    )
 
 
 @pytest.mark.parametrize('rank', ['0', '1'])
-def test_exit_prints_one_line_on_rank_zero(tmp_path, capsys, monkeypatch,
-                                           rank):
+def test_exit_prints_one_line_on_rank_zero(
+    tmp_path, capsys, monkeypatch, rank
+):
     monkeypatch.setenv('RANK', rank)
     cfg = Config(
         dict(
             train_dataloader=dict(
                 dataset=dict(
-                    type='CocoDataset', data_root=str(tmp_path / 'none/')))))
+                    type='CocoDataset', data_root=str(tmp_path / 'none/')
+                )
+            )
+        )
+    )
     with pytest.raises(SystemExit) as info, one_line_errors():
         check_data(cfg, ['train_dataloader'])
     assert info.value.code == 2
@@ -76,7 +86,8 @@ def test_tools_stop_without_a_trace(tool, tmp_path):
     loader = f'{tool}_dataloader'
     args = [
         sys.executable,
-        os.path.join(REPO, 'tools', f'{tool}.py'), DEMO_DET
+        os.path.join(REPO, 'tools', f'{tool}.py'),
+        DEMO_DET,
     ]
     if tool == 'test':  # a checkpoint is there, the data is not
         torch.save({}, tmp_path / 'model.pth')
@@ -89,7 +100,8 @@ def test_tools_stop_without_a_trace(tool, tmp_path):
         f"error: {loader}: data_root 'data/synthetic_coco/' does not exist; "
         'generate it with `python tools/misc/make_synthetic_data.py det`, '
         'or point the config at your copy with --cfg-options '
-        f'{loader}.dataset.data_root=PATH')
+        f'{loader}.dataset.data_root=PATH'
+    )
     assert not (tmp_path / 'work_dirs').exists()
 
 
@@ -101,17 +113,23 @@ def test_train_stops_on_missing_pretrained_checkpoint(tmp_path):
     for f in ('instances_train2017.json', 'instances_val2017.json'):
         (root / 'annotations' / f).write_text('{}')
     config = os.path.join(REPO, 'configs', 'rednet50_fpn_coco.py')
-    out = _run_as_rank0([
-        sys.executable,
-        os.path.join(REPO, 'tools', 'train.py'), config, '--cfg-options',
-        f'train_dataloader.dataset.data_root={root}/',
-        f'val_dataloader.dataset.data_root={root}/'
-    ], tmp_path)
+    out = _run_as_rank0(
+        [
+            sys.executable,
+            os.path.join(REPO, 'tools', 'train.py'),
+            config,
+            '--cfg-options',
+            f'train_dataloader.dataset.data_root={root}/',
+            f'val_dataloader.dataset.data_root={root}/',
+        ],
+        tmp_path,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert 'Traceback' not in out.stderr
     assert out.stderr.strip().startswith(
-        "error: model.backbone.init_cfg.checkpoint "
-        "'checkpoints/rednet50_imagenet.pth' does not exist;")
+        'error: model.backbone.init_cfg.checkpoint '
+        "'checkpoints/rednet50_imagenet.pth' does not exist;"
+    )
 
 
 def _mismatched_checkpoint(path):
@@ -126,16 +144,19 @@ def _mismatched_checkpoint(path):
     torch.save(dict(meta={}, state_dict=state), path)
 
 
-def test_checkpoint_that_does_not_fit_is_refused(tiny_coco, tmp_path,
-                                                 capsys):  # noqa: F811
+def test_checkpoint_that_does_not_fit_is_refused(tiny_coco, tmp_path, capsys):  # noqa: F811
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(TEST_CONFIG.format(base=DEMO_DET, root=tiny_coco))
     ckpt = str(tmp_path / 'other.pth')
     _mismatched_checkpoint(ckpt)
     argv = [
-        str(cfg), ckpt, '--work-dir',
-        str(tmp_path / 'work'), '--cfg-options', 'experiment_name=strict',
-        'visualizer.name=strict'
+        str(cfg),
+        ckpt,
+        '--work-dir',
+        str(tmp_path / 'work'),
+        '--cfg-options',
+        'experiment_name=strict',
+        'visualizer.name=strict',
     ]
     with pytest.raises(SystemExit) as info:
         load_tool('test').main(argv)
@@ -147,7 +168,8 @@ def test_checkpoint_that_does_not_fit_is_refused(tiny_coco, tmp_path,
         '(bbox_head.retina_cls.bias); unexpected keys 1 '
         '(bbox_head.extra.weight); mis-shaped keys 1 '
         '(neck.fpn_convs.0.conv.weight (checkpoint (64, 64, 1, 1), model '
-        '(64, 64, 3, 3))); evaluate it anyway with --allow-partial\n')
+        '(64, 64, 3, 3))); evaluate it anyway with --allow-partial\n'
+    )
 
     argv[-2:] = ['experiment_name=partial', 'visualizer.name=partial']
     metrics = load_tool('test').main(argv + ['--allow-partial'])
@@ -161,7 +183,8 @@ def test_corrupt_checkpoint_is_one_line(tmp_path, capsys):
         load_tool('test').main([DEMO_DET, str(ckpt)])
     assert info.value.code == 1
     assert capsys.readouterr().err.startswith(
-        f"error: checkpoint '{ckpt}' cannot be loaded: truncated")
+        f"error: checkpoint '{ckpt}' cannot be loaded: truncated"
+    )
 
 
 # stands in for python (dist_*.sh) or srun (slurm_*.sh): writes its
@@ -173,7 +196,8 @@ for a in "$@"; do printf '%s\\n' "$a"; done > "$ARGV_OUT"
 
 @pytest.mark.parametrize(
     'script',
-    ['dist_train.sh', 'dist_test.sh', 'slurm_train.sh', 'slurm_test.sh'])
+    ['dist_train.sh', 'dist_test.sh', 'slurm_train.sh', 'slurm_test.sh'],
+)
 def test_launch_scripts_keep_paths_with_spaces(script, tmp_path):
     fake = tmp_path / 'bin' / ('srun' if 'slurm' in script else 'python')
     fake.parent.mkdir()
@@ -188,39 +212,44 @@ def test_launch_scripts_keep_paths_with_spaces(script, tmp_path):
         'dist_train.sh': [config, '2'],
         'dist_test.sh': [config, ckpt, '2'],
         'slurm_train.sh': ['part', 'job', config, work_dir],
-        'slurm_test.sh': ['part', 'job', config, ckpt]
+        'slurm_test.sh': ['part', 'job', config, ckpt],
     }[script]
     env = dict(
         os.environ,
         ARGV_OUT=str(tmp_path / 'argv'),
-        PATH=f"{fake.parent}:{os.environ['PATH']}",
+        PATH=f'{fake.parent}:{os.environ["PATH"]}',
         PYTHON=str(fake),
-        SRUN_ARGS='--mem=1G --exclusive')
+        SRUN_ARGS='--mem=1G --exclusive',
+    )
     subprocess.run(
         [os.path.join(REPO, 'tools', script)] + head + extra,
         env=env,
         check=True,
         timeout=60,
-        capture_output=True)
+        capture_output=True,
+    )
     argv = (tmp_path / 'argv').read_text().splitlines()
     script_path = os.path.join(REPO, 'tools', f'{tool}.py')
-    rest = argv[argv.index(script_path) + 1:]
+    rest = argv[argv.index(script_path) + 1 :]
     if script.startswith('dist'):
         assert argv[:2] == ['-m', 'torch.distributed.run']
         assert '--nproc_per_node=2' in argv
         expected = head[:-1] + ['--launcher', 'pytorch'] + extra
     else:
-        assert argv[argv.index(script_path) - 2:][:2] == [str(fake), '-u']
+        assert argv[argv.index(script_path) - 2 :][:2] == [str(fake), '-u']
         assert '--mem=1G' in argv and '--exclusive' in argv
-        expected = [config] + ([f'--work-dir={work_dir}'] if tool == 'train'
-                               else [ckpt]) + ['--launcher=slurm'] + extra
+        expected = (
+            [config]
+            + ([f'--work-dir={work_dir}'] if tool == 'train' else [ckpt])
+            + ['--launcher=slurm']
+            + extra
+        )
     assert rest == expected
 
 
 class _Payload:
-
     def __reduce__(self):
-        return (print, ('arbitrary code ran', ))
+        return (print, ('arbitrary code ran',))
 
 
 def _bad_checkpoint(path, kind):
@@ -234,18 +263,26 @@ def _bad_checkpoint(path, kind):
 @pytest.mark.parametrize('kind', ['empty', 'malicious'])
 @pytest.mark.parametrize(
     'tool',
-    ['test', 'train', 'deployment/pytorch2onnx', 'analysis/visualize_kernels'])
+    ['test', 'train', 'deployment/pytorch2onnx', 'analysis/visualize_kernels'],
+)
 def test_what_is_no_checkpoint_is_one_line(tool, kind, tmp_path, capsys):
     ckpt = tmp_path / 'model.pth'
     reason = _bad_checkpoint(ckpt, kind)
     argv = {
         'test': [DEMO_DET, str(ckpt)],
         'train': [DEMO_DET, '--resume', str(ckpt)],
-        'deployment/pytorch2onnx':
-        [DEMO_DET, str(ckpt), '--out',
-         str(tmp_path / 'x.onnx')],
-        'analysis/visualize_kernels':
-        [DEMO_DET, str(ckpt), 'x.jpg', '--list-layers'],
+        'deployment/pytorch2onnx': [
+            DEMO_DET,
+            str(ckpt),
+            '--out',
+            str(tmp_path / 'x.onnx'),
+        ],
+        'analysis/visualize_kernels': [
+            DEMO_DET,
+            str(ckpt),
+            'x.jpg',
+            '--list-layers',
+        ],
     }[tool]
     with pytest.raises(SystemExit) as info:
         load_tool(tool).main(argv)
@@ -253,7 +290,8 @@ def test_what_is_no_checkpoint_is_one_line(tool, kind, tmp_path, capsys):
     err = capsys.readouterr().err
     what = '--resume checkpoint' if tool == 'train' else 'checkpoint'
     assert err.count('\n') == 1 and err.startswith(
-        f"error: {what} '{ckpt}' cannot be loaded: {reason}")
+        f"error: {what} '{ckpt}' cannot be loaded: {reason}"
+    )
     assert 'arbitrary code ran' not in capsys.readouterr().out
     assert not (tmp_path / 'x.onnx').exists()
 
@@ -266,16 +304,23 @@ def test_a_state_dict_of_floats_is_refused(tiny_coco, tmp_path, capsys):
     ckpt = str(tmp_path / 'floats.pth')
     torch.save(dict(meta={}, state_dict={k: 0.0 for k in keys}), ckpt)
     with pytest.raises(SystemExit) as info:
-        load_tool('test').main([
-            str(cfg), ckpt, '--work-dir',
-            str(tmp_path / 'work'), '--cfg-options', 'experiment_name=floats',
-            'visualizer.name=floats'
-        ])
+        load_tool('test').main(
+            [
+                str(cfg),
+                ckpt,
+                '--work-dir',
+                str(tmp_path / 'work'),
+                '--cfg-options',
+                'experiment_name=floats',
+                'visualizer.name=floats',
+            ]
+        )
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and err.startswith(
         f"error: checkpoint '{ckpt}' does not fit the model: mis-shaped "
-        f'keys {len(keys)} (')
+        f'keys {len(keys)} ('
+    )
     assert 'checkpoint float, model (' in err
 
 
@@ -288,53 +333,105 @@ def test_a_legacy_format_checkpoint_is_evaluated(tiny_coco, tmp_path):
     torch.save(
         dict(meta={}, state_dict=state),
         ckpt,
-        _use_new_zipfile_serialization=False)
-    metrics = load_tool('test').main([
-        str(cfg), ckpt, '--work-dir',
-        str(tmp_path / 'work'), '--cfg-options', 'experiment_name=legacy',
-        'visualizer.name=legacy'
-    ])
+        _use_new_zipfile_serialization=False,
+    )
+    metrics = load_tool('test').main(
+        [
+            str(cfg),
+            ckpt,
+            '--work-dir',
+            str(tmp_path / 'work'),
+            '--cfg-options',
+            'experiment_name=legacy',
+            'visualizer.name=legacy',
+        ]
+    )
     assert 0 <= metrics['coco/bbox_mAP'] <= 1
 
 
-@pytest.mark.parametrize('tool, args, message', [
-    ('analysis/get_flops', ['--shape', '0', '0'],
-     'argument --shape: expected an integer in [1, 8192], got 0'),
-    ('analysis/get_flops', ['--shape', '20000', '20000'],
-     'argument --shape: expected an integer in [1, 8192], got 20000'),
-    ('deployment/pytorch2onnx', [
-        'x.pth', '--out', 'x.onnx', '--shape', '0', '0'
-    ], 'argument --shape: expected an integer in [1, 8192], got 0'),
-    ('deployment/pytorch2onnx', [
-        'x.pth', '--out', 'x.onnx', '--shape', '20000', '20000'
-    ], 'argument --shape: expected an integer in [1, 8192], got 20000'),
-    ('analysis/benchmark_backbones', ['--iters', '0'],
-     'argument --iters: expected an integer >= 1, got 0'),
-    ('analysis/benchmark_backbones', ['--batch', '0'],
-     'argument --batch: expected an integer in [1, 1024], got 0'),
-    ('analysis/benchmark_onnx', ['--iters', '0'],
-     'argument --iters: expected an integer >= 1, got 0'),
-    ('analysis/benchmark_ops', ['--repeat', '0'],
-     'argument --repeat: expected an integer >= 1, got 0'),
-    ('analysis/benchmark_ops', ['--peak-gbps', '0'],
-     'argument --peak-gbps: expected a number > 0, got 0'),
-    ('analysis/benchmark_ops', ['--device', 'garbage'],
-     "argument --device: expected a device such as 'cpu' or 'cuda:0', "
-     "got 'garbage'"),
-    ('analysis/visualize_kernels', [
-        'x.pth', 'x.jpg', '--list-layers', '--max-groups', '0'
-    ], 'argument --max-groups: expected an integer >= 1, got 0'),
-    ('analysis/visualize_kernels', [
-        'x.pth', 'x.jpg', '--layer', 'backbone.x', '--points', *['1,1'] * 65
-    ], 'argument --points: expected at most 64 points, got 65'),
-])
+@pytest.mark.parametrize(
+    'tool, args, message',
+    [
+        (
+            'analysis/get_flops',
+            ['--shape', '0', '0'],
+            'argument --shape: expected an integer in [1, 8192], got 0',
+        ),
+        (
+            'analysis/get_flops',
+            ['--shape', '20000', '20000'],
+            'argument --shape: expected an integer in [1, 8192], got 20000',
+        ),
+        (
+            'deployment/pytorch2onnx',
+            ['x.pth', '--out', 'x.onnx', '--shape', '0', '0'],
+            'argument --shape: expected an integer in [1, 8192], got 0',
+        ),
+        (
+            'deployment/pytorch2onnx',
+            ['x.pth', '--out', 'x.onnx', '--shape', '20000', '20000'],
+            'argument --shape: expected an integer in [1, 8192], got 20000',
+        ),
+        (
+            'analysis/benchmark_backbones',
+            ['--iters', '0'],
+            'argument --iters: expected an integer >= 1, got 0',
+        ),
+        (
+            'analysis/benchmark_backbones',
+            ['--batch', '0'],
+            'argument --batch: expected an integer in [1, 1024], got 0',
+        ),
+        (
+            'analysis/benchmark_onnx',
+            ['--iters', '0'],
+            'argument --iters: expected an integer >= 1, got 0',
+        ),
+        (
+            'analysis/benchmark_ops',
+            ['--repeat', '0'],
+            'argument --repeat: expected an integer >= 1, got 0',
+        ),
+        (
+            'analysis/benchmark_ops',
+            ['--peak-gbps', '0'],
+            'argument --peak-gbps: expected a number > 0, got 0',
+        ),
+        (
+            'analysis/benchmark_ops',
+            ['--device', 'garbage'],
+            "argument --device: expected a device such as 'cpu' or 'cuda:0', "
+            "got 'garbage'",
+        ),
+        (
+            'analysis/visualize_kernels',
+            ['x.pth', 'x.jpg', '--list-layers', '--max-groups', '0'],
+            'argument --max-groups: expected an integer >= 1, got 0',
+        ),
+        (
+            'analysis/visualize_kernels',
+            [
+                'x.pth',
+                'x.jpg',
+                '--layer',
+                'backbone.x',
+                '--points',
+                *['1,1'] * 65,
+            ],
+            'argument --points: expected at most 64 points, got 65',
+        ),
+    ],
+)
 def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
     """Refused by the parser, before any model is built (a subprocess: the
     benchmark tools parse sys.argv)."""
-    head = [] if tool.startswith(('analysis/bench', )) else [DEMO_DET]
+    head = [] if tool.startswith(('analysis/bench',)) else [DEMO_DET]
     out = _run_as_rank0(
-        [sys.executable,
-         os.path.join(REPO, 'tools', f'{tool}.py')] + head + args, tmp_path)
+        [sys.executable, os.path.join(REPO, 'tools', f'{tool}.py')]
+        + head
+        + args,
+        tmp_path,
+    )
     assert out.returncode == 2
     assert 'Traceback' not in out.stderr
     assert out.stderr.splitlines()[-1].endswith(f'error: {message}')
@@ -344,33 +441,49 @@ def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
 def test_onnx_model_of_another_kind_is_one_line(tiny_coco, tmp_path, capsys):
     import onnx
     from onnx import TensorProto, helper
+
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(TEST_CONFIG.format(base=DEMO_DET, root=tiny_coco))
     # one output (a segmentor's), where the demo detector gives 2 per level
     graph = helper.make_graph(
-        [helper.make_node('Identity', ['input'], ['logits'])], 'seg', [
-            helper.make_tensor_value_info('input', TensorProto.FLOAT,
-                                          [1, 3, 128, 128])
-        ], [
-            helper.make_tensor_value_info('logits', TensorProto.FLOAT,
-                                          [1, 3, 128, 128])
-        ])
+        [helper.make_node('Identity', ['input'], ['logits'])],
+        'seg',
+        [
+            helper.make_tensor_value_info(
+                'input', TensorProto.FLOAT, [1, 3, 128, 128]
+            )
+        ],
+        [
+            helper.make_tensor_value_info(
+                'logits', TensorProto.FLOAT, [1, 3, 128, 128]
+            )
+        ],
+    )
     path = str(tmp_path / 'seg.onnx')
     # the IR and opset of the exporter's models: this onnx's default IR may
     # be newer than onnxruntime reads
     onnx.save(
         helper.make_model(
-            graph, ir_version=8, opset_imports=[helper.make_opsetid('', 18)]),
-        path)
+            graph, ir_version=8, opset_imports=[helper.make_opsetid('', 18)]
+        ),
+        path,
+    )
     with pytest.raises(SystemExit) as info:
-        load_tool('deployment/onnx_test').main([
-            str(cfg), path, '--work-dir',
-            str(tmp_path / 'work'), '--cfg-options', 'experiment_name=onnx1',
-            'visualizer.name=onnx1'
-        ])
+        load_tool('deployment/onnx_test').main(
+            [
+                str(cfg),
+                path,
+                '--work-dir',
+                str(tmp_path / 'work'),
+                '--cfg-options',
+                'experiment_name=onnx1',
+                'visualizer.name=onnx1',
+            ]
+        )
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert err == (
         f"error: ONNX model '{path}' has 1 outputs, the config's det model "
         'gives 6 or 9: export this config with '
-        'tools/deployment/pytorch2onnx.py\n')
+        'tools/deployment/pytorch2onnx.py\n'
+    )

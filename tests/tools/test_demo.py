@@ -1,6 +1,7 @@
 """The demos end to end, shortened: a few training iterations on a tiny
 synthetic set, then the real evaluation (mmdet's CocoMetric, mmseg's
 IoUMetric), and tools/test.py reproducing it from the saved checkpoint."""
+
 import pickle
 
 import pytest
@@ -51,22 +52,33 @@ def test_demo_train_then_test(kind, tiny_coco, tiny_cityscapes, tmp_path):
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(text)
     name = f'demo_{kind}'
-    runner = load_tool('train').main([
-        str(cfg), '--work-dir',
-        str(tmp_path / 'work'), '--cfg-options', f'experiment_name={name}',
-        f'visualizer.name={name}'
-    ])
+    runner = load_tool('train').main(
+        [
+            str(cfg),
+            '--work-dir',
+            str(tmp_path / 'work'),
+            '--cfg-options',
+            f'experiment_name={name}',
+            f'visualizer.name={name}',
+        ]
+    )
     val_score = runner.message_hub.get_scalar(f'val/{metric}').current()
     assert 0 <= val_score <= 100
 
     out = tmp_path / 'preds.pkl'
-    metrics = load_tool('test').main([
-        str(cfg),
-        str(tmp_path / 'work' / ckpt), '--work-dir',
-        str(tmp_path / 'test'), '--out',
-        str(out), '--cfg-options', f'experiment_name={name}_test',
-        f'visualizer.name={name}_test'
-    ])
+    metrics = load_tool('test').main(
+        [
+            str(cfg),
+            str(tmp_path / 'work' / ckpt),
+            '--work-dir',
+            str(tmp_path / 'test'),
+            '--out',
+            str(out),
+            '--cfg-options',
+            f'experiment_name={name}_test',
+            f'visualizer.name={name}_test',
+        ]
+    )
     # the checkpoint holds the model that was validated after training
     assert metrics[metric] == pytest.approx(val_score)
     with open(out, 'rb') as f:

@@ -6,6 +6,7 @@ mmpretrain's own ``tools/train.py`` and ``mmpretrain.apis``, with
 nothing but the config's ``custom_imports`` to find mmevo; and an ImageNet
 config taking an official-format checkpoint strictly.
 """
+
 import os
 import os.path as osp
 import pickle
@@ -17,6 +18,7 @@ import torch
 
 import mmevo
 from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
+
 from tool_utils import REPO, load_tool
 
 # ``import mmevo`` registers nothing when it comes first in the process (a
@@ -24,10 +26,14 @@ from tool_utils import REPO, load_tool
 mmevo.register_all_modules()
 
 DEMO_CLS = osp.join(
-    REPO, 'configs', 'demo',
-    'rednet26-tiny_1xb32-warmup-coslr-30e_synthetic-imagenet-64px.py')
-REDNET50 = osp.join(REPO, 'configs', 'rednet',
-                    'rednet50_64xb32-warmup-coslr_in1k.py')
+    REPO,
+    'configs',
+    'demo',
+    'rednet26-tiny_1xb32-warmup-coslr-30e_synthetic-imagenet-64px.py',
+)
+REDNET50 = osp.join(
+    REPO, 'configs', 'rednet', 'rednet50_64xb32-warmup-coslr_in1k.py'
+)
 
 SMALL = """
 _base_ = '{base}'
@@ -60,30 +66,42 @@ def _small_config(tmp_path, base, root, extra=''):
 
 def test_demo_train_then_test(tiny_imagenet, tmp_path):
     cfg = _small_config(tmp_path, DEMO_CLS, tiny_imagenet)
-    runner = load_tool('train').main([
-        cfg, '--work-dir',
-        str(tmp_path / 'work'), '--cfg-options', 'experiment_name=demo_cls',
-        'visualizer.name=demo_cls'
-    ])
+    runner = load_tool('train').main(
+        [
+            cfg,
+            '--work-dir',
+            str(tmp_path / 'work'),
+            '--cfg-options',
+            'experiment_name=demo_cls',
+            'visualizer.name=demo_cls',
+        ]
+    )
     top1 = runner.message_hub.get_scalar('val/accuracy/top1').current()
     assert 0 <= top1 <= 100
     with open(tmp_path / 'work' / 'last_checkpoint') as f:
         ckpt = f.read().strip()
     assert osp.basename(ckpt) == 'epoch_1.pth'
     out = tmp_path / 'preds.pkl'
-    metrics = load_tool('test').main([
-        cfg, ckpt, '--work-dir',
-        str(tmp_path / 'test'), '--out',
-        str(out), '--cfg-options', 'experiment_name=demo_cls_test',
-        'visualizer.name=demo_cls_test'
-    ])
+    metrics = load_tool('test').main(
+        [
+            cfg,
+            ckpt,
+            '--work-dir',
+            str(tmp_path / 'test'),
+            '--out',
+            str(out),
+            '--cfg-options',
+            'experiment_name=demo_cls_test',
+            'visualizer.name=demo_cls_test',
+        ]
+    )
     # the checkpoint holds the model that was validated after training
     assert metrics['accuracy/top1'] == pytest.approx(top1)
     with open(out, 'rb') as f:
         preds = pickle.load(f)
     assert len(preds) == 10
     assert sorted(int(p['gt_label']) for p in preds) == list(range(10))
-    assert all(p['pred_score'].shape == (10, ) for p in preds)
+    assert all(p['pred_score'].shape == (10,) for p in preds)
 
 
 def test_missing_demo_set_names_the_generator(tmp_path, capsys):
@@ -143,20 +161,27 @@ def test_mmpretrain_train_tool_with_custom_imports(tiny_imagenet, tmp_path):
     under torch >= 2.6 only with mmevo's checkpoint allowlist: the config's
     ``custom_imports`` must have installed it."""
     import mmpretrain
+
     tool = osp.join(
-        osp.dirname(mmpretrain.__file__), '.mim', 'tools', 'train.py')
+        osp.dirname(mmpretrain.__file__), '.mim', 'tools', 'train.py'
+    )
     cfg = _small_config(tmp_path, DEMO_CLS, tiny_imagenet)
     image = osp.join(tiny_imagenet, 'val', CLS_CLASSES[4], '000004.png')
     out = subprocess.run(
         [
-            sys.executable, '-c', MMPRETRAIN_PATH, cfg,
-            str(tmp_path / 'work'), image
+            sys.executable,
+            '-c',
+            MMPRETRAIN_PATH,
+            cfg,
+            str(tmp_path / 'work'),
+            image,
         ],
         cwd=str(tmp_path),  # not the repository: mmevo comes from the venv
         env=dict(os.environ, PYTHONPATH=REPO),
         capture_output=True,
         text=True,
-        timeout=600)
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     ran = 'RAN ' + (tool if osp.isfile(tool) else 'Runner.from_cfg')
     assert ran in out.stdout
@@ -173,34 +198,41 @@ def _official_format_checkpoint(path, drop=None):
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
+
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         torch.manual_seed(0)
         model = MODELS.build(Config.fromfile(REDNET50).model)
     model.init_weights()
     state = model.state_dict()
-    assert 'head.fc.weight' in state and 'backbone.stem.1.conv2.conv.weight' \
-        in state
+    assert (
+        'head.fc.weight' in state
+        and 'backbone.stem.1.conv2.conv.weight' in state
+    )
     if drop:
         del state[drop]
     torch.save(dict(meta=dict(mmcls_version='0.12.0'), state_dict=state), path)
 
 
-def test_test_tool_takes_an_official_checkpoint(tiny_imagenet, tmp_path,
-                                                capsys):
+def test_test_tool_takes_an_official_checkpoint(
+    tiny_imagenet, tmp_path, capsys
+):
     """tools/test.py runs the 1000-class ImageNet config on an mmcls-format
     checkpoint without --allow-partial; a checkpoint that lacks a key is
     refused in one line naming it."""
     cfg = _small_config(
-        tmp_path, REDNET50, tiny_imagenet,
+        tmp_path,
+        REDNET50,
+        tiny_imagenet,
         'val_dataloader = dict(batch_size=4, num_workers=0, '
         'persistent_workers=False, dataset=dict(data_root=data_root, '
         f'metainfo=dict(classes={CLS_CLASSES!r})))\n'
-        'test_dataloader = val_dataloader\n')
+        'test_dataloader = val_dataloader\n',
+    )
     ckpt = str(tmp_path / 'rednet50_official.pth')
     _official_format_checkpoint(ckpt)
     metrics = load_tool('test').main(
-        [cfg, ckpt, '--work-dir',
-         str(tmp_path / 'test')])
+        [cfg, ckpt, '--work-dir', str(tmp_path / 'test')]
+    )
     assert 0 <= metrics['accuracy/top1'] <= 100
     assert 0 <= metrics['accuracy/top5'] <= 100
     bad = str(tmp_path / 'rednet50_no_fc.pth')

@@ -1,5 +1,6 @@
 """tools/dist_train.sh CONFIG 2 on a machine without a GPU: two processes
 train the demo detector over gloo and end with identical weights."""
+
 import os
 import socket
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import torch
 
 from mmevo.integrations.mmengine import safe_globals
+
 from tool_utils import DEMO_DET, REPO
 
 # Each rank saves its own model state after training (mmengine's checkpoint
@@ -71,16 +73,21 @@ def test_two_process_cpu_training(tiny_coco, tmp_path):
         PYTHONPATH=str(tmp_path),
         PORT=str(_free_port()),
         OMP_NUM_THREADS='1',
-        PYTHON=sys.executable)
-    out = subprocess.run([
-        os.path.join(REPO, 'tools', 'dist_train.sh'),
-        str(cfg), '2', '--work-dir',
-        str(work_dir)
-    ],
-                         env=env,
-                         capture_output=True,
-                         text=True,
-                         timeout=300)
+        PYTHON=sys.executable,
+    )
+    out = subprocess.run(
+        [
+            os.path.join(REPO, 'tools', 'dist_train.sh'),
+            str(cfg),
+            '2',
+            '--work-dir',
+            str(work_dir),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert 'SyncBN does not run on the CPU, using BN instead' in out.stderr
     assert (work_dir / 'epoch_1.pth').exists()
@@ -90,7 +97,8 @@ def test_two_process_cpu_training(tiny_coco, tmp_path):
     with torch.serialization.safe_globals(safe_globals.safe_globals()):
         model = torch.load(work_dir / 'epoch_1.pth')['state_dict']
     params = [
-        k for k in final[0]
+        k
+        for k in final[0]
         if 'running_' not in k and 'num_batches_tracked' not in k
     ]
     # DDP averaged the gradients: every parameter is bit-identical on both
@@ -103,5 +111,8 @@ def test_two_process_cpu_training(tiny_coco, tmp_path):
     assert moved > 0.9 * len(params)
     # ... and the ranks saw different images: BN running statistics (not
     # synchronised, DDP's broadcast_buffers=False) differ between them.
-    assert any(not torch.equal(final[0][k], final[1][k]) for k in final[0]
-               if k.endswith('running_mean'))
+    assert any(
+        not torch.equal(final[0][k], final[1][k])
+        for k in final[0]
+        if k.endswith('running_mean')
+    )

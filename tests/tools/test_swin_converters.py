@@ -3,6 +3,7 @@ classification checkpoint (the official key list of
 ``tests/models/data/swin_family_state_dict.json``, with or without its
 buffers) becomes an mmpretrain ``ImageClassifier`` checkpoint that loads
 strictly and gives the logits of the official formulas (float64)."""
+
 import json
 import os.path as osp
 import sys
@@ -36,15 +37,18 @@ def official_checkpoint(family, with_buffers, seed=0):
 def classifier(family):
     from mmengine.registry import DefaultScope
     from mmpretrain.models import ImageClassifier
+
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         return ImageClassifier(
             backbone=dict(
                 type=f'{"ELSA" if family == "elsa" else "ACmix"}'
                 'SwinTransformer',
                 arch='tiny',
-                out_indices=(3, )),
+                out_indices=(3,),
+            ),
             neck=dict(type='GlobalAveragePooling'),
-            head=dict(type='LinearClsHead', num_classes=1000, in_channels=768))
+            head=dict(type='LinearClsHead', num_classes=1000, in_channels=768),
+        )
 
 
 @pytest.mark.parametrize('with_buffers', [True, False])
@@ -60,8 +64,11 @@ def test_converted_checkpoint_loads_strictly(tmp_path, family, with_buffers):
     official = ckpt['model']
     assert torch.equal(state['backbone.norm3.weight'], official['norm.weight'])
     assert torch.equal(state['head.fc.weight'], official['head.weight'])
-    n_official = sum(v.numel() for k, v in official.items()
-                     if k.rsplit('.', 1)[-1] not in BUFFERS)
+    n_official = sum(
+        v.numel()
+        for k, v in official.items()
+        if k.rsplit('.', 1)[-1] not in BUFFERS
+    )
     assert sum(v.numel() for v in state.values()) == n_official
 
 
@@ -79,14 +86,16 @@ def test_converted_classifier_gives_the_official_logits(tmp_path, family):
         logits = model(x, mode='tensor')
     p = {k: v.double() for k, v in ckpt['model'].items()}
     p.update({f'norm3.{k}': p[f'norm.{k}'] for k in ('weight', 'bias')})
-    (feat, ) = ref.swin_model(
-        x, p, (2, 2, 6, 2), (3, 6, 12, 24), family, out_indices=(3, ))
+    (feat,) = ref.swin_model(
+        x, p, (2, 2, 6, 2), (3, 6, 12, 24), family, out_indices=(3,)
+    )
     expected = feat.mean((2, 3)) @ p['head.weight'].T + p['head.bias']
     torch.testing.assert_close(logits, expected, rtol=1e-9, atol=1e-9)
 
 
 def test_wrong_family_or_kind_is_refused(tmp_path):
     from mmevo.models.backbones.swin_convert import official_to_mmpretrain
+
     ckpt = official_checkpoint('acmix', with_buffers=False)
     with pytest.raises(ValueError, match='not an official elsa-Swin'):
         official_to_mmpretrain(ckpt, 'elsa')

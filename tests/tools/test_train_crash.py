@@ -3,6 +3,7 @@ full disk (ENOSPC) or kill -9 during the save of epoch 2 leaves epoch 1's
 checkpoint and ``last_checkpoint`` naming it, and ``--resume`` then
 continues from epoch 1 to the same weights as a run that was not stopped;
 the 0-byte temporary file the killed save left is removed."""
+
 import errno
 import glob
 import os
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from mmevo.apis import checkpoint_error
+
 from tool_utils import DEMO_DET, REPO, load_tool
 
 # The demo detector on tiny_coco (RandomFlip; no worker: the crash happens
@@ -59,8 +61,14 @@ os.fdopen = _killing_fdopen
 
 def _argv(cfg, work_dir, name, *extra):
     return [
-        cfg, '--work-dir', work_dir, '--cfg-options', 'train_cfg.max_epochs=2',
-        f'experiment_name={name}', f'visualizer.name={name}', *extra
+        cfg,
+        '--work-dir',
+        work_dir,
+        '--cfg-options',
+        'train_cfg.max_epochs=2',
+        f'experiment_name={name}',
+        f'visualizer.name={name}',
+        *extra,
     ]
 
 
@@ -77,8 +85,10 @@ def straight(tiny_coco, tmp_path_factory):
     with open(cfg, 'w') as f:
         f.write(CONFIG.format(base=DEMO_DET, root=tiny_coco))
     load_tool('train').main(_argv(cfg, str(tmp / 'straight'), 'crash_a'))
-    assert sorted(os.listdir(
-        tmp / 'straight'))[-2:] == ['epoch_2.pth', 'last_checkpoint']
+    assert sorted(os.listdir(tmp / 'straight'))[-2:] == [
+        'epoch_2.pth',
+        'last_checkpoint',
+    ]
     return cfg, _weights(str(tmp / 'straight'))
 
 
@@ -93,7 +103,8 @@ def _check_kept(work_dir):
 def _resume_and_compare(cfg, work_dir, expected, name):
     load_tool('train').main(_argv(cfg, work_dir, name, '--resume'))
     logs = ''.join(
-        open(p).read() for p in glob.glob(osp.join(work_dir, '*', '*.log')))
+        open(p).read() for p in glob.glob(osp.join(work_dir, '*', '*.log'))
+    )
     assert 'resumed epoch: 1, iter: 2' in logs
     got = _weights(work_dir)
     assert got.keys() == expected.keys()
@@ -127,19 +138,22 @@ def test_kill_during_a_save(straight, tmp_path):
     work_dir = str(tmp_path / 'killed')
     (tmp_path / 'kill_at_save.py').write_text(KILL_AT_SAVE)
     killed_cfg = tmp_path / 'killed_cfg.py'
-    killed_cfg.write_text(f"_base_ = '{cfg}'\n"
-                          "custom_imports = dict(imports=['kill_at_save'])\n")
+    killed_cfg.write_text(
+        f"_base_ = '{cfg}'\ncustom_imports = dict(imports=['kill_at_save'])\n"
+    )
     env = {
         k: v
-        for k, v in os.environ.items() if k not in ('RANK', 'SLURM_PROCID')
+        for k, v in os.environ.items()
+        if k not in ('RANK', 'SLURM_PROCID')
     }
     out = subprocess.run(
-        [sys.executable, osp.join(REPO, 'tools', 'train.py')] +
-        _argv(str(killed_cfg), work_dir, 'crash_d'),
+        [sys.executable, osp.join(REPO, 'tools', 'train.py')]
+        + _argv(str(killed_cfg), work_dir, 'crash_d'),
         env=dict(env, PYTHONPATH=f'{tmp_path}{os.pathsep}{REPO}'),
         capture_output=True,
         text=True,
-        timeout=600)
+        timeout=600,
+    )
     assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
     # what the kill left: a 0-byte temporary file beside epoch 1
     tmp = [n for n in os.listdir(work_dir) if n.endswith('.tmp')]

@@ -4,6 +4,7 @@ augmentation (RandomFlip) in a persistent dataloader worker; the automatic
 resume skips a truncated latest checkpoint; a checkpoint that cannot be
 loaded, or whose model or optimizer state does not fit, is refused in one
 line before training. (Crashes during a save: test_train_crash.py.)"""
+
 import glob
 import os.path as osp
 
@@ -43,9 +44,13 @@ default_hooks = dict(
 
 def _train(train, cfg_file, work_dir, epochs, name, resume=None):
     argv = [
-        cfg_file, '--work-dir', work_dir, '--cfg-options',
-        f'train_cfg.max_epochs={epochs}', f'experiment_name={name}',
-        f'visualizer.name={name}'
+        cfg_file,
+        '--work-dir',
+        work_dir,
+        '--cfg-options',
+        f'train_cfg.max_epochs={epochs}',
+        f'experiment_name={name}',
+        f'visualizer.name={name}',
     ]
     if resume:
         argv += ['--resume'] + ([] if resume == 'auto' else [resume])
@@ -80,7 +85,8 @@ def test_resume_is_bit_exact(tiny_coco, tmp_path):
 
     assert resumed['meta']['epoch'] == 3 and resumed['meta']['iter'] == 6
     logs = ''.join(
-        open(p).read() for p in glob.glob(osp.join(split, '*', '*.log')))
+        open(p).read() for p in glob.glob(osp.join(split, '*', '*.log'))
+    )
     assert 'resumed epoch: 2, iter: 4' in logs
     a, b = straight['state_dict'], resumed['state_dict']
     assert a.keys() == b.keys()
@@ -106,12 +112,15 @@ def test_resume_from_a_corrupt_file_is_one_line(tiny_coco, tmp_path, capsys):
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert err.count('\n') == 1
-    assert err.startswith(f"error: --resume checkpoint '{ckpt}' cannot be "
-                          'loaded: truncated or not a torch checkpoint')
+    assert err.startswith(
+        f"error: --resume checkpoint '{ckpt}' cannot be "
+        'loaded: truncated or not a torch checkpoint'
+    )
 
 
 def test_resume_refuses_a_model_or_optimizer_that_does_not_fit(
-        tiny_coco, tmp_path, capsys):
+    tiny_coco, tmp_path, capsys
+):
     cfg_file = _write_cfg(tmp_path, tiny_coco)
     init_default_scope('mmdet')
     model = MODELS.build(Config.fromfile(cfg_file).model)
@@ -124,14 +133,24 @@ def test_resume_refuses_a_model_or_optimizer_that_does_not_fit(
         dict(
             meta=dict(epoch=1, iter=2),
             state_dict=state,
-            optimizer=sgd.state_dict()), ckpt)
+            optimizer=sgd.state_dict(),
+        ),
+        ckpt,
+    )
     work_dir = tmp_path / 'w'
     with pytest.raises(SystemExit) as info:
-        load_tool('train').main([
-            cfg_file, '--work-dir',
-            str(work_dir), '--resume', ckpt, '--cfg-options',
-            'experiment_name=misfit', 'visualizer.name=misfit'
-        ])
+        load_tool('train').main(
+            [
+                cfg_file,
+                '--work-dir',
+                str(work_dir),
+                '--resume',
+                ckpt,
+                '--cfg-options',
+                'experiment_name=misfit',
+                'visualizer.name=misfit',
+            ]
+        )
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert 'Traceback' not in err and err.count('\n') == 1
@@ -139,7 +158,8 @@ def test_resume_refuses_a_model_or_optimizer_that_does_not_fit(
         f"error: --resume checkpoint '{ckpt}' does not fit: model: "
         'mis-shaped keys 1 (neck.fpn_convs.0.conv.weight (checkpoint (64, '
         '64, 1, 1), model (64, 64, 3, 3))); optimizer: param group 0 lacks '
-        'betas, eps of AdamW (another optimizer type)\n')
+        'betas, eps of AdamW (another optimizer type)\n'
+    )
     assert not glob.glob(str(work_dir / '*.pth'))
 
 
@@ -151,17 +171,27 @@ def test_resume_refuses_a_state_dict_of_floats(tiny_coco, tmp_path, capsys):
     torch.save(
         dict(
             meta=dict(epoch=1, iter=2),
-            state_dict={k: 0.0
-                        for k in model.state_dict()}), ckpt)
+            state_dict={k: 0.0 for k in model.state_dict()},
+        ),
+        ckpt,
+    )
     with pytest.raises(SystemExit) as info:
-        load_tool('train').main([
-            cfg_file, '--work-dir',
-            str(tmp_path / 'w'), '--resume', ckpt, '--cfg-options',
-            'experiment_name=floats', 'visualizer.name=floats'
-        ])
+        load_tool('train').main(
+            [
+                cfg_file,
+                '--work-dir',
+                str(tmp_path / 'w'),
+                '--resume',
+                ckpt,
+                '--cfg-options',
+                'experiment_name=floats',
+                'visualizer.name=floats',
+            ]
+        )
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and err.startswith(
         f"error: --resume checkpoint '{ckpt}' does not fit: model: "
-        f'mis-shaped keys {len(model.state_dict())} (')
+        f'mis-shaped keys {len(model.state_dict())} ('
+    )
     assert '(checkpoint float, model (' in err

@@ -1,4 +1,5 @@
 """tools/analysis/visualize_kernels.py writes a PNG of generated kernels."""
+
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from PIL import Image
 import mmevo  # noqa: F401  (registers RedNet, InvolutionFPN)
 from mmevo.apis import build_model, load_config
 from mmevo.apis.kernels import capture_kernel, evolution_layers, preprocess
+
 from tool_utils import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,25 +79,37 @@ def setup(tmp_path_factory):
 def test_writes_png_for_a_strided_backbone_involution(setup):
     tmp, config, checkpoint, image, layers, _ = setup
     # The first stride-2 involution of the backbone (stage 2).
-    name = next(n for n, m in layers.items()
-                if n.startswith('backbone.') and m.stride == 2)
+    name = next(
+        n
+        for n, m in layers.items()
+        if n.startswith('backbone.') and m.stride == 2
+    )
     out = tmp / 'kernels.png'
     env = dict(
         os.environ,
-        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''))
-    result = subprocess.run([
-        sys.executable,
-        str(TOOL),
-        str(config),
-        str(checkpoint),
-        str(image), '--layer', name, '--points', '10,10', '45,64', '89,129',
-        '--out',
-        str(out)
-    ],
-                            env=env,
-                            capture_output=True,
-                            text=True,
-                            timeout=300)
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''),
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(TOOL),
+            str(config),
+            str(checkpoint),
+            str(image),
+            '--layer',
+            name,
+            '--points',
+            '10,10',
+            '45,64',
+            '89,129',
+            '--out',
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert str(out) in result.stdout
     with Image.open(out) as png:
@@ -120,15 +134,23 @@ def test_captured_kernel_and_point_mapping(setup):
 def test_unknown_layer_lists_the_choices(setup, capsys):
     _, config, checkpoint, image, layers, tool = setup
     with pytest.raises(SystemExit) as info:
-        tool.main([
-            str(config),
-            str(checkpoint),
-            str(image), '--layer', 'backbone.nope', '--points', '1,1'
-        ])
+        tool.main(
+            [
+                str(config),
+                str(checkpoint),
+                str(image),
+                '--layer',
+                'backbone.nope',
+                '--points',
+                '1,1',
+            ]
+        )
     assert info.value.code == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: --layer 'backbone.nope' is not an "
-                          'evolution layer of this model; choose one of: ')
+    assert err.startswith(
+        "error: --layer 'backbone.nope' is not an "
+        'evolution layer of this model; choose one of: '
+    )
     assert 'backbone.stem.1' in err and err.count('\n') == 1
 
 
@@ -147,4 +169,5 @@ def test_checkpoint_that_does_not_fit_is_refused(setup, tmp_path, capsys):
     assert err == (
         f"error: checkpoint '{other}' does not fit the model: mis-shaped "
         f'keys 1 ({key} (checkpoint (1,), model {shape})); draw the kernels '
-        'of the config the checkpoint trained\n')
+        'of the config the checkpoint trained\n'
+    )

@@ -18,6 +18,7 @@ Example:
         --models rednet50 --profile
     python tools/analysis/benchmark_backbones.py --device cuda --batch 32
 """
+
 import argparse
 import statistics
 import time
@@ -37,14 +38,16 @@ def build(name, builder='mmdet'):
         from mmdet.models.backbones import ResNet
 
         from mmevo.models import ACmixResNet, RedNet
+
         builders = {
             'resnet50': lambda: ResNet(50, norm_eval=False),
             'rednet50': lambda: RedNet(50),
             'acmix_resnet50': lambda: ACmixResNet(50),
         }
         if name not in builders:
-            raise ValueError(f'model must be one of {sorted(builders)}, '
-                             f'got {name!r}')
+            raise ValueError(
+                f'model must be one of {sorted(builders)}, got {name!r}'
+            )
         model = builders[name]()
         model.init_weights()
     model.train()  # mmdet's ResNet.train returns None: no chaining
@@ -78,9 +81,11 @@ def torchvision_backbone(name):
     from torchvision.models import resnet50
 
     from mmevo.layers import Involution
+
     if name not in ('resnet50', 'rednet50'):
-        raise ValueError('the torchvision builder has resnet50 and rednet50, '
-                         f'got {name!r}')
+        raise ValueError(
+            f'the torchvision builder has resnet50 and rednet50, got {name!r}'
+        )
     net = resnet50()
     if name == 'rednet50':
         for stage in (net.layer1, net.layer2, net.layer3, net.layer4):
@@ -89,9 +94,14 @@ def torchvision_backbone(name):
                 block.conv2 = Involution(conv.in_channels, 7, conv.stride[0])
         # RedNet's stem; torchvision's bn1 and ReLU follow its last conv.
         net.conv1 = nn.Sequential(
-            nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32),
-            nn.ReLU(inplace=True), Involution(32, 7, 1), nn.BatchNorm2d(32),
-            nn.ReLU(inplace=True), nn.Conv2d(32, 64, 3, 1, 1, bias=False))
+            nn.Conv2d(3, 32, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU(inplace=True),
+            Involution(32, 7, 1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(32, 64, 3, 1, 1, bias=False),
+        )
     return _Stages(net)
 
 
@@ -132,11 +142,14 @@ def peak_memory(model, x):
         sync(x)
         return torch.cuda.max_memory_allocated(x.device) - base
     with profile(
-            activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        activities=[ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         train_step(model, x)
-    events = sorted((e.start_ns(), e.nbytes())
-                    for e in prof.profiler.kineto_results.events()
-                    if e.name() == '[memory]')
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == '[memory]'
+    )
     current = peak = 0
     for _, nbytes in events:
         current += nbytes
@@ -149,7 +162,8 @@ def op_profile(model, x, rows):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         train_step(model, x)
     return prof.key_averages().table(
-        sort_by='self_cpu_time_total', row_limit=rows)
+        sort_by='self_cpu_time_total', row_limit=rows
+    )
 
 
 def ops_backend():
@@ -158,10 +172,14 @@ def ops_backend():
     import os.path as osp
 
     import mmevo
+
     root = osp.dirname(mmevo.__file__)
     libs = glob.glob(osp.join(root, '_ext*.so'))
-    return ('C++ extension ' + osp.basename(libs[0])) if libs else (
-        'no compiled extension found (pure-PyTorch fallback)')
+    return (
+        ('C++ extension ' + osp.basename(libs[0]))
+        if libs
+        else ('no compiled extension found (pure-PyTorch fallback)')
+    )
 
 
 def parse_args():
@@ -171,14 +189,16 @@ def parse_args():
         nargs='+',
         default=['resnet50', 'rednet50', 'acmix_resnet50'],
         help='resnet50 (the reference for the ratios), rednet50, '
-        'acmix_resnet50')
+        'acmix_resnet50',
+    )
     parser.add_argument('--device', default='cpu')
     parser.add_argument(
         '--builder',
         default='mmdet',
         choices=['mmdet', 'torchvision'],
         help="the models' code: mmdet's ResNet and mmevo's backbones, or "
-        "torchvision's ResNet (resnet50, rednet50; no mmdet needed)")
+        "torchvision's ResNet (resnet50, rednet50; no mmdet needed)",
+    )
     parser.add_argument('--batch', type=int_in_range(1, 1024), default=4)
     parser.add_argument('--size', type=int_in_range(1, MAX_SIDE), default=224)
     parser.add_argument('--warmup', type=int_in_range(0), default=1)
@@ -186,7 +206,8 @@ def parse_args():
     parser.add_argument(
         '--profile',
         action='store_true',
-        help='also print the most expensive ops of each model')
+        help='also print the most expensive ops of each model',
+    )
     parser.add_argument('--rows', type=int_in_range(1), default=15)
     return parser.parse_args()
 
@@ -195,13 +216,17 @@ def main():
     args = parse_args()
     torch.manual_seed(0)
     x = torch.randn(args.batch, 3, args.size, args.size, device=args.device)
-    where = (torch.cuda.get_device_name(x.device) if x.is_cuda else
-             f'{torch.get_num_threads()} threads; mmevo.ops: {ops_backend()}')
-    print(f'input {tuple(x.shape)} fp32 on {where}, torch {torch.__version__}'
-          f', {args.builder} models')
+    where = (
+        torch.cuda.get_device_name(x.device)
+        if x.is_cuda
+        else f'{torch.get_num_threads()} threads; mmevo.ops: {ops_backend()}'
+    )
+    print(
+        f'input {tuple(x.shape)} fp32 on {where}, torch {torch.__version__}'
+        f', {args.builder} models'
+    )
     models = {
-        name: build(name, args.builder).to(x.device)
-        for name in args.models
+        name: build(name, args.builder).to(x.device) for name in args.models
     }
     seconds = time_steps(models, x, args.warmup, args.iters)
     rows = []
@@ -211,19 +236,24 @@ def main():
         rows.append((name, params, seconds[name], peak))
         print(
             f'{name}: {seconds[name]:.3f} s/step, peak {peak:.0f} MiB',
-            flush=True)
+            flush=True,
+        )
         if args.profile:
             print(op_profile(model, x, args.rows), flush=True)
     ref = {name: (t, m) for name, _, t, m in rows}.get('resnet50')
     print()
-    print('| model | params (M) | train step (s) | time / ResNet-50 '
-          '| peak memory (MiB) | memory / ResNet-50 |')
+    print(
+        '| model | params (M) | train step (s) | time / ResNet-50 '
+        '| peak memory (MiB) | memory / ResNet-50 |'
+    )
     print('|---|---|---|---|---|---|')
     for name, params, step, peak in rows:
         ratio_t = f'{step / ref[0]:.2f}x' if ref else '-'
         ratio_m = f'{peak / ref[1]:.2f}x' if ref else '-'
-        print(f'| {name} | {params:.2f} | {step:.3f} | {ratio_t} '
-              f'| {peak:.0f} | {ratio_m} |')
+        print(
+            f'| {name} | {params:.2f} | {step:.3f} | {ratio_t} '
+            f'| {peak:.0f} | {ratio_m} |'
+        )
 
 
 if __name__ == '__main__':

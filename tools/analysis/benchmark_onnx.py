@@ -31,6 +31,7 @@ Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_onnx.py \
         --models resnet50 rednet50 demo --runtimes torch onnxruntime aoti
 """
+
 import argparse
 import contextlib
 import importlib.util
@@ -45,13 +46,22 @@ from unittest import mock
 import torch
 
 from mmevo.apis import MAX_SIDE, int_in_range
-from mmevo.deploy import (AotiModel, OnnxModel, TensorOutputs, export_aoti,
-                          export_onnx, max_difference)
+from mmevo.deploy import (
+    AotiModel,
+    OnnxModel,
+    TensorOutputs,
+    export_aoti,
+    export_onnx,
+    max_difference,
+)
 from mmevo.ops import export
 
 DEMO = osp.join(
-    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs',
-    'demo', 'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py')
+    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
+    'configs',
+    'demo',
+    'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py',
+)
 RUNTIMES = ('torch', 'onnxruntime', 'aoti', 'aoti-inline')
 
 
@@ -63,6 +73,7 @@ def build(name, size):
 
     from mmevo.models import RedNet
     from mmevo.registry import MODELS
+
     if name == 'demo':
         cfg = Config.fromfile(DEMO)
         init_default_scope('mmdet')
@@ -71,15 +82,18 @@ def build(name, size):
     builders = {
         'resnet50': lambda: ResNet(50),
         'rednet50': lambda: RedNet(50),
-        'rednet50-windowless': lambda: RedNet(50)
+        'rednet50-windowless': lambda: RedNet(50),
     }
     if name not in builders:
-        raise ValueError(f'model must be one of {sorted(builders) + ["demo"]}'
-                         f', got {name!r}')
+        raise ValueError(
+            f'model must be one of {sorted(builders) + ["demo"]}, got {name!r}'
+        )
     backbone = builders[name]()
     backbone.eval()  # mmdet's ResNet.train returns None: no chaining
-    return (TensorOutputs(backbone,
-                          lambda m, x: m(x)), torch.randn(1, 3, size, size))
+    return (
+        TensorOutputs(backbone, lambda m, x: m(x)),
+        torch.randn(1, 3, size, size),
+    )
 
 
 def _centre_tap(input, kernel, stride, padding, dilation, padding_mode):
@@ -97,8 +111,11 @@ def _exports(name, model, x, runtimes, tmp, exporter):
     windowless = name.endswith('-windowless')
     if 'onnxruntime' in runtimes:
         path = osp.join(tmp, f'{name}.onnx')
-        with (mock.patch.object(export, 'aggregate', _centre_tap)
-              if windowless else contextlib.nullcontext()):
+        with (
+            mock.patch.object(export, 'aggregate', _centre_tap)
+            if windowless
+            else contextlib.nullcontext()
+        ):
             export_onnx(model, x, path, dynamo=exporter == 'dynamo')
         runs['onnxruntime'] = OnnxModel(path)
     if windowless:
@@ -123,9 +140,14 @@ def _cpp_median(runner, path, x, iters, inline):
     """Median ms of ``iters`` runs of the package in the C++ runner (which
     loads mmevo's op library unless the package is ``inline``)."""
     cmd = [
-        runner, path, '--shape', *map(str, x.shape), '--iters',
-        str(iters), '--threads',
-        str(torch.get_num_threads())
+        runner,
+        path,
+        '--shape',
+        *map(str, x.shape),
+        '--iters',
+        str(iters),
+        '--threads',
+        str(torch.get_num_threads()),
     ]
     if not inline:
         cmd += ['--ops-library', importlib.util.find_spec('mmevo._ext').origin]
@@ -140,30 +162,34 @@ def main(argv=None):
     parser.add_argument(
         '--models',
         nargs='+',
-        default=['resnet50', 'rednet50', 'rednet50-windowless', 'demo'])
+        default=['resnet50', 'rednet50', 'rednet50-windowless', 'demo'],
+    )
     parser.add_argument(
         '--runtimes',
         nargs='+',
         choices=RUNTIMES,
-        default=['torch', 'onnxruntime'])
+        default=['torch', 'onnxruntime'],
+    )
     parser.add_argument('--size', type=int_in_range(1, MAX_SIDE), default=224)
     parser.add_argument('--warmup', type=int_in_range(0), default=3)
     parser.add_argument('--iters', type=int_in_range(1), default=10)
     parser.add_argument(
-        '--exporter', choices=['dynamo', 'torchscript'], default='torchscript')
+        '--exporter', choices=['dynamo', 'torchscript'], default='torchscript'
+    )
     parser.add_argument(
         '--cpp-runner',
         help="deploy/cpp's aoti_runner: also time the aoti and aoti-inline "
-        'packages in C++')
+        'packages in C++',
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     runs, inputs, packages, errs = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             model, x = build(name, args.size)
-            runs[name], packages[name] = _exports(name, model, x,
-                                                  args.runtimes, tmp,
-                                                  args.exporter)
+            runs[name], packages[name] = _exports(
+                name, model, x, args.runtimes, tmp, args.exporter
+            )
             inputs[name] = x
             if not name.endswith('-windowless'):
                 with torch.no_grad():
@@ -187,8 +213,12 @@ def main(argv=None):
                 for runtime, path in packages[name].items():
                     try:
                         med[(name, f'{runtime} C++')] = _cpp_median(
-                            args.cpp_runner, path, inputs[name], args.iters,
-                            runtime == 'aoti-inline')
+                            args.cpp_runner,
+                            path,
+                            inputs[name],
+                            args.iters,
+                            runtime == 'aoti-inline',
+                        )
                     except RuntimeError as e:  # the table still prints
                         print(f'{name} {runtime} C++: {e}')
     _print(med, errs, args)
@@ -203,14 +233,14 @@ def _print(med, errs, args):
         ]
     models = list(dict.fromkeys(n for n, _ in med))
     print(f'threads {torch.get_num_threads()}, median of {args.iters}, ms')
-    print(f"| model | {' | '.join(runtimes)} |")
-    print(f"|---|{'---|' * len(runtimes)}")
+    print(f'| model | {" | ".join(runtimes)} |')
+    print(f'|---|{"---|" * len(runtimes)}')
     for name in models:
         cells = [
             f'{med[(name, r)]:.1f}' if (name, r) in med else '-'
             for r in runtimes
         ]
-        print(f"| {name} | {' | '.join(cells)} |")
+        print(f'| {name} | {" | ".join(cells)} |')
     for (name, runtime), ms in med.items():
         if runtime != 'torch' and (name, 'torch') in med:
             print(f'{name} {runtime} / eager: {ms / med[(name, "torch")]:.2f}')
@@ -219,8 +249,9 @@ def _print(med, errs, args):
             print(f'{name} / resnet50 ({runtime}): {ratio:.2f}')
     for (name, runtime), err in errs.items():
         if runtime != 'torch':
-            print(f'{name} {runtime} vs eager: max relative difference '
-                  f'{err:.1e}')
+            print(
+                f'{name} {runtime} vs eager: max relative difference {err:.1e}'
+            )
 
 
 if __name__ == '__main__':

@@ -24,6 +24,7 @@ Example:
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --cpu-time
     python tools/analysis/benchmark_ops.py --device cuda --dtype float16
 """
+
 import argparse
 import statistics
 import time
@@ -58,7 +59,7 @@ def mmevo_aggregate(x, w):
 IMPLS = {
     'unfold': (unfold_aggregate, 'auto'),
     'shift': (mmevo_aggregate, 'torch'),
-    'mmevo': (mmevo_aggregate, 'auto')
+    'mmevo': (mmevo_aggregate, 'auto'),
 }
 
 
@@ -107,12 +108,14 @@ def peak_bytes(step, device):
         sync(device)
         return torch.cuda.max_memory_allocated(device) - base
     with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU],
-            profile_memory=True) as prof:
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         step()
-    records = sorted((e.start_ns(), e.nbytes())
-                     for e in prof.profiler.kineto_results.events()
-                     if e.name() == '[memory]')
+    records = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == '[memory]'
+    )
     level = peak = 0
     for _, nbytes in records:
         level += nbytes
@@ -135,7 +138,8 @@ def _positive_float(text):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f'expected a number, got {text!r}') from None
+            f'expected a number, got {text!r}'
+        ) from None
     if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f'expected a number > 0, got {text}')
     return value
@@ -150,49 +154,59 @@ def main():
     parser.add_argument(
         '--dtype',
         default='float32',
-        choices=['float32', 'float16', 'bfloat16'])
+        choices=['float32', 'float16', 'bfloat16'],
+    )
     # the median of no timing is an error
     parser.add_argument('--repeat', type=int_in_range(1), default=5)
     parser.add_argument(
-        '--impls', nargs='+', default=list(IMPLS), choices=list(IMPLS))
+        '--impls', nargs='+', default=list(IMPLS), choices=list(IMPLS)
+    )
     parser.add_argument(
         '--peak-gbps',
         type=_positive_float,
         default=None,
-        help='peak memory bandwidth of the GPU in GB/s (known: ' +
-        ', '.join(PEAK_BANDWIDTH) + ')')
+        help='peak memory bandwidth of the GPU in GB/s (known: '
+        + ', '.join(PEAK_BANDWIDTH)
+        + ')',
+    )
     parser.add_argument(
         '--cpu-time',
         action='store_true',
         help='time with the process CPU clock instead of the wall clock: '
         'with OMP_NUM_THREADS=1 it ignores other processes on a busy '
-        'machine')
+        'machine',
+    )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.manual_seed(0)
     clock_name = 'CPU' if args.cpu_time else 'wall'
-    print(f'device={device} dtype={args.dtype} '
-          f'threads={torch.get_num_threads()} '
-          f'fwd+bwd median of {args.repeat} ({clock_name} time); '
-          'peak = tensor bytes above the inputs')
-    header = '| shape (B·C·H²·K·G) |' + ''.join(f' {n} ms | {n} MiB |'
-                                                for n in args.impls)
+    print(
+        f'device={device} dtype={args.dtype} '
+        f'threads={torch.get_num_threads()} '
+        f'fwd+bwd median of {args.repeat} ({clock_name} time); '
+        'peak = tensor bytes above the inputs'
+    )
+    header = '| shape (B·C·H²·K·G) |' + ''.join(
+        f' {n} ms | {n} MiB |' for n in args.impls
+    )
     ratios = [
         n for n in ('unfold', 'shift') if n in args.impls and n != 'mmevo'
     ]
     if 'mmevo' in args.impls:
-        header += ''.join(f' {n}/mmevo time |'
-                          for n in ratios) + (' unfold/mmevo mem |' if 'unfold'
-                                              in args.impls else '')
+        header += ''.join(f' {n}/mmevo time |' for n in ratios) + (
+            ' unfold/mmevo mem |' if 'unfold' in args.impls else ''
+        )
     print(header)
     print('|' + '---|' * (header.count('|') - 1))
     bandwidth_rows = []
     for B, C, H, G in STAGES:
         x = torch.randn(
-            B, C, H, H, device=device, dtype=dtype, requires_grad=True)
-        w = (torch.randn(B, G, K, K, H, H, device=device, dtype=dtype) /
-             K).requires_grad_()
+            B, C, H, H, device=device, dtype=dtype, requires_grad=True
+        )
+        w = (
+            torch.randn(B, G, K, K, H, H, device=device, dtype=dtype) / K
+        ).requires_grad_()
         gy = torch.randn(B, C, H, H, device=device, dtype=dtype)
         steps = {
             name: lambda fn=IMPLS[name]: fwd_bwd(fn, x, w, gy)
@@ -202,31 +216,44 @@ def main():
             {
                 name: lambda step=step: (reset_grads(x, w), step())
                 for name, step in steps.items()
-            }, device, args.repeat, clock)
+            },
+            device,
+            args.repeat,
+            clock,
+        )
         res = {}
         for name, step in steps.items():
             reset_grads(x, w)  # freed outside the measured step
             res[name] = (ms[name], peak_bytes(step, device) / 2**20)
         reset_grads(x, w)
         row = f'| {B}·{C}·{H}²·{K}·{G} |' + ''.join(
-            f' {res[n][0]:.1f} | {res[n][1]:.1f} |' for n in args.impls)
+            f' {res[n][0]:.1f} | {res[n][1]:.1f} |' for n in args.impls
+        )
         if 'mmevo' in res:
-            row += ''.join(f' {res[n][0] / res["mmevo"][0]:.1f}× |'
-                           for n in ratios)
+            row += ''.join(
+                f' {res[n][0] / res["mmevo"][0]:.1f}× |' for n in ratios
+            )
             if 'unfold' in res:
                 mem = res['unfold'][1] / max(res['mmevo'][1], 1e-9)
                 row += f' {mem:.1f}× |'
         print(row, flush=True)
         if device.type == 'cuda' and 'mmevo' in res:
-            bw, fwd_ms = forward_bandwidth(mmevo_aggregate, x.detach(),
-                                           w.detach(), device, args.repeat)
+            bw, fwd_ms = forward_bandwidth(
+                mmevo_aggregate, x.detach(), w.detach(), device, args.repeat
+            )
             bandwidth_rows.append((f'{B}·{C}·{H}²·{K}·{G}', fwd_ms, bw))
     if bandwidth_rows:
         name = torch.cuda.get_device_name(device)
-        peak = args.peak_gbps * 1e9 if args.peak_gbps else next(
-            (v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
+        peak = (
+            args.peak_gbps * 1e9
+            if args.peak_gbps
+            else next(
+                (v for k, v in PEAK_BANDWIDTH.items() if k in name), None
+            )
+        )
         print(
-            f'\nmmevo forward on {name} (bytes = read x and kernel, write y):')
+            f'\nmmevo forward on {name} (bytes = read x and kernel, write y):'
+        )
         print('| shape | fwd ms | GB/s | of peak |\n|---|---|---|---|')
         for shape, ms, bw in bandwidth_rows:
             frac = f'{bw / peak:.0%}' if peak else 'n/a'

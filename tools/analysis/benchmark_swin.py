@@ -15,6 +15,7 @@ Example:
     python tools/analysis/benchmark_swin.py --models swin_t elsa_swin_t \\
         --iters 5
 """
+
 import argparse
 import os.path as osp
 import sys
@@ -69,18 +70,19 @@ def build(name):
 
     from mmevo.layers import ELSA
     from mmevo.models import ACmixSwinTransformer, ELSASwinTransformer
+
     if name not in MODELS:
         raise ValueError(f'model must be one of {MODELS}, got {name!r}')
     if name == 'swin_t':
-        model = SwinTransformer(drop_path_rate=0.)
+        model = SwinTransformer(drop_path_rate=0.0)
     elif name.startswith('elsa'):
-        model = ELSASwinTransformer(drop_path_rate=0., pad_small_map=True)
+        model = ELSASwinTransformer(drop_path_rate=0.0, pad_small_map=True)
         if name.endswith('_unfold'):
             for m in model.modules():
                 if isinstance(m, ELSA):
                     m.aggregate = types.MethodType(unfold_aggregate, m)
     else:
-        model = ACmixSwinTransformer(drop_path_rate=0., pad_small_map=True)
+        model = ACmixSwinTransformer(drop_path_rate=0.0, pad_small_map=True)
     model.init_weights()
     model.train()
     return model
@@ -93,7 +95,8 @@ def parse_args(argv=None):
         nargs='+',
         choices=MODELS,
         default=list(MODELS),
-        help='swin_t (the reference of the ratios) and the others')
+        help='swin_t (the reference of the ratios) and the others',
+    )
     parser.add_argument('--batch', type=int_in_range(1, 1024), default=2)
     parser.add_argument('--size', type=int_in_range(1, MAX_SIDE), default=224)
     parser.add_argument('--warmup', type=int_in_range(0), default=1)
@@ -101,7 +104,8 @@ def parse_args(argv=None):
     parser.add_argument(
         '--no-memory',
         action='store_true',
-        help='skip the (profiled, slower) peak-memory step')
+        help='skip the (profiled, slower) peak-memory step',
+    )
     return parser.parse_args(argv)
 
 
@@ -110,25 +114,31 @@ def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(0)
     x = torch.randn(args.batch, 3, args.size, args.size)
-    print(f'input {tuple(x.shape)} fp32 on CPU, '
-          f'{torch.get_num_threads()} threads; mmevo.ops: {ops_backend()}; '
-          f'torch {torch.__version__}')
+    print(
+        f'input {tuple(x.shape)} fp32 on CPU, '
+        f'{torch.get_num_threads()} threads; mmevo.ops: {ops_backend()}; '
+        f'torch {torch.__version__}'
+    )
     models = {name: build(name) for name in args.models}
     seconds = time_steps(models, x, args.warmup, args.iters)
     rows = {}
     for name, model in models.items():
         params = sum(p.numel() for p in model.parameters()) / 1e6
-        peak = 0. if args.no_memory else peak_memory(model, x) / 2**20
+        peak = 0.0 if args.no_memory else peak_memory(model, x) / 2**20
         rows[name] = (params, seconds[name], peak)
     ref = rows.get('swin_t')
-    print('| model | params (M) | train step (s) | time / Swin-T '
-          '| peak memory (MiB) | memory / Swin-T |')
+    print(
+        '| model | params (M) | train step (s) | time / Swin-T '
+        '| peak memory (MiB) | memory / Swin-T |'
+    )
     print('|---|---|---|---|---|---|')
     for name, (params, step, peak) in rows.items():
         ratio_t = f'{step / ref[1]:.2f}x' if ref else '-'
         ratio_m = f'{peak / ref[2]:.2f}x' if ref and ref[2] else '-'
-        print(f'| {name} | {params:.2f} | {step:.3f} | {ratio_t} '
-              f'| {peak:.0f} | {ratio_m} |')
+        print(
+            f'| {name} | {params:.2f} | {step:.3f} | {ratio_t} '
+            f'| {peak:.0f} | {ratio_m} |'
+        )
     return rows
 
 

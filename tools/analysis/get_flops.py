@@ -16,26 +16,33 @@ Example:
         configs/rednet/fpn_rednet50_4xb2-80k_cityscapes-512x1024.py \
         --shape 2048 1024
 """
+
 import argparse
 
 import mmevo  # noqa: F401  registers mmevo's modules
 from mmevo import apis
-from mmevo.apis.complexity import (DEFAULT_SHAPES, count_flops,
-                                   count_parameters, task_of)
+from mmevo.apis.complexity import (
+    DEFAULT_SHAPES,
+    count_flops,
+    count_parameters,
+    task_of,
+)
 from mmevo.ops.flops import MMEVO_OPS
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Parameters and FLOPs of a detector, segmentor or '
-        'classifier')
+        'classifier'
+    )
     parser.add_argument('config', help='config file')
     apis.add_shape_arg(
         parser,
         help='input height and width (default: 1280 800 for detection, '
         '2048 1024 for segmentation, 224 224 for classification, as mmdet '
         '2.x / mmseg 0.x / mmcls 0.x get_flops; '
-        f'at most {apis.MAX_SIDE})')
+        f'at most {apis.MAX_SIDE})',
+    )
     apis.add_cfg_options(parser)
     return parser.parse_args(argv)
 
@@ -44,21 +51,29 @@ def main(argv=None):
     args = parse_args(argv)
     with apis.one_line_errors():
         model = apis.build_model(
-            apis.load_config(args.config, args.cfg_options))
+            apis.load_config(args.config, args.cfg_options)
+        )
     shape = tuple(args.shape) if args.shape else DEFAULT_SHAPES[task_of(model)]
     total_params, trainable = count_parameters(model)
     flops = count_flops(model, shape)
     total = sum(flops.values())
     in_ops = sum(flops.get(op, 0) for op in MMEVO_OPS)
-    print(f'Config: {args.config}\nInput shape: (1, 3, {shape[0]}, '
-          f'{shape[1]})')
-    print(f'Params: {trainable / 1e6:.2f} M trainable (published convention)'
-          f', {total_params / 1e6:.2f} M in all')
-    print(f'FLOPs: {total / 1e9:.1f} G ({(total - in_ops) / 1e9:.1f} G '
-          f'without mmevo ops, which the published counter did not see; '
-          f'{in_ops / 1e9:.2f} G in mmevo ops)')
-    print('FLOPs by operator (G): ' +
-          ', '.join(f'{op} {n / 1e9:.2f}' for op, n in flops.most_common()))
+    print(
+        f'Config: {args.config}\nInput shape: (1, 3, {shape[0]}, {shape[1]})'
+    )
+    print(
+        f'Params: {trainable / 1e6:.2f} M trainable (published convention)'
+        f', {total_params / 1e6:.2f} M in all'
+    )
+    print(
+        f'FLOPs: {total / 1e9:.1f} G ({(total - in_ops) / 1e9:.1f} G '
+        f'without mmevo ops, which the published counter did not see; '
+        f'{in_ops / 1e9:.2f} G in mmevo ops)'
+    )
+    print(
+        'FLOPs by operator (G): '
+        + ', '.join(f'{op} {n / 1e9:.2f}' for op, n in flops.most_common())
+    )
 
 
 if __name__ == '__main__':

@@ -15,15 +15,17 @@ Example:
     python tools/analysis/gpu_kernels.py --device        # this GPU's
     python tools/analysis/gpu_kernels.py --traffic
 """
+
 import argparse
 import json
 
 from mmevo.ops import triton_aot, triton_traffic
 
 # (name, B, C, G, H, K, dtype bytes, bytes of the correlation's output)
-SHAPES = [(f'RedNet-50 stage {i + 1}', 64, c, c // 16, h, 7, 2, 2)
-          for i, (c, h) in enumerate(((64, 56), (128, 28), (256, 14),
-                                      (512, 7)))]
+SHAPES = [
+    (f'RedNet-50 stage {i + 1}', 64, c, c // 16, h, 7, 2, 2)
+    for i, (c, h) in enumerate(((64, 56), (128, 28), (256, 14), (512, 7)))
+]
 # ACmix-R50 stage 3's attention (4 heads of 64 channels), logits in fp32.
 SHAPES.append(('ACmix-R50 stage 3 attention', 64, 256, 4, 14, 7, 2, 4))
 
@@ -33,56 +35,70 @@ def resource_table(rows):
     targets = sorted({r['target'] for r in rows})
     cells = {}
     for r in rows:
-        name = r['kernel'] + (' (fp32 out)'
-                              if r['out_dtype'] != r['dtype'] else '')
+        name = r['kernel'] + (
+            ' (fp32 out)' if r['out_dtype'] != r['dtype'] else ''
+        )
         cells.setdefault((name, r['config'], r['config_str']), []).append(r)
     head = ['kernel', 'config'] + [f'sm_{t} regs' for t in targets]
     lines = [
         '| ' + ' | '.join(head + ['spill B', 'local B', 'shared B']) + ' |',
-        '|' + '---|' * (len(head) + 3)
+        '|' + '---|' * (len(head) + 3),
     ]
     for (name, _, cfg), group in sorted(cells.items()):
         regs = []
         for t in targets:
             by_dt = {r['dtype']: r for r in group if r['target'] == t}
-            regs.append('/'.join(
-                str(by_dt[d]['regs']) if d in by_dt else '-'
-                for d in triton_aot.DTYPES))
+            regs.append(
+                '/'.join(
+                    str(by_dt[d]['regs']) if d in by_dt else '-'
+                    for d in triton_aot.DTYPES
+                )
+            )
         err = [r['error'] for r in group if r['error']]
         if err:
             raise RuntimeError(f'{name} {cfg}: {err[0]}')
         cfg = cfg.split(', num_ctas')[0]
-        lines.append('| ' + ' | '.join([name, cfg] + regs + [
-            str(sum(r['spill_bytes'] for r in group)),
-            str(sum(r['local'] for r in group)),
-            str(max(r['shared'] for r in group))
-        ]) + ' |')
+        lines.append(
+            '| '
+            + ' | '.join(
+                [name, cfg]
+                + regs
+                + [
+                    str(sum(r['spill_bytes'] for r in group)),
+                    str(sum(r['local'] for r in group)),
+                    str(max(r['shared'] for r in group)),
+                ]
+            )
+            + ' |'
+        )
     return '\n'.join(lines)
 
 
 def traffic_table():
     """Markdown of the traffic model at :data:`SHAPES`."""
     from mmevo.ops.triton_backend import GPU_CONFIGS
+
     tiles = sorted({c.kwargs['BLOCK_P'] for c in GPU_CONFIGS})
     lines = [
         '| shape | kernel | per operand: (a) / (b) / (c) MB (b / a) '
-        '| roofline of (a) |', '|---|---|---|---|'
+        '| roofline of (a) |',
+        '|---|---|---|---|',
     ]
     for name, B, C, G, H, K, size, out_size in SHAPES:
         for kernel, model in triton_traffic.KERNELS.items():
-            extra = ({} if kernel != 'correlate' else {
-                'out_itemsize': out_size
-            })
+            extra = {} if kernel != 'correlate' else {'out_itemsize': out_size}
             runs = [
                 model(B, C, G, (H, H), K, 1, K // 2, 1, bp, size, **extra)
                 for bp in tiles
             ]
-            worst = max(runs, key=lambda t: sum(v.requested
-                                                for v in t.values()))
+            worst = max(
+                runs, key=lambda t: sum(v.requested for v in t.values())
+            )
             ops = '; '.join(
                 f'{op} {t.minimal / 1e6:.1f} / {t.requested / 1e6:.1f} / '
                 f'{t.l2 / 1e6:.1f} ({t.requested / t.minimal:.2f}x)'
-                for op, t in worst.items())
+                for op, t in worst.items()
+            )
             us = triton_traffic.roofline_seconds(worst) * 1e6
             lines.append(f'| {name} | {kernel} | {ops} | {us:.1f} us |')
     return '\n'.join(lines)
@@ -91,11 +107,13 @@ def traffic_table():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument(
-        '--targets', type=int, nargs='+', help='compute capabilities')
+        '--targets', type=int, nargs='+', help='compute capabilities'
+    )
     parser.add_argument(
         '--device',
         action='store_true',
-        help='the compute capability of CUDA device 0')
+        help='the compute capability of CUDA device 0',
+    )
     parser.add_argument('--processes', type=int, default=2)
     parser.add_argument('--traffic', action='store_true')
     parser.add_argument('--json', help='also write the compiled rows here')
@@ -106,6 +124,7 @@ def main():
     targets = args.targets
     if args.device:
         import torch
+
         major, minor = torch.cuda.get_device_capability(0)
         targets = [major * 10 + minor]
     rows = triton_aot.run(triton_aot.matrix(targets), args.processes)

@@ -8,6 +8,7 @@ config post-processes with its own heads, as ``tools/test.py`` does.
 Example:
     python tools/deployment/aoti_test.py CONFIG work_dirs/demo/model.pt2
 """
+
 import argparse
 import warnings
 
@@ -22,7 +23,8 @@ from mmevo.deploy import AotiModel  # noqa: E402
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Evaluate an AOTInductor package')
+        description='Evaluate an AOTInductor package'
+    )
     parser.add_argument('config', help='config file')
     parser.add_argument('model', help='the .pt2 file')
     apis.add_evaluation_args(parser)

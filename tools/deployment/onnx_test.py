@@ -11,6 +11,7 @@ exactly as ``tools/test.py`` does with the PyTorch model.
 Example:
     python tools/deployment/onnx_test.py CONFIG work_dirs/demo/model.onnx
 """
+
 import argparse
 import warnings
 
@@ -25,7 +26,8 @@ from mmevo.deploy import OnnxModel  # noqa: E402
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Evaluate an ONNX model with onnxruntime')
+        description='Evaluate an ONNX model with onnxruntime'
+    )
     parser.add_argument('config', help='config file')
     parser.add_argument('model', help='the .onnx file')
     apis.add_evaluation_args(parser)

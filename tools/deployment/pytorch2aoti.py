@@ -13,6 +13,7 @@ Example:
     python tools/deployment/pytorch2aoti.py CONFIG CHECKPOINT \
         --out work_dirs/demo/model.pt2 --shape 128 128 --dynamic
 """
+
 import argparse
 import warnings
 
@@ -31,28 +32,33 @@ from mmevo.integrations import mmengine as fixes  # noqa: E402
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Compile a model into an AOTInductor package')
+        description='Compile a model into an AOTInductor package'
+    )
     parser.add_argument('config', help='config file')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out', required=True, help='the .pt2 file')
     apis.add_shape_arg(
         parser,
         default=[128, 128],
-        help=f'example input size (default: 128 128; at most {apis.MAX_SIDE})')
+        help=f'example input size (default: 128 128; at most {apis.MAX_SIDE})',
+    )
     parser.add_argument(
         '--dynamic',
         action='store_true',
-        help='dynamic height and width (one package for every size)')
+        help='dynamic height and width (one package for every size)',
+    )
     parser.add_argument(
         '--device',
         choices=['cpu', 'cuda'],
         default='cpu',
-        help='the device the package runs on (default: cpu)')
+        help='the device the package runs on (default: cpu)',
+    )
     parser.add_argument(
         '--inline-ops',
         action='store_true',
         help="mmevo's ops as standard operators: for a runtime without "
-        "mmevo's op library (slower)")
+        "mmevo's op library (slower)",
+    )
     return parser.parse_args(argv)
 
 
@@ -68,7 +74,7 @@ def summary(error, limit=300):
     ``limit`` characters."""
     text = ' '.join(line.strip() for line in str(error).splitlines()[:3])
     text = text or type(error).__name__
-    return text if len(text) <= limit else text[:limit - 3] + '...'
+    return text if len(text) <= limit else text[: limit - 3] + '...'
 
 
 def main(argv=None):
@@ -82,19 +88,23 @@ def main(argv=None):
             apis.load_config(args.config),
             args.checkpoint,
             args.device,
-            hint='compile the checkpoint the config trained')
+            hint='compile the checkpoint the config trained',
+        )
     model, kind = exportable(model)
     shapes = [args.shape] + ([other_size(args.shape)] if args.dynamic else [])
     inputs = [torch.randn(1, 3, *hw, device=args.device) for hw in shapes]
     try:
         program = export_program(
-            model, inputs[0], dynamic=args.dynamic, inline_ops=args.inline_ops)
+            model, inputs[0], dynamic=args.dynamic, inline_ops=args.inline_ops
+        )
     except Exception as e:  # noqa: BLE001  (torch.export's own errors)
         size = ' '.join(map(str, args.shape))
-        apis.fail(f'torch.export at --shape {size}'
-                  f"{' --dynamic' if args.dynamic else ''} failed: "
-                  f'{summary(e)} (an input too small for the model? try '
-                  'its test size, e.g. --shape 128 128)')
+        apis.fail(
+            f'torch.export at --shape {size}'
+            f'{" --dynamic" if args.dynamic else ""} failed: '
+            f'{summary(e)} (an input too small for the model? try '
+            'its test size, e.g. --shape 128 128)'
+        )
     compile_program(program, args.out)
     report_parity(model, AotiModel(args.out), inputs, kind, 'AOTInductor')
     return args.out

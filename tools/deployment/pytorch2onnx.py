@@ -11,6 +11,7 @@ Example:
     python tools/deployment/pytorch2onnx.py CONFIG CHECKPOINT \
         --out work_dirs/demo/model.onnx --shape 128 128 --dynamic
 """
+
 import argparse
 import warnings
 
@@ -34,17 +35,20 @@ def parse_args(argv=None):
     apis.add_shape_arg(
         parser,
         default=[128, 128],
-        help=f'example input size (default: 128 128; at most {apis.MAX_SIDE})')
+        help=f'example input size (default: 128 128; at most {apis.MAX_SIDE})',
+    )
     parser.add_argument(
         '--dynamic',
         action='store_true',
-        help='dynamic height and width (one export for every size)')
+        help='dynamic height and width (one export for every size)',
+    )
     parser.add_argument(
         '--exporter',
         choices=['dynamo', 'torchscript'],
         default='dynamo',
         help="torch.onnx.export's exporter (default: dynamo, torch's; "
-        'torchscript is the older one, faster to export)')
+        'torchscript is the older one, faster to export)',
+    )
     return parser.parse_args(argv)
 
 
@@ -56,7 +60,8 @@ def main(argv=None):
         model = apis.build_model(
             apis.load_config(args.config),
             args.checkpoint,
-            hint='export the checkpoint the config trained')
+            hint='export the checkpoint the config trained',
+        )
     model, kind = exportable(model)
     x = torch.randn(1, 3, *args.shape)
     export_onnx(
@@ -64,7 +69,8 @@ def main(argv=None):
         x,
         args.out,
         dynamic=args.dynamic,
-        dynamo=args.exporter == 'dynamo')
+        dynamo=args.exporter == 'dynamo',
+    )
     report_parity(model, OnnxModel(args.out), [x], kind, 'onnxruntime')
     return args.out
 

@@ -2,6 +2,7 @@
 to an mmpretrain ``ImageClassifier`` checkpoint (``ELSASwinTransformer``
 backbone with ``out_indices=(3,)``, ``GlobalAveragePooling``,
 ``LinearClsHead``)."""
+
 import argparse
 
 from mmevo.models.backbones.swin_convert import convert_checkpoint_file

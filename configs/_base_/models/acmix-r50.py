@@ -19,8 +19,9 @@ acmix_r50_det = dict(
     norm_cfg=dict(type='BN', requires_grad=True),
     norm_eval=True,
     init_cfg=dict(
-        type='Pretrained',
-        checkpoint='checkpoints/acmix_resnet50_imagenet.pth'))
+        type='Pretrained', checkpoint='checkpoints/acmix_resnet50_imagenet.pth'
+    ),
+)
 # Segmentation (Cityscapes): output stride 32, SyncBN, trained.
 acmix_r50_seg = dict(
     type='ACmixResNet',
@@ -35,5 +36,6 @@ acmix_r50_seg = dict(
     norm_cfg=dict(type='SyncBN', requires_grad=True),
     norm_eval=False,
     init_cfg=dict(
-        type='Pretrained',
-        checkpoint='checkpoints/acmix_resnet50_imagenet.pth'))
+        type='Pretrained', checkpoint='checkpoints/acmix_resnet50_imagenet.pth'
+    ),
+)

@@ -14,10 +14,11 @@ model = dict(
         head=4,
         kernel_conv=3,
         num_stages=4,
-        out_indices=(3, ),
+        out_indices=(3,),
         norm_cfg=dict(type='BN', requires_grad=True),
         # published: no zero-init of the residual norms (backbone docstring)
-        zero_init_residual=False),
+        zero_init_residual=False,
+    ),
     neck=dict(type='GlobalAveragePooling'),
     head=dict(
         type='LinearClsHead',
@@ -32,7 +33,10 @@ model = dict(
             label_smooth_val=0.1 * 1000 / 999,
             num_classes=1000,
             mode='original',
-            loss_weight=1.0),
+            loss_weight=1.0,
+        ),
         topk=(1, 5),
         # the published fc keeps PyTorch's default nn.Linear init
-        init_cfg=None))
+        init_cfg=None,
+    ),
+)

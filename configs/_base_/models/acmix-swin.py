@@ -8,4 +8,6 @@ acmix_swin_t_dense = dict(
     out_indices=(0, 1, 2, 3),
     pad_small_map=True,
     init_cfg=dict(
-        type='Pretrained', checkpoint='checkpoints/acmix_swin_tiny.pth'))
+        type='Pretrained', checkpoint='checkpoints/acmix_swin_tiny.pth'
+    ),
+)

@@ -15,14 +15,20 @@ cascade_4conv1fc_giou = [
         num_classes=80,
         bbox_coder=dict(
             type='DeltaXYWHBBoxCoder',
-            target_means=[0., 0., 0., 0.],
-            target_stds=stds),
+            target_means=[0.0, 0.0, 0.0, 0.0],
+            target_stds=stds,
+        ),
         reg_class_agnostic=False,
         reg_decoded_bbox=True,
         norm_cfg=dict(type='SyncBN', requires_grad=True),
         loss_cls=dict(
-            type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
-        loss_bbox=dict(type='GIoULoss', loss_weight=10.0))
-    for stds in ([0.1, 0.1, 0.2, 0.2], [0.05, 0.05, 0.1, 0.1],
-                 [0.033, 0.033, 0.067, 0.067])
+            type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0
+        ),
+        loss_bbox=dict(type='GIoULoss', loss_weight=10.0),
+    )
+    for stds in (
+        [0.1, 0.1, 0.2, 0.2],
+        [0.05, 0.05, 0.1, 0.1],
+        [0.033, 0.033, 0.067, 0.067],
+    )
 ]

@@ -12,11 +12,15 @@ elsa_swin_t_dense = dict(
     out_indices=(0, 1, 2, 3),
     pad_small_map=True,
     init_cfg=dict(
-        type='Pretrained', checkpoint='checkpoints/elsa_swin_tiny.pth'))
+        type='Pretrained', checkpoint='checkpoints/elsa_swin_tiny.pth'
+    ),
+)
 elsa_swin_s_dense = dict(
     type='ELSASwinTransformer',
     arch='small',  # group width 8
     out_indices=(0, 1, 2, 3),
     pad_small_map=True,
     init_cfg=dict(
-        type='Pretrained', checkpoint='checkpoints/elsa_swin_small.pth'))
+        type='Pretrained', checkpoint='checkpoints/elsa_swin_small.pth'
+    ),
+)

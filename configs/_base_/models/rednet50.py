@@ -19,7 +19,9 @@ rednet50_det = dict(
     init_cfg=dict(
         type='Pretrained',
         checkpoint='checkpoints/rednet50_imagenet.pth',
-        prefix='backbone.'))
+        prefix='backbone.',
+    ),
+)
 # Segmentation (Cityscapes): output stride 32, SyncBN, trained.
 rednet50_seg = dict(
     type='RedNet',
@@ -34,4 +36,6 @@ rednet50_seg = dict(
     init_cfg=dict(
         type='Pretrained',
         checkpoint='checkpoints/rednet50_imagenet.pth',
-        prefix='backbone.'))
+        prefix='backbone.',
+    ),
+)

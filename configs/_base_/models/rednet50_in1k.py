@@ -13,9 +13,10 @@ model = dict(
         depth=50,
         stem_kernel_size=3,
         num_stages=4,
-        out_indices=(3, ),
+        out_indices=(3,),
         norm_cfg=dict(type='BN', requires_grad=True),
-        zero_init_residual=True),
+        zero_init_residual=True,
+    ),
     neck=dict(type='GlobalAveragePooling'),
     head=dict(
         type='LinearClsHead',
@@ -26,5 +27,8 @@ model = dict(
             label_smooth_val=0.1,
             num_classes=1000,
             mode='original',
-            loss_weight=1.0),
-        topk=(1, 5)))
+            loss_weight=1.0,
+        ),
+        topk=(1, 5),
+    ),
+)

@@ -7,7 +7,8 @@ _base_ = 'mmseg::_base_/schedules/schedule_80k.py'
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='SGD', lr=0.01, momentum=0.9, weight_decay=0.0005),
-    clip_grad=None)
+    clip_grad=None,
+)
 param_scheduler = [
     dict(
         type='PolyLR',
@@ -15,7 +16,8 @@ param_scheduler = [
         power=0.9,
         begin=0,
         end=80000,
-        by_epoch=False)
+        by_epoch=False,
+    )
 ]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=80000, val_interval=8000)
 # lr is for the published total batch of 8; `--cfg-options

@@ -9,17 +9,20 @@ _base_ = 'mmdet::_base_/schedules/schedule_1x.py'
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='SGD', lr=0.02, momentum=0.9, weight_decay=0.0001),
-    clip_grad=None)
+    clip_grad=None,
+)
 param_scheduler = [
     dict(
-        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500
+    ),
     dict(
         type='MultiStepLR',
         begin=0,
         end=12,
         by_epoch=True,
         milestones=[8, 11],
-        gamma=0.1)
+        gamma=0.1,
+    ),
 ]
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=12, val_interval=1)
 # lr is for the published total batch of 16; `--cfg-options

@@ -6,7 +6,8 @@
 # (adjust_learning_rate_iter_warmup with --lr_scheduler cosine).
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=1e-4))
+    optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=1e-4),
+)
 param_scheduler = [
     dict(
         type='LinearLR',
@@ -15,7 +16,8 @@ param_scheduler = [
         by_epoch=True,
         begin=0,
         end=5,
-        convert_to_iter_based=True),
+        convert_to_iter_based=True,
+    ),
     dict(
         type='CosineAnnealingLR',
         T_max=85,
@@ -23,7 +25,8 @@ param_scheduler = [
         by_epoch=True,
         begin=5,
         end=90,
-        convert_to_iter_based=True),
+        convert_to_iter_based=True,
+    ),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=90, val_interval=1)
 val_cfg = dict()

@@ -11,7 +11,9 @@
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(
-        type='SGD', lr=0.8, momentum=0.9, weight_decay=1e-4, nesterov=True))
+        type='SGD', lr=0.8, momentum=0.9, weight_decay=1e-4, nesterov=True
+    ),
+)
 param_scheduler = [
     dict(
         type='LinearLR',
@@ -19,14 +21,16 @@ param_scheduler = [
         end_factor=1.0,
         by_epoch=False,
         begin=0,
-        end=3131),
+        end=3131,
+    ),
     dict(
         type='CosineAnnealingLR',
         T_max=130,
         eta_min=0,
         by_epoch=True,
         begin=0,
-        end=130),
+        end=130,
+    ),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=130, val_interval=1)
 val_cfg = dict()

@@ -4,13 +4,15 @@ _base_ = './swin_coco_1x.py'
 
 param_scheduler = [
     dict(
-        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500
+    ),
     dict(
         type='MultiStepLR',
         begin=0,
         end=36,
         by_epoch=True,
         milestones=[27, 33],
-        gamma=0.1)
+        gamma=0.1,
+    ),
 ]
 train_cfg = dict(max_epochs=36)

@@ -14,12 +14,17 @@ fix on (the tools call it, and so does ``mmevo.register_all_modules``).
 Each fix warns (:class:`UpstreamVersionWarning`) on an mmengine other than
 the one it was written for, and refuses one that lacks what it relies on.
 """
+
 from . import atomic_backend, checkpoint_hook, dist, randomness, safe_globals
 from ._version import WRITTEN_FOR, UpstreamVersionWarning
 from .atomic_backend import AtomicLocalBackend, atomic_write, remove_stale_tmp
 from .checkpoint_hook import SafeCheckpointHook, use_safe_hook
-from .dist import (DEFAULT_DIST_TIMEOUT, CPUDistributedDataParallel,
-                   convert_sync_bn_to_bn, setup_cpu_distributed)
+from .dist import (
+    DEFAULT_DIST_TIMEOUT,
+    CPUDistributedDataParallel,
+    convert_sync_bn_to_bn,
+    setup_cpu_distributed,
+)
 from .randomness import RandomStateHook, get_rng_state, set_rng_state
 
 
@@ -30,16 +35,30 @@ def install_all():
         >>> from mmevo.integrations.mmengine import install_all
         >>> install_all()
     """
-    for fix in (safe_globals, atomic_backend, checkpoint_hook, randomness,
-                dist):
+    for fix in (
+        safe_globals,
+        atomic_backend,
+        checkpoint_hook,
+        randomness,
+        dist,
+    ):
         fix.install()
 
 
 __all__ = [
-    'install_all', 'WRITTEN_FOR', 'UpstreamVersionWarning',
-    'AtomicLocalBackend', 'atomic_write', 'remove_stale_tmp',
-    'SafeCheckpointHook', 'use_safe_hook', 'DEFAULT_DIST_TIMEOUT',
-    'CPUDistributedDataParallel', 'convert_sync_bn_to_bn',
-    'setup_cpu_distributed', 'RandomStateHook', 'get_rng_state',
-    'set_rng_state'
+    'install_all',
+    'WRITTEN_FOR',
+    'UpstreamVersionWarning',
+    'AtomicLocalBackend',
+    'atomic_write',
+    'remove_stale_tmp',
+    'SafeCheckpointHook',
+    'use_safe_hook',
+    'DEFAULT_DIST_TIMEOUT',
+    'CPUDistributedDataParallel',
+    'convert_sync_bn_to_bn',
+    'setup_cpu_distributed',
+    'RandomStateHook',
+    'get_rng_state',
+    'set_rng_state',
 ]

@@ -1,4 +1,5 @@
 """The upstream version each fix was written for, checked when installed."""
+
 import warnings
 
 import mmengine
@@ -35,11 +36,13 @@ def check_mmengine(fix, needs=()):
             raise RuntimeError(
                 f"mmevo's {fix} fix was written for mmengine {WRITTEN_FOR}, "
                 f'whose {owner.__name__}.{name} this mmengine '
-                f'{mmengine.__version__} lacks; do not install it')
+                f'{mmengine.__version__} lacks; do not install it'
+            )
     if mmengine.__version__ != WRITTEN_FOR:
         warnings.warn(
             f"mmevo's {fix} fix was written for mmengine {WRITTEN_FOR}, "
             f'found {mmengine.__version__}: check whether this release '
             'fixed the bug upstream',
             UpstreamVersionWarning,
-            stacklevel=3)
+            stacklevel=3,
+        )

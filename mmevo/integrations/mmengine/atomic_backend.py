@@ -8,6 +8,7 @@ crash leaves the previous file (or none) and, at worst, a temporary file
 that :func:`remove_stale_tmp` deletes at the next start. Delete this module
 when mmengine's local backend writes atomically.
 """
+
 import contextlib
 import os
 import os.path as osp
@@ -55,7 +56,8 @@ def atomic_write(data, path):
     directory = osp.dirname(path)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(
-        dir=directory, prefix=f'.{osp.basename(path)}.', suffix='.tmp')
+        dir=directory, prefix=f'.{osp.basename(path)}.', suffix='.tmp'
+    )
     try:
         with os.fdopen(fd, 'wb') as f:
             f.write(data)
@@ -132,13 +134,16 @@ def install():
         >>> from mmengine.fileio import get_file_backend
         >>> get_file_backend('x', backend_args=dict(backend='atomic_local'))
     """
-    check_mmengine('atomic checkpoint backend', [(LocalBackend, 'put'),
-                                                 (LocalBackend, 'put_text')])
+    check_mmengine(
+        'atomic checkpoint backend',
+        [(LocalBackend, 'put'), (LocalBackend, 'put_text')],
+    )
     registered = backends.get(BACKEND)
     if registered is AtomicLocalBackend:
         return
     if registered is not None:
         raise RuntimeError(
-            f"file backend {BACKEND!r} is already registered as "
-            f'{registered.__module__}.{registered.__name__}')
+            f'file backend {BACKEND!r} is already registered as '
+            f'{registered.__module__}.{registered.__name__}'
+        )
     register_backend(BACKEND, AtomicLocalBackend)

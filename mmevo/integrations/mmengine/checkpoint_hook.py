@@ -15,6 +15,7 @@ It is a subclass registered under its own name; :func:`use_safe_hook` puts
 it in a config in place of the default hook. Delete this module when
 upstream saves before it deletes.
 """
+
 import os.path as osp
 
 from mmengine.dist import is_main_process
@@ -39,25 +40,33 @@ class SafeCheckpointHook(CheckpointHook):
         ...     type='SafeCheckpointHook', interval=1, max_keep_ckpts=1))
     """
 
-    def __init__(self,
-                 *args,
-                 backend_args=None,
-                 file_client_args=None,
-                 out_dir=None,
-                 **kwargs):
-        if backend_args is None and file_client_args is None \
-                and '://' not in str(out_dir or ''):
+    def __init__(
+        self,
+        *args,
+        backend_args=None,
+        file_client_args=None,
+        out_dir=None,
+        **kwargs,
+    ):
+        if (
+            backend_args is None
+            and file_client_args is None
+            and '://' not in str(out_dir or '')
+        ):
             backend_args = dict(backend=atomic_backend.BACKEND)
         super().__init__(
             *args,
             backend_args=backend_args,
             file_client_args=file_client_args,
             out_dir=out_dir,
-            **kwargs)
+            **kwargs,
+        )
 
     def _is_local(self):
-        return self.backend_args is not None and self.backend_args.get(
-            'backend') == atomic_backend.BACKEND
+        return (
+            self.backend_args is not None
+            and self.backend_args.get('backend') == atomic_backend.BACKEND
+        )
 
     def before_train(self, runner):
         super().before_train(runner)
@@ -65,7 +74,8 @@ class SafeCheckpointHook(CheckpointHook):
             for directory in {self.out_dir, runner.work_dir}:
                 for name in atomic_backend.remove_stale_tmp(directory):
                     runner.logger.info(
-                        f'removed {name}, left by a save that was killed')
+                        f'removed {name}, left by a save that was killed'
+                    )
 
     def _remove(self, path):
         if self.file_backend.isfile(path):
@@ -77,8 +87,9 @@ class SafeCheckpointHook(CheckpointHook):
         # the upstream bookkeeping, but the stale step is only removed once
         # the new checkpoint and the pointer to it are on disk
         stale = None
-        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids and
-                                            self.keep_ckpt_ids[-1] == step):
+        if self.max_keep_ckpts > 0 and not (
+            self.keep_ckpt_ids and self.keep_ckpt_ids[-1] == step
+        ):
             if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
                 stale = self.keep_ckpt_ids.popleft()
             self.keep_ckpt_ids.append(step)
@@ -87,10 +98,12 @@ class SafeCheckpointHook(CheckpointHook):
             # it when the run is resumed from the new checkpoint
             kept = list(self.keep_ckpt_ids)
             runner.message_hub.update_info(
-                'keep_ckpt_ids', kept if stale is None else [stale] + kept)
+                'keep_ckpt_ids', kept if stale is None else [stale] + kept
+            )
         ckpt_filename = self.filename_tmpl.format(step)
-        self.last_ckpt = self.file_backend.join_path(self.out_dir,
-                                                     ckpt_filename)
+        self.last_ckpt = self.file_backend.join_path(
+            self.out_dir, ckpt_filename
+        )
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
         runner.save_checkpoint(
             self.out_dir,
@@ -101,18 +114,22 @@ class SafeCheckpointHook(CheckpointHook):
             meta=meta,
             by_epoch=self.by_epoch,
             backend_args=self.backend_args,
-            **self.args)
+            **self.args,
+        )
         if stale is not None:
-            runner.message_hub.update_info('keep_ckpt_ids',
-                                           list(self.keep_ckpt_ids))
+            runner.message_hub.update_info(
+                'keep_ckpt_ids', list(self.keep_ckpt_ids)
+            )
         if not is_main_process():
             return
         pointer = osp.join(runner.work_dir, 'last_checkpoint')
         atomic_backend.atomic_write(self.last_ckpt.encode(), pointer)
         if stale is not None and stale != step:
             self._remove(
-                self.file_backend.join_path(self.out_dir,
-                                            self.filename_tmpl.format(stale)))
+                self.file_backend.join_path(
+                    self.out_dir, self.filename_tmpl.format(stale)
+                )
+            )
 
     def _save_best_checkpoint(self, runner, metrics):
         # upstream's, except that the previous best checkpoint is removed
@@ -137,14 +154,17 @@ class SafeCheckpointHook(CheckpointHook):
                 path_key = f'best_ckpt_{key_indicator}'
                 previous = self.best_ckpt_path_dict[key_indicator]
             best_score = runner.message_hub.runtime_info.get(
-                score_key, self.init_value_map[rule])
+                score_key, self.init_value_map[rule]
+            )
             if key_score is None or not self.is_better_than[key_indicator](
-                    key_score, best_score):
+                key_score, best_score
+            ):
                 continue
             updated = True
             runner.message_hub.update_info(score_key, key_score)
             best_ckpt_name = f'best_{key_indicator}_{ckpt_filename}'.replace(
-                '/', '_')
+                '/', '_'
+            )
             path = self.file_backend.join_path(self.out_dir, best_ckpt_name)
             if single:
                 self.best_ckpt_path = path
@@ -159,14 +179,17 @@ class SafeCheckpointHook(CheckpointHook):
                 save_param_scheduler=False,
                 meta=meta,
                 by_epoch=False,
-                backend_args=self.backend_args)
+                backend_args=self.backend_args,
+            )
             runner.logger.info(
                 f'The best checkpoint with {key_score:0.4f} {key_indicator} '
-                f'at {step} {unit} is saved to {best_ckpt_name}.')
+                f'at {step} {unit} is saved to {best_ckpt_name}.'
+            )
             if previous and previous != path and is_main_process():
                 self._remove(previous)
                 runner.logger.info(
-                    f'The previous best checkpoint {previous} is removed')
+                    f'The previous best checkpoint {previous} is removed'
+                )
         # as upstream: save the step's checkpoint again, so that it names
         # the new best checkpoint (which a resumed run then replaces)
         if updated and self.last_ckpt is not None:
@@ -194,8 +217,10 @@ def use_safe_hook(cfg):
     if 'checkpoint' not in hooks:  # mmengine's default
         hooks.checkpoint = dict(type='CheckpointHook', interval=1)
     hook = hooks.checkpoint
-    if hook is not None and hook.get('type') in ('CheckpointHook',
-                                                 CheckpointHook):
+    if hook is not None and hook.get('type') in (
+        'CheckpointHook',
+        CheckpointHook,
+    ):
         hook['type'] = NAME
 
 
@@ -209,10 +234,14 @@ def install():
         >>> HOOKS.get('SafeCheckpointHook')
     """
     # the method this hook replaces, with its bookkeeping
-    check_mmengine('checkpoint hook',
-                   [(CheckpointHook, '_save_checkpoint_with_step'),
-                    (CheckpointHook, '_save_best_checkpoint'),
-                    (CheckpointHook, '_init_rule')])
+    check_mmengine(
+        'checkpoint hook',
+        [
+            (CheckpointHook, '_save_checkpoint_with_step'),
+            (CheckpointHook, '_save_best_checkpoint'),
+            (CheckpointHook, '_init_rule'),
+        ],
+    )
     atomic_backend.install()
     if HOOKS.module_dict.get(NAME) is not SafeCheckpointHook:
         HOOKS.register_module(NAME, module=SafeCheckpointHook)

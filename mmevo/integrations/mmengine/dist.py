@@ -19,6 +19,7 @@ On every machine it also bounds a collective's wait: a rank that stalls
 config sets it. mmengine's own ``init_dist`` (the GPU path) reads the same
 key. Delete this module when mmengine's launchers run without a GPU.
 """
+
 import os
 import subprocess
 import warnings
@@ -66,7 +67,7 @@ def _replace_sync_bn(node, path, found):
     """Replace SyncBN norm types in a config tree in place; record where."""
     if isinstance(node, dict):
         if node.get('type') in _SYNC_BN_TYPES:
-            found.append(f"{path or 'cfg'}.type={node['type']}")
+            found.append(f'{path or "cfg"}.type={node["type"]}')
             node['type'] = 'BN'
         for key, value in node.items():
             _replace_sync_bn(value, f'{path}.{key}' if path else key, found)
@@ -103,8 +104,9 @@ def convert_sync_bn_to_bn(cfg):
     if found:
         warnings.warn(
             'No GPU: SyncBN does not run on the CPU, using BN instead '
-            f"(replaced {', '.join(found)}).",
-            stacklevel=2)
+            f'(replaced {", ".join(found)}).',
+            stacklevel=2,
+        )
     return found
 
 
@@ -119,7 +121,8 @@ def _dist_env_from_slurm():
     if 'MASTER_ADDR' not in os.environ:
         node_list = os.environ['SLURM_NODELIST']
         os.environ['MASTER_ADDR'] = subprocess.getoutput(
-            f'scontrol show hostname {node_list} | head -n1')
+            f'scontrol show hostname {node_list} | head -n1'
+        )
 
 
 def setup_cpu_distributed(cfg, launcher):
@@ -147,7 +150,8 @@ def setup_cpu_distributed(cfg, launcher):
     """
     if launcher != 'none':
         dist_cfg = cfg.setdefault('env_cfg', ConfigDict()).setdefault(
-            'dist_cfg', ConfigDict())
+            'dist_cfg', ConfigDict()
+        )
         if dist_cfg.get('timeout') is None:
             dist_cfg['timeout'] = DEFAULT_DIST_TIMEOUT
     if torch.cuda.is_available():
@@ -161,17 +165,19 @@ def setup_cpu_distributed(cfg, launcher):
     dist_cfg['backend'] = 'gloo'
     if not torch_dist.is_initialized():
         torch_dist.init_process_group(
-            backend='gloo', timeout=timedelta(seconds=dist_cfg['timeout']))
+            backend='gloo', timeout=timedelta(seconds=dist_cfg['timeout'])
+        )
     wrapper = cfg.get('model_wrapper_cfg', None)
     if wrapper is None:
         cfg.model_wrapper_cfg = dict(
             type='CPUDistributedDataParallel',
             broadcast_buffers=False,
-            find_unused_parameters=cfg.get('find_unused_parameters', False))
-    elif wrapper.get(
-            'type',
-            'MMDistributedDataParallel') in ('MMDistributedDataParallel',
-                                             'DistributedDataParallel'):
+            find_unused_parameters=cfg.get('find_unused_parameters', False),
+        )
+    elif wrapper.get('type', 'MMDistributedDataParallel') in (
+        'MMDistributedDataParallel',
+        'DistributedDataParallel',
+    ):
         wrapper['type'] = 'CPUDistributedDataParallel'
     return True
 

@@ -25,6 +25,7 @@ It only reads generator states during a run, so it does not change the
 trajectory of a run that is not resumed. :func:`install` registers it in
 mmengine; delete this module when mmengine's checkpoints hold the streams.
 """
+
 import random
 from functools import partial
 
@@ -60,7 +61,8 @@ def get_rng_state():
     state = dict(
         python=random.getstate(),
         numpy=np.random.get_state(),
-        torch=torch.get_rng_state())
+        torch=torch.get_rng_state(),
+    )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state_all()
     return state
@@ -77,8 +79,11 @@ def set_rng_state(state):
     np.random.set_state(state['numpy'])
     torch.set_rng_state(state['torch'])
     cuda = state.get('cuda')
-    if cuda is not None and torch.cuda.is_available() \
-            and len(cuda) == torch.cuda.device_count():
+    if (
+        cuda is not None
+        and torch.cuda.is_available()
+        and len(cuda) == torch.cuda.device_count()
+    ):
         torch.cuda.set_rng_state_all(cuda)
 
 
@@ -141,8 +146,9 @@ class RandomStateHook(Hook):
         loader = runner.train_dataloader
         persistent = loader.num_workers > 0 and loader.persistent_workers
         epoch_based = isinstance(runner.train_loop, EpochBasedTrainLoop)
-        if loader.num_workers > 0 and not isinstance(loader.collate_fn,
-                                                     _CollateWithWorkerState):
+        if loader.num_workers > 0 and not isinstance(
+            loader.collate_fn, _CollateWithWorkerState
+        ):
             loader.collate_fn = _CollateWithWorkerState(loader.collate_fn)
             loader.worker_init_fn = _WorkerInitWithState(loader.worker_init_fn)
         saved, self._saved = self._saved, None
@@ -150,37 +156,45 @@ class RandomStateHook(Hook):
             return
         if saved['world_size'] != get_world_size():
             print_log(
-                f"resumed with {get_world_size()} processes, saved with "
-                f"{saved['world_size']}: the random streams are not "
+                f'resumed with {get_world_size()} processes, saved with '
+                f'{saved["world_size"]}: the random streams are not '
                 'restored, the resumed run is not bit-exact',
                 logger='current',
-                level='WARNING')
+                level='WARNING',
+            )
             return
         mine = saved['ranks'][get_rank()]
         sampler = getattr(loader, 'sampler', None)
         if mine.get('sampler_seed') is not None:
             sampler.seed = mine['sampler_seed']
         init = loader.worker_init_fn
-        if isinstance(init, _WorkerInitWithState) and isinstance(
-                init.init_fn, partial) and 'seed' in init.init_fn.keywords:
+        if (
+            isinstance(init, _WorkerInitWithState)
+            and isinstance(init.init_fn, partial)
+            and 'seed' in init.init_fn.keywords
+        ):
             # mmengine built the worker seeding with this run's seed; the
             # checkpoint's is the one the saved run used
             init.init_fn = partial(
-                init.init_fn.func, *init.init_fn.args,
-                **dict(init.init_fn.keywords, seed=runner.seed))
+                init.init_fn.func,
+                *init.init_fn.args,
+                **dict(init.init_fn.keywords, seed=runner.seed),
+            )
         if persistent and epoch_based:
             if len(mine['workers']) != loader.num_workers:
                 print_log(
                     f'resumed with {loader.num_workers} dataloader workers, '
-                    f"saved with {len(mine['workers'])}: their random "
+                    f'saved with {len(mine["workers"])}: their random '
                     'streams start afresh, the resumed run is not bit-exact',
                     logger='current',
-                    level='WARNING')
+                    level='WARNING',
+                )
             else:
                 init.states = dict(mine['workers'])
         self._main = mine['main']
-        self._restore_at = 'epoch' if epoch_based and not persistent \
-            else 'iter'
+        self._restore_at = (
+            'epoch' if epoch_based and not persistent else 'iter'
+        )
 
     def before_train_epoch(self, runner):
         if self._restore_at == 'epoch':
@@ -203,23 +217,29 @@ class RandomStateHook(Hook):
         return dict(
             main=get_rng_state(),
             workers=dict(self._workers),
-            sampler_seed=getattr(sampler, 'seed', None))
+            sampler_seed=getattr(sampler, 'seed', None),
+        )
 
     def after_train_epoch(self, runner):
         # every rank, before the CheckpointHook (which saves on rank 0 only)
-        self._epoch_states = (runner.epoch,
-                              all_gather_object(self._rank_state(runner)))
+        self._epoch_states = (
+            runner.epoch,
+            all_gather_object(self._rank_state(runner)),
+        )
 
     def before_save_checkpoint(self, runner, checkpoint):
-        if self._epoch_states is not None and \
-                self._epoch_states[0] == runner.epoch:
+        if (
+            self._epoch_states is not None
+            and self._epoch_states[0] == runner.epoch
+        ):
             ranks = self._epoch_states[1]
         elif get_world_size() == 1:
             ranks = [self._rank_state(runner)]
         else:  # within an epoch, the other ranks' states are not at hand
             return
         checkpoint['rng_state'] = dict(
-            world_size=get_world_size(), ranks=ranks)
+            world_size=get_world_size(), ranks=ranks
+        )
 
     def after_load_checkpoint(self, runner, checkpoint):
         self._saved = checkpoint.get('rng_state')

@@ -24,6 +24,7 @@ Every other global still fails to load, so ``weights_only`` keeps protecting
 against malicious files. Delete this module when mmengine loads its own
 checkpoints under ``weights_only`` (it does not in 0.10.7).
 """
+
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
@@ -50,12 +51,15 @@ def _history_buffer_getattr(obj, name):
         >>> _history_buffer_getattr(HistoryBuffer, 'mean').__name__
         'mean'
     """
-    if obj is HistoryBuffer and (name in _DEFAULT_STATISTICS
-                                 or name in HistoryBuffer._statistics_methods):
+    if obj is HistoryBuffer and (
+        name in _DEFAULT_STATISTICS
+        or name in HistoryBuffer._statistics_methods
+    ):
         return getattr(HistoryBuffer, name)
     raise torch.serialization.pickle.UnpicklingError(
         f'weights_only load: getattr({obj!r}, {name!r}) is not allowed; only '
-        'HistoryBuffer statistic methods are')
+        'HistoryBuffer statistic methods are'
+    )
 
 
 def _numpy_globals():
@@ -67,12 +71,18 @@ def _numpy_globals():
         from numpy.core import multiarray
     pairs = []
     for module in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-        pairs += [(multiarray._reconstruct, f'{module}._reconstruct'),
-                  (multiarray.scalar, f'{module}.scalar')]
+        pairs += [
+            (multiarray._reconstruct, f'{module}._reconstruct'),
+            (multiarray.scalar, f'{module}.scalar'),
+        ]
     numeric = dict.fromkeys(  # (dict: drops the aliases, keeps the order)
-        t for t in vars(np.dtypes).values()
-        if isinstance(t, type) and issubclass(t, np.dtype)
-        and t.type is not None and issubclass(t.type, (np.number, np.bool_)))
+        t
+        for t in vars(np.dtypes).values()
+        if isinstance(t, type)
+        and issubclass(t, np.dtype)
+        and t.type is not None
+        and issubclass(t.type, (np.number, np.bool_))
+    )
     return pairs + [np.ndarray, np.dtype] + list(numeric)
 
 
@@ -87,8 +97,10 @@ def safe_globals():
         >>> with torch.serialization.safe_globals(safe_globals()):
         ...     ckpt = torch.load('work_dirs/demo/epoch_1.pth')
     """
-    return [HistoryBuffer,
-            (_history_buffer_getattr, 'builtins.getattr')] + _numpy_globals()
+    return [
+        HistoryBuffer,
+        (_history_buffer_getattr, 'builtins.getattr'),
+    ] + _numpy_globals()
 
 
 def install():

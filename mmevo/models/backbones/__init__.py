@@ -4,5 +4,8 @@ from .elsa_swin import ELSASwinTransformer
 from .rednet import RedNet
 
 __all__ = [
-    'ACmixResNet', 'ACmixSwinTransformer', 'ELSASwinTransformer', 'RedNet'
+    'ACmixResNet',
+    'ACmixSwinTransformer',
+    'ELSASwinTransformer',
+    'RedNet',
 ]

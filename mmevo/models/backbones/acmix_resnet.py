@@ -1,9 +1,11 @@
 """ACmix-ResNet: torchvision ResNet v1.5 with ACmix middle layers."""
+
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmevo.layers import ACmix
 from mmevo.registry import MODELS
+
 from .dynamic_resnet import DynamicResNet
 
 
@@ -66,25 +68,27 @@ class ACmixResNet(DynamicResNet):
         if depth in (26, 38, 50)
     }
 
-    def __init__(self,
-                 depth,
-                 in_channels=3,
-                 stem_channels=64,
-                 base_channels=64,
-                 num_stages=4,
-                 strides=(1, 2, 2, 2),
-                 dilations=(1, 1, 1, 1),
-                 contract_dilation=False,
-                 out_indices=(0, 1, 2, 3),
-                 frozen_stages=-1,
-                 norm_cfg=dict(type='BN', requires_grad=True),
-                 norm_eval=False,
-                 with_cp=False,
-                 zero_init_residual=False,
-                 kernel_att=7,
-                 head=4,
-                 kernel_conv=3,
-                 init_cfg=None):
+    def __init__(
+        self,
+        depth,
+        in_channels=3,
+        stem_channels=64,
+        base_channels=64,
+        num_stages=4,
+        strides=(1, 2, 2, 2),
+        dilations=(1, 1, 1, 1),
+        contract_dilation=False,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        norm_cfg=dict(type='BN', requires_grad=True),
+        norm_eval=False,
+        with_cp=False,
+        zero_init_residual=False,
+        kernel_att=7,
+        head=4,
+        kernel_conv=3,
+        init_cfg=None,
+    ):
         self.kernel_att = kernel_att
         self.head = head
         self.kernel_conv = kernel_conv
@@ -108,7 +112,8 @@ class ACmixResNet(DynamicResNet):
             zero_init_residual=zero_init_residual,
             # No mmengine initialiser (mmdet's default would zero the conv
             # biases): init_weights applies the published init instead.
-            init_cfg=[] if init_cfg is None else init_cfg)
+            init_cfg=[] if init_cfg is None else init_cfg,
+        )
         self._published_init = init_cfg is None
 
     def init_weights(self) -> None:
@@ -124,7 +129,8 @@ class ACmixResNet(DynamicResNet):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(
-                    m.weight, mode='fan_out', nonlinearity='relu')
+                    m.weight, mode='fan_out', nonlinearity='relu'
+                )
             elif isinstance(m, (_BatchNorm, nn.GroupNorm)) and m.affine:
                 nn.init.constant_(m.weight, 1)
                 nn.init.constant_(m.bias, 0)
@@ -145,7 +151,8 @@ class ACmixResNet(DynamicResNet):
             self.head,
             self.kernel_conv,
             stride=stride,
-            dilation=dilation)
+            dilation=dilation,
+        )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The published checkpoints are whole classifiers; a backbone has no

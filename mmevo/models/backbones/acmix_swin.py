@@ -1,9 +1,11 @@
 """ACmix-Swin (Pan et al., CVPR 2022): Swin whose window attention shares
 its q/k/v with a shift convolution."""
+
 import torch
 import torch.nn as nn
 
 from mmevo.registry import MODELS
+
 from .swin_family import SwinFamily, window_partition, window_reverse
 from .window_blocks import RelativeBias, ShiftWindowBlock, windowed_attention
 
@@ -19,21 +21,24 @@ class ACmixWindowAttention(nn.Module):
     init) maps them to the block's channels. ``rate1 = rate2 = 0.5``.
     """
 
-    def __init__(self,
-                 dim,
-                 num_heads,
-                 window_size,
-                 qkv_bias=True,
-                 qk_scale=None,
-                 attn_drop=0.,
-                 proj_drop=0.):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        window_size,
+        qkv_bias=True,
+        qk_scale=None,
+        attn_drop=0.0,
+        proj_drop=0.0,
+    ):
         super().__init__()
         self.num_heads = num_heads
         head_dim = dim // num_heads
         self.scale = qk_scale or head_dim**-0.5
         self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * window_size - 1)**2, num_heads))
-        nn.init.trunc_normal_(self.relative_position_bias_table, std=.02)
+            torch.zeros((2 * window_size - 1) ** 2, num_heads)
+        )
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
         self.bias = RelativeBias(window_size, transposed=False)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
@@ -42,16 +47,17 @@ class ACmixWindowAttention(nn.Module):
         self.fc = nn.Conv2d(3 * num_heads, 9, 1)
         # Published: built with a bias, then ``bias = zeros(bias)`` = None.
         self.dep_conv = nn.Conv2d(
-            9 * head_dim, dim, 3, padding=1, groups=head_dim, bias=False)
-        self.rate1 = nn.Parameter(torch.full((1, ), 0.5))
-        self.rate2 = nn.Parameter(torch.full((1, ), 0.5))
+            9 * head_dim, dim, 3, padding=1, groups=head_dim, bias=False
+        )
+        self.rate1 = nn.Parameter(torch.full((1,), 0.5))
+        self.rate2 = nn.Parameter(torch.full((1,), 0.5))
         self.reset_shift_kernel()
 
     def reset_shift_kernel(self):
         """Every output channel's tap i reads input channel i of its group."""
         kernel = torch.zeros(9, 3, 3)
         for i in range(9):
-            kernel[i, i // 3, i % 3] = 1.
+            kernel[i, i // 3, i % 3] = 1.0
         with torch.no_grad():
             self.dep_conv.weight.copy_(kernel.expand_as(self.dep_conv.weight))
 
@@ -66,13 +72,18 @@ class ACmixWindowAttention(nn.Module):
 
         windows = window_partition(qkv, window_size)
         Bw, N = windows.shape[:2]
-        q, k, v = windows.reshape(Bw, N, 3, G, D).permute(2, 0, 3, 1,
-                                                          4).unbind(0)
+        q, k, v = (
+            windows.reshape(Bw, N, 3, G, D).permute(2, 0, 3, 1, 4).unbind(0)
+        )
         index = self.bias.index_for(window_size)
-        bias = self.relative_position_bias_table[index.flatten()].view(
-            N, N, -1).permute(2, 0, 1)
-        out = windowed_attention(q * self.scale, k, v, bias, mask,
-                                 self.attn_drop)
+        bias = (
+            self.relative_position_bias_table[index.flatten()]
+            .view(N, N, -1)
+            .permute(2, 0, 1)
+        )
+        out = windowed_attention(
+            q * self.scale, k, v, bias, mask, self.attn_drop
+        )
         out = window_reverse(self.proj(out), window_size, B, Hp, Wp)
         return self.proj_drop(self.rate1 * out + self.rate2 * out_conv)
 
@@ -122,32 +133,37 @@ class ACmixSwinTransformer(SwinFamily):
         >>> [tuple(o.shape) for o in model(torch.rand(1, 3, 64, 36))]
         [(1, 16, 16, 9), (1, 32, 8, 5), (1, 64, 4, 3), (1, 128, 2, 2)]
     """
+
     arch_zoo = {
-        'tiny':
-        dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
-        'small':
-        dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+        'tiny': dict(
+            embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)
+        ),
+        'small': dict(
+            embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)
+        ),
     }
 
-    def __init__(self,
-                 arch='tiny',
-                 embed_dims=None,
-                 depths=None,
-                 num_heads=None,
-                 in_channels=3,
-                 patch_size=4,
-                 window_size=7,
-                 mlp_ratio=4.,
-                 qkv_bias=True,
-                 qk_scale=None,
-                 drop_rate=0.,
-                 attn_drop_rate=0.,
-                 drop_path_rate=0.1,
-                 pad_small_map=False,
-                 out_indices=(0, 1, 2, 3),
-                 frozen_stages=-1,
-                 with_cp=False,
-                 init_cfg=None):
+    def __init__(
+        self,
+        arch='tiny',
+        embed_dims=None,
+        depths=None,
+        num_heads=None,
+        in_channels=3,
+        patch_size=4,
+        window_size=7,
+        mlp_ratio=4.0,
+        qkv_bias=True,
+        qk_scale=None,
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        drop_path_rate=0.1,
+        pad_small_map=False,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        with_cp=False,
+        init_cfg=None,
+    ):
         self.qkv_bias = qkv_bias
         self.qk_scale = qk_scale
         self.attn_drop_rate = attn_drop_rate
@@ -166,12 +182,26 @@ class ACmixSwinTransformer(SwinFamily):
             out_indices=out_indices,
             frozen_stages=frozen_stages,
             with_cp=with_cp,
-            init_cfg=init_cfg)
+            init_cfg=init_cfg,
+        )
 
     def build_block(self, stage, index, dim, num_heads, drop_path):
-        attn = ACmixWindowAttention(dim, num_heads, self.window_size,
-                                    self.qkv_bias, self.qk_scale,
-                                    self.attn_drop_rate, self.drop_rate)
-        return ShiftWindowBlock(dim, attn, self.window_size, index % 2,
-                                self.mlp_ratio, self.pad_small_map,
-                                self.drop_rate, self.drop_path(drop_path))
+        attn = ACmixWindowAttention(
+            dim,
+            num_heads,
+            self.window_size,
+            self.qkv_bias,
+            self.qk_scale,
+            self.attn_drop_rate,
+            self.drop_rate,
+        )
+        return ShiftWindowBlock(
+            dim,
+            attn,
+            self.window_size,
+            index % 2,
+            self.mlp_ratio,
+            self.pad_small_map,
+            self.drop_rate,
+            self.drop_path(drop_path),
+        )

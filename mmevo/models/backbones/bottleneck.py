@@ -8,6 +8,7 @@ function (so the recomputation can keep the BN statistics, see
 stock graph. ``tests/models/test_bottleneck.py`` checks it against mmdet's
 ``Bottleneck.forward``.
 """
+
 import contextlib
 from typing import Callable
 
@@ -18,8 +19,12 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-from mmevo.layers.fastpath import (cpu_fastpath_default, is_plain_conv1x1,
-                                   pointwise, takes_cpu_fastpath)
+from mmevo.layers.fastpath import (
+    cpu_fastpath_default,
+    is_plain_conv1x1,
+    pointwise,
+    takes_cpu_fastpath,
+)
 
 
 class MiddleLayerBottleneck(Bottleneck):
@@ -50,13 +55,19 @@ class MiddleLayerBottleneck(Bottleneck):
         torch.Size([1, 64, 8, 8])
     """
 
-    def __init__(self, inplanes: int, planes: int,
-                 middle_layer: Callable[[int, int, int], nn.Module],
-                 **kwargs) -> None:
+    def __init__(
+        self,
+        inplanes: int,
+        planes: int,
+        middle_layer: Callable[[int, int, int], nn.Module],
+        **kwargs,
+    ) -> None:
         for name in ('dcn', 'plugins'):
             if kwargs.get(name) is not None:
-                raise ValueError(f'{name} must be None for a dynamic middle '
-                                 f'layer, got {kwargs[name]}')
+                raise ValueError(
+                    f'{name} must be None for a dynamic middle '
+                    f'layer, got {kwargs[name]}'
+                )
         super().__init__(inplanes, planes, **kwargs)
         self.conv2 = middle_layer(planes, self.conv2_stride, self.dilation)
         self.use_cpu_fastpath = cpu_fastpath_default()
@@ -86,8 +97,11 @@ class MiddleLayerBottleneck(Bottleneck):
                 x,
                 False,
                 use_reentrant=False,
-                context_fn=lambda:
-                (contextlib.nullcontext(), _running_stats_kept(self)))
+                context_fn=lambda: (
+                    contextlib.nullcontext(),
+                    _running_stats_kept(self),
+                ),
+            )
         else:
             out = self._residual(x, takes_cpu_fastpath(self, x))
         return self.relu(out)
@@ -121,7 +135,8 @@ class MiddleLayerBottleneck(Bottleneck):
             if is_plain_conv1x1(conv) and conv.stride != (1, 1):
                 sh, sw = conv.stride
                 return norm(
-                    F.conv2d(x[:, :, ::sh, ::sw], conv.weight, conv.bias))
+                    F.conv2d(x[:, :, ::sh, ::sw], conv.weight, conv.bias)
+                )
         return downsample(x)
 
 
@@ -129,8 +144,12 @@ class MiddleLayerBottleneck(Bottleneck):
 def _running_stats_kept(module):
     """The BN buffers of ``module`` (running statistics, batch count) are
     restored on exit to their values on entry."""
-    saved = [(buf, buf.clone()) for m in module.modules()
-             if isinstance(m, _BatchNorm) for buf in m.buffers()]
+    saved = [
+        (buf, buf.clone())
+        for m in module.modules()
+        if isinstance(m, _BatchNorm)
+        for buf in m.buffers()
+    ]
     try:
         yield
     finally:

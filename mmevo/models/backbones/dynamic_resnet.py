@@ -7,6 +7,7 @@ mmdet's ``ResNet`` keeps everything else identical to it: stem freezing,
 of the published checkpoints (``layer{i}.{j}.conv1/bn1/conv2/bn2/conv3/bn3``,
 ``downsample.0/1``) and the default initialisation.
 """
+
 import inspect
 
 import torch
@@ -16,6 +17,7 @@ from mmengine.model import Sequential
 
 from mmevo.layers.base import check_layer_cfg
 from mmevo.layers.fastpath import cpu_fastpath_default, takes_cpu_fastpath
+
 from .bottleneck import MiddleLayerBottleneck
 
 # Blocks per stage of the bottleneck ResNets (and of RedNet / ACmix-ResNet).
@@ -79,8 +81,9 @@ def check_resnet_args(arch_settings, depth, kwargs):
         {'out_indices': (3,)}
     """
     if depth not in arch_settings:
-        raise ValueError(f'depth must be one of {sorted(arch_settings)}, '
-                         f'got {depth!r}')
+        raise ValueError(
+            f'depth must be one of {sorted(arch_settings)}, got {depth!r}'
+        )
     args = {
         name: param.default
         for name, param in inspect.signature(ResNet).parameters.items()
@@ -91,33 +94,50 @@ def check_resnet_args(arch_settings, depth, kwargs):
         raise ValueError(f'num_stages must be 1, 2, 3 or 4, got {n!r}')
     for name in ('strides', 'dilations'):
         values = args[name]
-        if (not isinstance(values, (tuple, list)) or len(values) != n
-                or not all(_is_int(v) and v >= 1 for v in values)):
-            raise ValueError(f'{name} must be {n} ints >= 1 (one per stage, '
-                             f'num_stages={n}), got {values!r}')
+        if (
+            not isinstance(values, (tuple, list))
+            or len(values) != n
+            or not all(_is_int(v) and v >= 1 for v in values)
+        ):
+            raise ValueError(
+                f'{name} must be {n} ints >= 1 (one per stage, '
+                f'num_stages={n}), got {values!r}'
+            )
     out = args['out_indices']
-    if (not isinstance(out, (tuple, list)) or not out
-            or not all(_is_int(i) and -n <= i < n for i in out)):
-        raise ValueError(f'out_indices must be a non-empty sequence of stage '
-                         f'indices in [{-n}, {n}) (num_stages={n}), got '
-                         f'{out!r}')
+    if (
+        not isinstance(out, (tuple, list))
+        or not out
+        or not all(_is_int(i) and -n <= i < n for i in out)
+    ):
+        raise ValueError(
+            f'out_indices must be a non-empty sequence of stage '
+            f'indices in [{-n}, {n}) (num_stages={n}), got '
+            f'{out!r}'
+        )
     normalised = tuple(i % n for i in out)
     if list(normalised) != sorted(set(normalised)):
-        raise ValueError(f'out_indices must name distinct stages in '
-                         f'increasing order (the outputs come in stage '
-                         f'order), got {out!r}')
+        raise ValueError(
+            f'out_indices must name distinct stages in '
+            f'increasing order (the outputs come in stage '
+            f'order), got {out!r}'
+        )
     frozen = args['frozen_stages']
     if not (_is_int(frozen) and -1 <= frozen <= n):
-        raise ValueError(f'frozen_stages must be an int in [-1, {n}] (-1: '
-                         f'none, 0: the stem, i: the stem and stages 1..i; '
-                         f'num_stages={n}), got {frozen!r}')
+        raise ValueError(
+            f'frozen_stages must be an int in [-1, {n}] (-1: '
+            f'none, 0: the stem, i: the stem and stages 1..i; '
+            f'num_stages={n}), got {frozen!r}'
+        )
     norm_cfg = args['norm_cfg']
     check_layer_cfg('norm_cfg', norm_cfg, 'BN', allow_none=False)
-    if norm_cfg['type'] == 'GN' and not (_is_int(norm_cfg.get('num_groups'))
-                                         and norm_cfg['num_groups'] >= 1):
-        raise ValueError(f'norm_cfg of type GN needs num_groups (an int >= 1 '
-                         f'dividing the channels of every norm layer), got '
-                         f'{norm_cfg!r}')
+    if norm_cfg['type'] == 'GN' and not (
+        _is_int(norm_cfg.get('num_groups')) and norm_cfg['num_groups'] >= 1
+    ):
+        raise ValueError(
+            f'norm_cfg of type GN needs num_groups (an int >= 1 '
+            f'dividing the channels of every norm layer), got '
+            f'{norm_cfg!r}'
+        )
     if 'out_indices' in kwargs:
         kwargs = dict(kwargs, out_indices=normalised)
     return kwargs
@@ -156,12 +176,14 @@ class DynamicResNet(ResNet):
         for depth, blocks in STAGE_BLOCKS.items()
     }
 
-    def __init__(self,
-                 depth,
-                 contract_dilation=False,
-                 zero_init_residual=True,
-                 init_cfg=None,
-                 **kwargs):
+    def __init__(
+        self,
+        depth,
+        contract_dilation=False,
+        zero_init_residual=True,
+        init_cfg=None,
+        **kwargs,
+    ):
         kwargs = check_resnet_args(self.arch_settings, depth, kwargs)
         # make_res_layer runs inside ResNet.__init__: set its inputs first.
         self.contract_dilation = contract_dilation
@@ -170,12 +192,14 @@ class DynamicResNet(ResNet):
         self._block_init_cfg = None
         if zero_init_residual and init_cfg is None:
             self._block_init_cfg = dict(
-                type='Constant', val=0, override=dict(name='norm3'))
+                type='Constant', val=0, override=dict(name='norm3')
+            )
         super().__init__(
             depth,
             zero_init_residual=zero_init_residual,
             init_cfg=init_cfg,
-            **kwargs)
+            **kwargs,
+        )
         self.use_cpu_fastpath = cpu_fastpath_default()
 
     def forward(self, x: torch.Tensor) -> tuple:
@@ -237,22 +261,22 @@ class DynamicResNet(ResNet):
             Sequential: the stage (``layer{i}``).
         """
         kwargs.update(
-            middle_layer=self.build_middle_layer,
-            init_cfg=self._block_init_cfg)
+            middle_layer=self.build_middle_layer, init_cfg=self._block_init_cfg
+        )
         dilation, num_blocks = kwargs['dilation'], kwargs['num_blocks']
         if not (self.contract_dilation and dilation > 1):
             return ResLayer(**kwargs)
         blocks = list(
-            ResLayer(**{
-                **kwargs, 'num_blocks': 1,
-                'dilation': dilation // 2
-            }))
+            ResLayer(**{**kwargs, 'num_blocks': 1, 'dilation': dilation // 2})
+        )
         if num_blocks > 1:
             width = kwargs['planes'] * kwargs['block'].expansion
             blocks += ResLayer(
                 **{
-                    **kwargs, 'num_blocks': num_blocks - 1,
+                    **kwargs,
+                    'num_blocks': num_blocks - 1,
                     'inplanes': width,
-                    'stride': 1
-                })
+                    'stride': 1,
+                }
+            )
         return Sequential(*blocks)

@@ -1,8 +1,10 @@
 """ELSA-Swin (Zhou et al., 2021): Swin with ELSA blocks in stages 1-3."""
+
 import torch.nn as nn
 
 from mmevo.layers import ELSA
 from mmevo.registry import MODELS
+
 from .swin_family import Mlp, SwinFamily
 from .window_blocks import ELSAWindowAttention, ShiftWindowBlock
 
@@ -16,8 +18,20 @@ class ELSASwinBlock(nn.Module):
     (gamma = 1).
     """
 
-    def __init__(self, dim, num_heads, kernel_size, group_width, lam, gamma,
-                 qkv_bias, mlp_ratio, drop, attn_drop, drop_path):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        kernel_size,
+        group_width,
+        lam,
+        gamma,
+        qkv_bias,
+        mlp_ratio,
+        drop,
+        attn_drop,
+        drop_path,
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = ELSA(
@@ -25,11 +39,12 @@ class ELSASwinBlock(nn.Module):
             num_heads,
             kernel_size=kernel_size,
             qkv_bias=qkv_bias,
-            qk_scale=1.,
+            qk_scale=1.0,
             attn_drop=attn_drop,
             group_width=group_width,
             lam=lam,
-            gamma=gamma)
+            gamma=gamma,
+        )
         self.drop_path = drop_path
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
@@ -96,55 +111,60 @@ class ELSASwinTransformer(SwinFamily):
         >>> [tuple(o.shape) for o in model(torch.rand(1, 3, 60, 50))]
         [(1, 16, 15, 13), (1, 32, 8, 7), (1, 64, 4, 4), (1, 128, 2, 2)]
     """
+
     arch_zoo = {
-        'tiny':
-        dict(
+        'tiny': dict(
             embed_dims=96,
             depths=(2, 2, 6, 2),
             num_heads=(3, 6, 12, 24),
-            group_width=4),
-        'small':
-        dict(
+            group_width=4,
+        ),
+        'small': dict(
             embed_dims=96,
             depths=(2, 2, 18, 2),
             num_heads=(3, 6, 12, 24),
-            group_width=8),
-        'base':
-        dict(
+            group_width=8,
+        ),
+        'base': dict(
             embed_dims=128,
             depths=(2, 2, 18, 2),
             num_heads=(4, 8, 16, 32),
-            group_width=8),
+            group_width=8,
+        ),
     }
 
-    def __init__(self,
-                 arch='tiny',
-                 embed_dims=None,
-                 depths=None,
-                 num_heads=None,
-                 in_channels=3,
-                 patch_size=4,
-                 window_size=7,
-                 elsa_kernel=7,
-                 group_width=None,
-                 lam=0,
-                 gamma=1,
-                 mlp_ratio=4.,
-                 qkv_bias=True,
-                 qk_scale=None,
-                 drop_rate=0.,
-                 attn_drop_rate=0.,
-                 drop_path_rate=0.1,
-                 pad_small_map=False,
-                 out_indices=(0, 1, 2, 3),
-                 frozen_stages=-1,
-                 with_cp=False,
-                 init_cfg=None):
+    def __init__(
+        self,
+        arch='tiny',
+        embed_dims=None,
+        depths=None,
+        num_heads=None,
+        in_channels=3,
+        patch_size=4,
+        window_size=7,
+        elsa_kernel=7,
+        group_width=None,
+        lam=0,
+        gamma=1,
+        mlp_ratio=4.0,
+        qkv_bias=True,
+        qk_scale=None,
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        drop_path_rate=0.1,
+        pad_small_map=False,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        with_cp=False,
+        init_cfg=None,
+    ):
         preset = self.arch_zoo.get(arch, {})
         self.elsa_kernel = elsa_kernel
         self.group_width = (
             preset.get('group_width', 8)
-            if group_width is None else group_width)
+            if group_width is None
+            else group_width
+        )
         self.lam = lam
         self.gamma = gamma
         self.qkv_bias = qkv_bias
@@ -165,18 +185,41 @@ class ELSASwinTransformer(SwinFamily):
             out_indices=out_indices,
             frozen_stages=frozen_stages,
             with_cp=with_cp,
-            init_cfg=init_cfg)
+            init_cfg=init_cfg,
+        )
 
     def build_block(self, stage, index, dim, num_heads, drop_path):
         drop_path = self.drop_path(drop_path)
         if stage < 3:
-            return ELSASwinBlock(dim, num_heads, self.elsa_kernel,
-                                 self.group_width, self.lam, self.gamma,
-                                 self.qkv_bias, self.mlp_ratio, self.drop_rate,
-                                 self.attn_drop_rate, drop_path)
-        attn = ELSAWindowAttention(dim, num_heads, self.window_size,
-                                   self.qkv_bias, self.qk_scale,
-                                   self.attn_drop_rate, self.drop_rate)
-        return ShiftWindowBlock(dim, attn, self.window_size, index % 2,
-                                self.mlp_ratio, self.pad_small_map,
-                                self.drop_rate, drop_path)
+            return ELSASwinBlock(
+                dim,
+                num_heads,
+                self.elsa_kernel,
+                self.group_width,
+                self.lam,
+                self.gamma,
+                self.qkv_bias,
+                self.mlp_ratio,
+                self.drop_rate,
+                self.attn_drop_rate,
+                drop_path,
+            )
+        attn = ELSAWindowAttention(
+            dim,
+            num_heads,
+            self.window_size,
+            self.qkv_bias,
+            self.qk_scale,
+            self.attn_drop_rate,
+            self.drop_rate,
+        )
+        return ShiftWindowBlock(
+            dim,
+            attn,
+            self.window_size,
+            index % 2,
+            self.mlp_ratio,
+            self.pad_small_map,
+            self.drop_rate,
+            drop_path,
+        )

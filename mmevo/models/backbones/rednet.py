@@ -1,9 +1,11 @@
 """RedNet: the ResNet whose every 3x3 convolution is an involution."""
+
 from mmcv.cnn import ConvModule, build_norm_layer
 from torch import nn
 
 from mmevo.layers import Involution
 from mmevo.registry import MODELS
+
 from .dynamic_resnet import DynamicResNet
 
 
@@ -64,23 +66,25 @@ class RedNet(DynamicResNet):
         [(1, 64, 16, 16), (1, 128, 8, 8), (1, 256, 4, 4), (1, 512, 2, 2)]
     """
 
-    def __init__(self,
-                 depth,
-                 in_channels=3,
-                 stem_channels=64,
-                 base_channels=64,
-                 stem_kernel_size=7,
-                 num_stages=4,
-                 strides=(1, 2, 2, 2),
-                 dilations=(1, 1, 1, 1),
-                 contract_dilation=False,
-                 out_indices=(0, 1, 2, 3),
-                 frozen_stages=-1,
-                 norm_cfg=dict(type='BN', requires_grad=True),
-                 norm_eval=False,
-                 with_cp=False,
-                 zero_init_residual=True,
-                 init_cfg=None):
+    def __init__(
+        self,
+        depth,
+        in_channels=3,
+        stem_channels=64,
+        base_channels=64,
+        stem_kernel_size=7,
+        num_stages=4,
+        strides=(1, 2, 2, 2),
+        dilations=(1, 1, 1, 1),
+        contract_dilation=False,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        norm_cfg=dict(type='BN', requires_grad=True),
+        norm_eval=False,
+        with_cp=False,
+        zero_init_residual=True,
+        init_cfg=None,
+    ):
         self.stem_kernel_size = stem_kernel_size
         super().__init__(
             depth,
@@ -100,12 +104,14 @@ class RedNet(DynamicResNet):
             norm_eval=norm_eval,
             with_cp=with_cp,
             zero_init_residual=zero_init_residual,
-            init_cfg=init_cfg)
+            init_cfg=init_cfg,
+        )
 
     def build_middle_layer(self, planes, stride, dilation):
         """The involution of a bottleneck (K = 7, r = 4, 16 channels/group)."""
         return Involution(
-            planes, 7, stride, dilation=dilation, norm_cfg=self.norm_cfg)
+            planes, 7, stride, dilation=dilation, norm_cfg=self.norm_cfg
+        )
 
     def _make_stem_layer(self, in_channels, stem_channels):
         half = stem_channels // 2
@@ -117,9 +123,11 @@ class RedNet(DynamicResNet):
                 stride=2,
                 padding=1,
                 norm_cfg=self.norm_cfg,
-                inplace=True),
+                inplace=True,
+            ),
             Involution(half, self.stem_kernel_size, 1, norm_cfg=self.norm_cfg),
-            build_norm_layer(self.norm_cfg, half)[1], nn.ReLU(inplace=True),
+            build_norm_layer(self.norm_cfg, half)[1],
+            nn.ReLU(inplace=True),
             ConvModule(
                 half,
                 stem_channels,
@@ -127,5 +135,7 @@ class RedNet(DynamicResNet):
                 stride=1,
                 padding=1,
                 norm_cfg=self.norm_cfg,
-                inplace=True))
+                inplace=True,
+            ),
+        )
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)

@@ -7,6 +7,7 @@ state dict out of its checkpoint, drop the buffers the models rebuild
 classifier's final ``norm`` to the backbone's ``norm3`` and, for mmpretrain,
 put the backbone under ``backbone.`` and ``head`` under ``head.fc``.
 """
+
 import os.path as osp
 
 import torch
@@ -20,8 +21,9 @@ FAMILY_MARK = dict(elsa='ghost_head', acmix='dep_conv')
 
 def _state_of(checkpoint):
     if not isinstance(checkpoint, dict):
-        raise TypeError(f'checkpoint must be a dict, got '
-                        f'{type(checkpoint).__name__}')
+        raise TypeError(
+            f'checkpoint must be a dict, got {type(checkpoint).__name__}'
+        )
     for key in ('state_dict', 'model'):
         if key in checkpoint:
             return checkpoint[key]
@@ -53,17 +55,17 @@ def official_state_dict(checkpoint, prefix='', keep_head=False):
     out = {}
     for name, value in _state_of(checkpoint).items():
         if name.startswith('module.'):
-            name = name[len('module.'):]
+            name = name[len('module.') :]
         if prefix:
             if not name.startswith(prefix):
                 continue
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
         if name.rsplit('.', 1)[-1] in OFFICIAL_BUFFERS:
             continue
         if name.startswith('head.') and not keep_head:
             continue
         if name.startswith('norm.'):
-            name = 'norm3.' + name[len('norm.'):]
+            name = 'norm3.' + name[len('norm.') :]
         out[name] = value
     return out
 
@@ -82,18 +84,21 @@ def official_to_mmpretrain(checkpoint, family):
         dict: ``backbone.*`` and ``head.fc.*`` tensors.
     """
     if family not in FAMILY_MARK:
-        raise ValueError(f'family must be one of {sorted(FAMILY_MARK)}, got '
-                         f'{family!r}')
+        raise ValueError(
+            f'family must be one of {sorted(FAMILY_MARK)}, got {family!r}'
+        )
     state = official_state_dict(checkpoint, keep_head=True)
     if not any(FAMILY_MARK[family] in k for k in state):
-        raise ValueError(f'not an official {family}-Swin checkpoint: no '
-                         f'"{FAMILY_MARK[family]}" key')
+        raise ValueError(
+            f'not an official {family}-Swin checkpoint: no '
+            f'"{FAMILY_MARK[family]}" key'
+        )
     if 'head.weight' not in state:
         raise ValueError('not a classification checkpoint: no head.weight')
     out = {}
     for k, v in state.items():
         if k.startswith('head.'):
-            out['head.fc.' + k[len('head.'):]] = v
+            out['head.fc.' + k[len('head.') :]] = v
         else:
             out['backbone.' + k] = v
     return out

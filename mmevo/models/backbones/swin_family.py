@@ -5,6 +5,7 @@ Module names are those of the authors' code (``patch_embed``,
 checkpoints load by name; the feature maps run channels-last (B, H, W, C)
 between blocks, as there.
 """
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -16,6 +17,7 @@ from mmengine.model.weight_init import trunc_normal_
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmevo.ops import check_int
+
 from .swin_convert import official_state_dict
 
 
@@ -74,7 +76,8 @@ def window_geometry(H, W, window_size, shift_size, pad_small_map):
             'graph cannot hold: export it with dynamic=False and the '
             'dynamo exporter (one fixed size), or build the backbone with '
             'pad_small_map=True (the detection geometry: every size in one '
-            'graph)')
+            'graph)'
+        )
     if min(H, W) <= window_size:
         return min(H, W), 0
     return window_size, shift_size
@@ -96,7 +99,7 @@ def shift_mask(Hp, Wp, window_size, shift_size, dtype, device):
     ids = window_partition(img[None, :, :, None], window_size).squeeze(-1)
     mask = ids.unsqueeze(1) - ids.unsqueeze(2)
     # -100 as published; built in the map's dtype (fp16/bf16 included).
-    return mask.masked_fill(mask != 0, -100.).masked_fill(mask == 0, 0.)
+    return mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
 
 
 def relative_index(window_size, table_size, transposed=False):
@@ -108,11 +111,14 @@ def relative_index(window_size, table_size, transposed=False):
     """
     coords = torch.stack(
         torch.meshgrid(
-            torch.arange(window_size),
-            torch.arange(window_size),
-            indexing='ij')).flatten(1)
-    rel = coords[:, None, :] - coords[:, :, None] if transposed else \
-        coords[:, :, None] - coords[:, None, :]
+            torch.arange(window_size), torch.arange(window_size), indexing='ij'
+        )
+    ).flatten(1)
+    rel = (
+        coords[:, None, :] - coords[:, :, None]
+        if transposed
+        else coords[:, :, None] - coords[:, None, :]
+    )
     rel = rel + table_size - 1
     return rel[0] * (2 * table_size - 1) + rel[1]
 
@@ -120,7 +126,7 @@ def relative_index(window_size, table_size, transposed=False):
 class Mlp(nn.Module):
     """``fc1``, GELU, dropout, ``fc2``, dropout (timm's ``Mlp``)."""
 
-    def __init__(self, dim, hidden, drop=0.):
+    def __init__(self, dim, hidden, drop=0.0):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.act = nn.GELU()
@@ -163,10 +169,15 @@ class PatchMerging(nn.Module):
         H, W = x.shape[1:3]
         if is_symbolic(H, W) or H % 2 or W % 2:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-        x = torch.cat([
-            x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2,
-                                                                    1::2]
-        ], -1)
+        x = torch.cat(
+            [
+                x[:, 0::2, 0::2],
+                x[:, 1::2, 0::2],
+                x[:, 0::2, 1::2],
+                x[:, 1::2, 1::2],
+            ],
+            -1,
+        )
         return self.reduction(self.norm(x))
 
 
@@ -197,45 +208,55 @@ class SwinFamily(BaseModule):
     norm. ``frozen_stages`` as there: 0 freezes the patch embedding, n also
     stages 1..n and their norms.
     """
+
     arch_zoo = {}
 
-    def __init__(self,
-                 arch='tiny',
-                 embed_dims=None,
-                 depths=None,
-                 num_heads=None,
-                 in_channels=3,
-                 patch_size=4,
-                 window_size=7,
-                 mlp_ratio=4.,
-                 drop_rate=0.,
-                 drop_path_rate=0.1,
-                 pad_small_map=False,
-                 out_indices=(0, 1, 2, 3),
-                 frozen_stages=-1,
-                 with_cp=False,
-                 init_cfg=None):
+    def __init__(
+        self,
+        arch='tiny',
+        embed_dims=None,
+        depths=None,
+        num_heads=None,
+        in_channels=3,
+        patch_size=4,
+        window_size=7,
+        mlp_ratio=4.0,
+        drop_rate=0.0,
+        drop_path_rate=0.1,
+        pad_small_map=False,
+        out_indices=(0, 1, 2, 3),
+        frozen_stages=-1,
+        with_cp=False,
+        init_cfg=None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if arch not in self.arch_zoo:
-            raise ValueError(f'arch must be one of {sorted(self.arch_zoo)}, '
-                             f'got {arch!r}')
+            raise ValueError(
+                f'arch must be one of {sorted(self.arch_zoo)}, got {arch!r}'
+            )
         preset = self.arch_zoo[arch]
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         depths = tuple(preset['depths'] if depths is None else depths)
-        num_heads = tuple(preset['num_heads'] if num_heads is
-                          None else num_heads)
+        num_heads = tuple(
+            preset['num_heads'] if num_heads is None else num_heads
+        )
         check_int('embed_dims', embed_dims)
         check_int('window_size', window_size)
         if len(depths) != 4 or len(num_heads) != 4:
-            raise ValueError(f'depths and num_heads must have 4 entries, got '
-                             f'{depths} and {num_heads}')
+            raise ValueError(
+                f'depths and num_heads must have 4 entries, got '
+                f'{depths} and {num_heads}'
+            )
         out_indices = tuple(out_indices)
         if not out_indices or any(i not in range(4) for i in out_indices):
-            raise ValueError(f'out_indices must be a non-empty subset of '
-                             f'0..3, got {out_indices}')
+            raise ValueError(
+                f'out_indices must be a non-empty subset of '
+                f'0..3, got {out_indices}'
+            )
         if frozen_stages not in range(-1, 5):
-            raise ValueError(f'frozen_stages must be -1..4, got '
-                             f'{frozen_stages}')
+            raise ValueError(
+                f'frozen_stages must be -1..4, got {frozen_stages}'
+            )
         self.arch = arch
         self.embed_dims = embed_dims
         self.depths = depths
@@ -252,7 +273,8 @@ class SwinFamily(BaseModule):
         self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size)
         self.pos_drop = nn.Dropout(drop_rate)
         rates = torch.linspace(
-            0, drop_path_rate, sum(depths), device='cpu').tolist()
+            0, drop_path_rate, sum(depths), device='cpu'
+        ).tolist()
         self.layers = nn.ModuleList()
         for i, (depth, heads) in enumerate(zip(depths, num_heads)):
             dim = self.num_features[i]
@@ -262,8 +284,10 @@ class SwinFamily(BaseModule):
                 for j in range(depth)
             ]
             self.layers.append(
-                SwinStage(blocks,
-                          PatchMerging(dim) if i < 3 else None, with_cp))
+                SwinStage(
+                    blocks, PatchMerging(dim) if i < 3 else None, with_cp
+                )
+            )
         for i in out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
         self._freeze_stages()
@@ -321,7 +345,7 @@ class SwinFamily(BaseModule):
         if cfg is None:
             for m in self.modules():
                 if isinstance(m, nn.Linear):
-                    trunc_normal_(m.weight, std=.02)
+                    trunc_normal_(m.weight, std=0.02)
                     if m.bias is not None:
                         nn.init.zeros_(m.bias)
                 elif isinstance(m, nn.LayerNorm):
@@ -336,7 +360,8 @@ class SwinFamily(BaseModule):
             print_log(
                 f'{type(self).__name__} from {path}: missing keys {missing}, '
                 f'unexpected keys {unexpected}',
-                logger='current')
+                logger='current',
+            )
         self._is_init = True
 
 
@@ -345,5 +370,7 @@ def check_heads(dims, num_heads):
     for i, (dim, heads) in enumerate(zip(dims, num_heads)):
         check_int(f'num_heads[{i}]', heads)
         if dim % heads:
-            raise ValueError(f'stage {i}: width {dim} must be divisible by '
-                             f'num_heads[{i}] ({heads})')
+            raise ValueError(
+                f'stage {i}: width {dim} must be divisible by '
+                f'num_heads[{i}] ({heads})'
+            )

@@ -1,9 +1,17 @@
 """Shifted-window blocks of ELSA-Swin's last stage and of ACmix-Swin."""
+
 import torch
 import torch.nn as nn
 
-from .swin_family import (Mlp, pad_to_window, relative_index, shift_mask,
-                          window_geometry, window_partition, window_reverse)
+from .swin_family import (
+    Mlp,
+    pad_to_window,
+    relative_index,
+    shift_mask,
+    window_geometry,
+    window_partition,
+    window_reverse,
+)
 
 
 class RelativeBias(nn.Module):
@@ -21,13 +29,15 @@ class RelativeBias(nn.Module):
         self.register_buffer(
             'index',
             relative_index(window_size, window_size, transposed),
-            persistent=False)
+            persistent=False,
+        )
 
     def index_for(self, window_size):
         if window_size == self.window_size:
             return self.index
-        return relative_index(window_size, self.window_size,
-                              self.transposed).to(self.index.device)
+        return relative_index(
+            window_size, self.window_size, self.transposed
+        ).to(self.index.device)
 
 
 def windowed_attention(q, k, v, bias, mask, attn_drop):
@@ -55,20 +65,23 @@ class ELSAWindowAttention(nn.Module):
     multiplies ``q @ k^T``.
     """
 
-    def __init__(self,
-                 dim,
-                 num_heads,
-                 window_size,
-                 qkv_bias=True,
-                 qk_scale=None,
-                 attn_drop=0.,
-                 proj_drop=0.):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        window_size,
+        qkv_bias=True,
+        qk_scale=None,
+        attn_drop=0.0,
+        proj_drop=0.0,
+    ):
         super().__init__()
         self.num_heads = num_heads
-        self.scale = qk_scale or (dim // num_heads)**-0.5
+        self.scale = qk_scale or (dim // num_heads) ** -0.5
         self.rb = nn.Parameter(
-            torch.zeros(num_heads, (2 * window_size - 1)**2))
-        nn.init.trunc_normal_(self.rb, std=.02)
+            torch.zeros(num_heads, (2 * window_size - 1) ** 2)
+        )
+        nn.init.trunc_normal_(self.rb, std=0.02)
         self.bias = RelativeBias(window_size, transposed=True)
         self.pre_proj = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
@@ -80,13 +93,15 @@ class ELSAWindowAttention(nn.Module):
         B, Hp, Wp, C = x.shape
         windows = window_partition(x, window_size)
         Bw, N = windows.shape[:2]
-        feat = self.pre_proj(windows).reshape(Bw, N, 3, self.num_heads,
-                                              C // self.num_heads)
+        feat = self.pre_proj(windows).reshape(
+            Bw, N, 3, self.num_heads, C // self.num_heads
+        )
         v, q, k = feat.permute(2, 0, 3, 1, 4).unbind(0)
         index = self.bias.index_for(window_size)
         bias = self.rb[:, index.flatten()].view(-1, N, N)
-        out = windowed_attention(q * self.scale, k, v, bias, mask,
-                                 self.attn_drop)
+        out = windowed_attention(
+            q * self.scale, k, v, bias, mask, self.attn_drop
+        )
         out = self.proj_drop(self.post_proj(out))
         return window_reverse(out, window_size, B, Hp, Wp)
 
@@ -104,8 +119,17 @@ class ShiftWindowBlock(nn.Module):
             rolled (B, Hp, Wp, C) map; returns that shape.
     """
 
-    def __init__(self, dim, attn, window_size, shift, mlp_ratio, pad_small_map,
-                 drop, drop_path):
+    def __init__(
+        self,
+        dim,
+        attn,
+        window_size,
+        shift,
+        mlp_ratio,
+        pad_small_map,
+        drop,
+        drop_path,
+    ):
         super().__init__()
         self.window_size = window_size
         self.shift_size = window_size // 2 if shift else 0
@@ -119,8 +143,9 @@ class ShiftWindowBlock(nn.Module):
     def forward(self, x):
         """x: (B, H, W, C) -> (B, H, W, C)."""
         H, W = x.shape[1:3]
-        window, shift = window_geometry(H, W, self.window_size,
-                                        self.shift_size, self.pad_small_map)
+        window, shift = window_geometry(
+            H, W, self.window_size, self.shift_size, self.pad_small_map
+        )
         y = pad_to_window(self.norm1(x), window)
         Hp, Wp = y.shape[1:3]
         mask = None

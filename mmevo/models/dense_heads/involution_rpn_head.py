@@ -1,4 +1,5 @@
 """RPN head whose shared convolution is an involution."""
+
 from mmdet.models.dense_heads import RPNHead
 from torch import nn
 
@@ -36,27 +37,31 @@ class InvolutionRPNHead(RPNHead):
         ((1, 9, 8, 8), (1, 36, 8, 8))
     """
 
-    def __init__(self,
-                 in_channels,
-                 feat_channels=256,
-                 involution_cfg=None,
-                 init_cfg=dict(
-                     type='Normal',
-                     std=0.01,
-                     override=[dict(name='rpn_cls'),
-                               dict(name='rpn_reg')]),
-                 **kwargs):
+    def __init__(
+        self,
+        in_channels,
+        feat_channels=256,
+        involution_cfg=None,
+        init_cfg=dict(
+            type='Normal',
+            std=0.01,
+            override=[dict(name='rpn_cls'), dict(name='rpn_reg')],
+        ),
+        **kwargs,
+    ):
         if feat_channels != in_channels:
             raise ValueError(
                 f'feat_channels must equal in_channels ({in_channels}): the '
                 f'involution rpn_conv keeps the channel count, got '
-                f'feat_channels={feat_channels}')
+                f'feat_channels={feat_channels}'
+            )
         self.involution_cfg = {'kernel_size': 7, **(involution_cfg or {})}
         super().__init__(
             in_channels,
             feat_channels=feat_channels,
             init_cfg=init_cfg,
-            **kwargs)
+            **kwargs,
+        )
 
     def _init_layers(self):
         """Build mmdet's layers, then swap ``rpn_conv`` for involutions."""
@@ -65,9 +70,10 @@ class InvolutionRPNHead(RPNHead):
         for _ in range(self.num_convs):
             layers += [
                 Involution(self.in_channels, **self.involution_cfg),
-                nn.ReLU(inplace=True)
+                nn.ReLU(inplace=True),
             ]
         # forward_single applies the last ReLU itself.
         layers = layers[:-1]
-        self.rpn_conv = layers[0] if len(layers) == 1 else nn.Sequential(
-            *layers)
+        self.rpn_conv = (
+            layers[0] if len(layers) == 1 else nn.Sequential(*layers)
+        )

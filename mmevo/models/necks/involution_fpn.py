@@ -1,4 +1,5 @@
 """FPN whose 3x3 output convolutions are involutions."""
+
 from mmdet.models.necks import FPN
 
 from mmevo.layers import Involution
@@ -33,12 +34,14 @@ class InvolutionFPN(FPN):
         [(1, 16, 8, 8), (1, 16, 4, 4), (1, 16, 2, 2)]
     """
 
-    def __init__(self,
-                 in_channels,
-                 out_channels,
-                 num_outs,
-                 involution_cfg=None,
-                 **kwargs):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        num_outs,
+        involution_cfg=None,
+        **kwargs,
+    ):
         super().__init__(in_channels, out_channels, num_outs, **kwargs)
         involution_cfg = {'kernel_size': 7, **(involution_cfg or {})}
         # fpn_convs holds the backbone levels first, then the extra levels.

@@ -1,4 +1,5 @@
 """FCN mask head whose convolutions are involutions."""
+
 from mmdet.models.roi_heads.mask_heads import FCNMaskHead
 from torch import nn
 
@@ -36,22 +37,27 @@ class InvolutionFCNMaskHead(FCNMaskHead):
         (4, 3, 28, 28)
     """
 
-    def __init__(self,
-                 in_channels=256,
-                 conv_out_channels=256,
-                 involution_cfg=None,
-                 **kwargs):
+    def __init__(
+        self,
+        in_channels=256,
+        conv_out_channels=256,
+        involution_cfg=None,
+        **kwargs,
+    ):
         if kwargs.get('num_convs', 4) > 0 and conv_out_channels != in_channels:
             raise ValueError(
                 f'conv_out_channels must equal in_channels ({in_channels}): '
                 f'an involution keeps the channel count, got '
-                f'conv_out_channels={conv_out_channels}')
+                f'conv_out_channels={conv_out_channels}'
+            )
         super().__init__(
             in_channels=in_channels,
             conv_out_channels=conv_out_channels,
-            **kwargs)
+            **kwargs,
+        )
         involution_cfg = {'kernel_size': 7, **(involution_cfg or {})}
         for i in range(self.num_convs):
             self.convs[i] = nn.Sequential(
                 Involution(in_channels, **involution_cfg),
-                nn.ReLU(inplace=True))
+                nn.ReLU(inplace=True),
+            )

@@ -1,6 +1,7 @@
 """The ``atomic_local`` backend: a failed write leaves the previous file and
 no temporary one; a killed write's temporary file is removed at the next
 start."""
+
 import contextlib
 import errno
 import os
@@ -17,7 +18,9 @@ from mmevo.integrations.mmengine import atomic_backend
 
 REPO = os.path.dirname(
     os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
+)
 
 
 @contextlib.contextmanager
@@ -36,13 +39,14 @@ def _file_size_limit(size):
 def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path):
     atomic_backend.install()
     args = dict(backend_args=dict(backend='atomic_local'))
-    first = dict(w=torch.arange(10.))
+    first = dict(w=torch.arange(10.0))
     save_checkpoint(first, str(tmp_path / 'epoch_1.pth'), **args)
     # over the previous file and under a new name: both fail halfway
     for name in ('epoch_1.pth', 'epoch_2.pth'):
         with _file_size_limit(100_000), pytest.raises(OSError) as info:
             save_checkpoint(
-                dict(w=torch.zeros(100_000)), str(tmp_path / name), **args)
+                dict(w=torch.zeros(100_000)), str(tmp_path / name), **args
+            )
         assert info.value.errno == errno.EFBIG
     # no partial file under the final name, no temporary file left
     assert os.listdir(tmp_path) == ['epoch_1.pth']
@@ -63,11 +67,11 @@ def test_a_killed_write_leaves_a_tmp_that_the_next_start_removes(tmp_path):
     (tmp_path / 'epoch_1.pth').write_bytes(b'sound')
     (tmp_path / 'notes.tmp').write_bytes(b'not ours')
     out = subprocess.run(
-        [sys.executable, '-c', _KILLED,
-         str(tmp_path / 'epoch_2.pth')],
+        [sys.executable, '-c', _KILLED, str(tmp_path / 'epoch_2.pth')],
         env=dict(os.environ, PYTHONPATH=REPO),
         capture_output=True,
-        timeout=300)
+        timeout=300,
+    )
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     left = sorted(set(os.listdir(tmp_path)) - {'epoch_1.pth', 'notes.tmp'})
     assert len(left) == 1 and left[0].startswith('.epoch_2.pth.')
@@ -79,6 +83,7 @@ def test_a_killed_write_leaves_a_tmp_that_the_next_start_removes(tmp_path):
 
 def test_another_backend_under_the_name_is_refused(monkeypatch):
     from mmengine.fileio.backends import LocalBackend, backends
+
     atomic_backend.install()
     atomic_backend.install()  # idempotent
     monkeypatch.setitem(backends, 'atomic_local', LocalBackend)

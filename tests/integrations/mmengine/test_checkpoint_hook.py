@@ -4,6 +4,7 @@ leaves the previous checkpoint and a ``last_checkpoint`` naming it (mmengine
 once the new one and the pointer are on disk, and resuming after the failure
 is bit-exact. (The demo detector through tools/train.py, with kill -9:
 tests/tools/test_train_crash.py.)"""
+
 import errno
 import os
 import os.path as osp
@@ -17,15 +18,17 @@ from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
 from mmevo.apis import checkpoint_error
-from mmevo.integrations.mmengine import (AtomicLocalBackend,
-                                         SafeCheckpointHook, install_all,
-                                         use_safe_hook)
+from mmevo.integrations.mmengine import (
+    AtomicLocalBackend,
+    SafeCheckpointHook,
+    install_all,
+    use_safe_hook,
+)
 
 install_all()
 
 
 class _Data(Dataset):
-
     def __len__(self):
         return 4
 
@@ -34,7 +37,6 @@ class _Data(Dataset):
 
 
 class _Model(BaseModel):
-
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(2, 1)
@@ -73,9 +75,11 @@ def _runner(work_dir, epochs, hook, name, resume=None, save_best=False):
                 sampler=dict(type='DefaultSampler', shuffle=False),
                 collate_fn=dict(type='pseudo_collate'),
                 batch_size=2,
-                num_workers=0),
+                num_workers=0,
+            ),
             val_evaluator=[_Rising()],
-            val_cfg=dict())
+            val_cfg=dict(),
+        )
     return Runner(
         model=_Model(),
         work_dir=str(work_dir),
@@ -84,19 +88,21 @@ def _runner(work_dir, epochs, hook, name, resume=None, save_best=False):
             sampler=dict(type='DefaultSampler', shuffle=True),
             collate_fn=dict(type='pseudo_collate'),
             batch_size=2,
-            num_workers=0),
+            num_workers=0,
+        ),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
         train_cfg=dict(by_epoch=True, max_epochs=epochs),
         default_hooks=dict(
-            checkpoint=checkpoint,
-            logger=dict(type='LoggerHook', interval=100)),
+            checkpoint=checkpoint, logger=dict(type='LoggerHook', interval=100)
+        ),
         custom_hooks=[dict(type='RandomStateHook')],
         randomness=dict(seed=0),
         resume=resume is not None,
         load_from=resume,
         experiment_name=name,
         visualizer=dict(type='Visualizer', name=name),
-        **val)
+        **val,
+    )
 
 
 def _disk_full_at(epoch, monkeypatch):
@@ -120,8 +126,10 @@ def test_a_full_disk_leaves_the_last_checkpoint(tmp_path, monkeypatch):
     straight = _runner(tmp_path / 'a', 3, 'SafeCheckpointHook', 'full_a')
     straight.train()
     # max_keep_ckpts=1: only the newest is left, and named
-    assert sorted(os.listdir(tmp_path /
-                             'a'))[-2:] == ['epoch_3.pth', 'last_checkpoint']
+    assert sorted(os.listdir(tmp_path / 'a'))[-2:] == [
+        'epoch_3.pth',
+        'last_checkpoint',
+    ]
     assert _pointer(tmp_path / 'a') == str(tmp_path / 'a' / 'epoch_3.pth')
 
     work = tmp_path / 'b'
@@ -137,8 +145,9 @@ def test_a_full_disk_leaves_the_last_checkpoint(tmp_path, monkeypatch):
     resumed = _runner(work, 3, 'SafeCheckpointHook', 'full_c', resume=kept)
     resumed.train()
     assert resumed.iter == straight.iter == 6
-    assert torch.equal(resumed.model.linear.weight,
-                       straight.model.linear.weight)
+    assert torch.equal(
+        resumed.model.linear.weight, straight.model.linear.weight
+    )
     assert torch.equal(resumed.model.linear.bias, straight.model.linear.bias)
     assert not (work / 'epoch_1.pth').exists()
 
@@ -154,14 +163,16 @@ def test_upstream_hook_still_loses_it(tmp_path, monkeypatch):
 
 
 def test_the_old_checkpoint_goes_after_the_new_one_is_named(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     work = tmp_path / 'w'
     seen = []
     remove = AtomicLocalBackend.remove
 
     def recording(self, path):
         seen.append(
-            (osp.basename(path), sorted(os.listdir(work)), _pointer(work)))
+            (osp.basename(path), sorted(os.listdir(work)), _pointer(work))
+        )
         remove(self, path)
 
     monkeypatch.setattr(AtomicLocalBackend, 'remove', recording)
@@ -179,8 +190,11 @@ def _best_disk_full_at(epoch, monkeypatch):
     save = torch.save
 
     def failing(obj, *args, **kwargs):
-        if isinstance(obj, dict) and 'optimizer' not in obj and obj.get(
-                'meta', {}).get('epoch') == epoch:
+        if (
+            isinstance(obj, dict)
+            and 'optimizer' not in obj
+            and obj.get('meta', {}).get('epoch') == epoch
+        ):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return save(obj, *args, **kwargs)
 
@@ -201,8 +215,8 @@ def test_a_full_disk_leaves_the_best_checkpoint(tmp_path, monkeypatch):
         _best_disk_full_at(2, patch)
         with pytest.raises(OSError) as info:
             _runner(
-                work, 3, 'SafeCheckpointHook', 'best_b',
-                save_best=True).train()
+                work, 3, 'SafeCheckpointHook', 'best_b', save_best=True
+            ).train()
     assert info.value.errno == errno.ENOSPC
     assert _best(work) == ['best_score_epoch_1.pth']
     assert checkpoint_error(str(work / 'best_score_epoch_1.pth')) is None
@@ -238,11 +252,13 @@ def test_a_kill_before_the_removal_is_trimmed_on_resume(tmp_path, monkeypatch):
     assert _pointer(work) == str(work / 'epoch_2.pth')
 
     resumed = _runner(
-        work, 3, 'SafeCheckpointHook', 'trim_b', resume=_pointer(work))
+        work, 3, 'SafeCheckpointHook', 'trim_b', resume=_pointer(work)
+    )
     resumed.train()
     assert resumed.iter == 6
-    assert sorted(n for n in os.listdir(work)
-                  if n.endswith('.pth')) == ['epoch_3.pth']
+    assert sorted(n for n in os.listdir(work) if n.endswith('.pth')) == [
+        'epoch_3.pth'
+    ]
 
 
 def test_stale_tmp_files_are_removed_at_the_start(tmp_path):
@@ -258,15 +274,21 @@ def test_use_safe_hook_replaces_only_the_default():
     cfg = Config(dict())
     use_safe_hook(cfg)
     assert cfg.default_hooks.checkpoint == dict(
-        type='SafeCheckpointHook', interval=1)
+        type='SafeCheckpointHook', interval=1
+    )
     cfg = Config(
         dict(
             default_hooks=dict(
                 checkpoint=dict(
-                    type='CheckpointHook', interval=2, max_keep_ckpts=1))))
+                    type='CheckpointHook', interval=2, max_keep_ckpts=1
+                )
+            )
+        )
+    )
     use_safe_hook(cfg)
     assert cfg.default_hooks.checkpoint == dict(
-        type='SafeCheckpointHook', interval=2, max_keep_ckpts=1)
+        type='SafeCheckpointHook', interval=2, max_keep_ckpts=1
+    )
     for other in (None, dict(type='MyCheckpointHook')):
         cfg = Config(dict(default_hooks=dict(checkpoint=other)))
         use_safe_hook(cfg)

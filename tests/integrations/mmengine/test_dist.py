@@ -1,6 +1,7 @@
 """CPU-only distributed pieces: SyncBN -> BN in configs, DDP on a CPU module
 (the 2-process run is tests/tools/test_dist_train.py), the timeout that ends a
 job when a rank stalls."""
+
 import os
 import socket
 import subprocess
@@ -11,13 +12,17 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config
 
-from mmevo.integrations.mmengine import (DEFAULT_DIST_TIMEOUT,
-                                         convert_sync_bn_to_bn,
-                                         setup_cpu_distributed)
+from mmevo.integrations.mmengine import (
+    DEFAULT_DIST_TIMEOUT,
+    convert_sync_bn_to_bn,
+    setup_cpu_distributed,
+)
 
 REPO = os.path.dirname(
     os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
+)
 
 
 def _cfg():
@@ -26,12 +31,16 @@ def _cfg():
             norm_cfg=dict(type='SyncBN', requires_grad=True),
             model=dict(
                 backbone=dict(
-                    norm_cfg=dict(type='SyncBN', requires_grad=True)),
+                    norm_cfg=dict(type='SyncBN', requires_grad=True)
+                ),
                 heads=[
                     dict(norm_cfg=dict(type='MMSyncBN')),
-                    dict(norm_cfg=dict(type='GN', num_groups=4))
-                ]),
-            sync_bn='torch'))
+                    dict(norm_cfg=dict(type='GN', num_groups=4)),
+                ],
+            ),
+            sync_bn='torch',
+        )
+    )
 
 
 def test_sync_bn_becomes_bn_with_a_warning():
@@ -39,8 +48,10 @@ def test_sync_bn_becomes_bn_with_a_warning():
     with pytest.warns(UserWarning, match='SyncBN does not run on the CPU'):
         found = convert_sync_bn_to_bn(cfg)
     assert found == [
-        'norm_cfg.type=SyncBN', 'model.backbone.norm_cfg.type=SyncBN',
-        'model.heads[0].norm_cfg.type=MMSyncBN', 'sync_bn=torch'
+        'norm_cfg.type=SyncBN',
+        'model.backbone.norm_cfg.type=SyncBN',
+        'model.heads[0].norm_cfg.type=MMSyncBN',
+        'sync_bn=torch',
     ]
     assert cfg.norm_cfg == dict(type='BN', requires_grad=True)
     assert cfg.model.backbone.norm_cfg.type == 'BN'
@@ -93,18 +104,19 @@ def test_cpu_ddp_wraps_a_cpu_module(tmp_path):
     # In a process of its own: a gloo group created inside the pytest
     # process could hang its teardown after the many tests before it.
     out = subprocess.run(
-        [sys.executable, '-c', _DDP_SCRIPT,
-         str(tmp_path / 'store')],
+        [sys.executable, '-c', _DDP_SCRIPT, str(tmp_path / 'store')],
         capture_output=True,
         text=True,
         timeout=120,
-        env=dict(os.environ, PYTHONPATH=REPO))
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == 'ok'
 
 
 def test_slurm_variables_become_torch_env(monkeypatch):
     from mmevo.integrations.mmengine.dist import _dist_env_from_slurm
+
     for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_PORT'):
         # set, then delete: monkeypatch then restores the variables the
         # function writes
@@ -116,9 +128,13 @@ def test_slurm_variables_become_torch_env(monkeypatch):
     monkeypatch.setenv('SLURM_NODELIST', 'node[1-2]')
     monkeypatch.setenv('MASTER_ADDR', 'node1')  # else: scontrol show hostname
     _dist_env_from_slurm()
-    assert (os.environ['RANK'], os.environ['WORLD_SIZE'],
-            os.environ['LOCAL_RANK'], os.environ['MASTER_PORT'],
-            os.environ['MASTER_ADDR']) == ('5', '8', '1', '29500', 'node1')
+    assert (
+        os.environ['RANK'],
+        os.environ['WORLD_SIZE'],
+        os.environ['LOCAL_RANK'],
+        os.environ['MASTER_PORT'],
+        os.environ['MASTER_ADDR'],
+    ) == ('5', '8', '1', '29500', 'node1')
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only path')
@@ -168,20 +184,23 @@ def test_a_stalled_rank_ends_the_job(tmp_path):
         port = s.getsockname()[1]
     go = tmp_path / 'go'
     procs = [
-        subprocess.Popen([sys.executable, '-c', _STALL_SCRIPT,
-                          str(go)],
-                         stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE,
-                         text=True,
-                         env=dict(
-                             os.environ,
-                             PYTHONPATH=REPO,
-                             RANK=str(rank),
-                             LOCAL_RANK=str(rank),
-                             WORLD_SIZE='2',
-                             MASTER_ADDR='127.0.0.1',
-                             MASTER_PORT=str(port),
-                             OMP_NUM_THREADS='1')) for rank in (0, 1)
+        subprocess.Popen(
+            [sys.executable, '-c', _STALL_SCRIPT, str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(
+                os.environ,
+                PYTHONPATH=REPO,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE='2',
+                MASTER_ADDR='127.0.0.1',
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS='1',
+            ),
+        )
+        for rank in (0, 1)
     ]
     try:
         for p in procs:

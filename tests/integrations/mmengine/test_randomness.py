@@ -4,6 +4,7 @@ weights when both the dataloader workers (python, numpy and torch draws in
 numbers, with no worker, workers started each epoch, and a persistent
 worker; and that the hook leaves a run that is not resumed as it was. The
 demo detector's case is tests/tools/test_train_resume.py."""
+
 import random
 
 import numpy as np
@@ -13,8 +14,12 @@ from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
-from mmevo.integrations.mmengine import (RandomStateHook, get_rng_state,
-                                         install_all, set_rng_state)
+from mmevo.integrations.mmengine import (
+    RandomStateHook,
+    get_rng_state,
+    install_all,
+    set_rng_state,
+)
 
 install_all()  # the config below names RandomStateHook
 
@@ -27,12 +32,15 @@ class _RandomData(Dataset):
 
     def __getitem__(self, index):
         return dict(
-            x=torch.tensor([
-                float(index),
-                np.random.rand(),
-                random.random(),
-                torch.rand(()).item()
-            ]))
+            x=torch.tensor(
+                [
+                    float(index),
+                    np.random.rand(),
+                    random.random(),
+                    torch.rand(()).item(),
+                ]
+            )
+        )
 
 
 class _NoisyModel(BaseModel):
@@ -47,13 +55,9 @@ class _NoisyModel(BaseModel):
         return dict(loss=self.linear(x + torch.rand_like(x)).pow(2).mean())
 
 
-def _train(work_dir,
-           epochs,
-           workers,
-           persistent,
-           name,
-           resume=None,
-           hook=True):
+def _train(
+    work_dir, epochs, workers, persistent, name, resume=None, hook=True
+):
     torch.manual_seed(0)  # the model's initialisation
     runner = Runner(
         model=_NoisyModel(),
@@ -64,25 +68,29 @@ def _train(work_dir,
             collate_fn=dict(type='pseudo_collate'),
             batch_size=2,
             num_workers=workers,
-            persistent_workers=persistent),
+            persistent_workers=persistent,
+        ),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
         train_cfg=dict(by_epoch=True, max_epochs=epochs),
         default_hooks=dict(
             checkpoint=dict(type='CheckpointHook', interval=1),
-            logger=dict(type='LoggerHook', interval=100)),
+            logger=dict(type='LoggerHook', interval=100),
+        ),
         custom_hooks=[dict(type='RandomStateHook')] if hook else [],
         randomness=dict(seed=0),
         resume=resume is not None,
         load_from=resume,
         experiment_name=name,
-        visualizer=dict(type='Visualizer', name=name))
+        visualizer=dict(type='Visualizer', name=name),
+    )
     assert any(isinstance(h, RandomStateHook) for h in runner.hooks) == hook
     runner.train()
     return runner.model.linear.weight.detach().clone()
 
 
-@pytest.mark.parametrize('workers, persistent', [(0, False), (1, False),
-                                                 (1, True)])
+@pytest.mark.parametrize(
+    'workers, persistent', [(0, False), (1, False), (1, True)]
+)
 def test_resume_continues_every_random_stream(tmp_path, workers, persistent):
     tag = f'rng_{workers}_{persistent}'
     straight = _train(tmp_path / 'a', 3, workers, persistent, f'{tag}_a')
@@ -93,12 +101,14 @@ def test_resume_continues_every_random_stream(tmp_path, workers, persistent):
         workers,
         persistent,
         f'{tag}_c',
-        resume=str(tmp_path / 'b' / 'epoch_2.pth'))
+        resume=str(tmp_path / 'b' / 'epoch_2.pth'),
+    )
     assert not torch.equal(second, straight)
     assert torch.equal(resumed, straight)
     # the hook only reads the streams: a run without it trains the same
     plain = _train(
-        tmp_path / 'c', 3, workers, persistent, f'{tag}_d', hook=False)
+        tmp_path / 'c', 3, workers, persistent, f'{tag}_d', hook=False
+    )
     assert torch.equal(plain, straight)
 
 

@@ -1,6 +1,7 @@
 """mmengine checkpoints load under torch's weights_only default (torch >=
 2.6) once the allowlist is installed, and weights_only still refuses other
 code; importing mmevo and its integrations installs nothing."""
+
 import json
 import os
 import pickle
@@ -12,12 +13,19 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer, MessageHub
 
-from mmevo.integrations.mmengine import (WRITTEN_FOR, UpstreamVersionWarning,
-                                         _version, install_all, safe_globals)
+from mmevo.integrations.mmengine import (
+    WRITTEN_FOR,
+    UpstreamVersionWarning,
+    _version,
+    install_all,
+    safe_globals,
+)
 
 REPO = os.path.dirname(
     os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
+)
 
 
 def _runner_like_checkpoint():
@@ -33,11 +41,14 @@ def _runner_like_checkpoint():
             iter=7,
             seed=0,
             dataset_meta=dict(
-                classes=('a', 'b'), palette=[(1, 2, 3), (4, 5, 6)])),
+                classes=('a', 'b'), palette=[(1, 2, 3), (4, 5, 6)]
+            ),
+        ),
         state_dict=dict(w=torch.randn(3)),
         message_hub=hub.state_dict(),
         optimizer=dict(state={}, param_groups=[dict(lr=1e-3, params=[0])]),
-        extra=dict(count=np.int64(3), arr=np.arange(4, dtype=np.uint8)))
+        extra=dict(count=np.int64(3), arr=np.arange(4, dtype=np.uint8)),
+    )
 
 
 def test_mmengine_checkpoint_loads_weights_only(tmp_path):
@@ -65,9 +76,8 @@ def test_mmengine_checkpoint_loads_weights_only(tmp_path):
 
 
 class _Payload:
-
     def __reduce__(self):
-        return (print, ('arbitrary code ran', ))
+        return (print, ('arbitrary code ran',))
 
 
 @pytest.mark.parametrize(
@@ -77,7 +87,8 @@ class _Payload:
         # getattr is allowed only on HistoryBuffer's statistic methods
         HistoryBuffer.update,
         np.array([object()], dtype=object),
-    ])
+    ],
+)
 def test_other_globals_are_still_refused(tmp_path, obj):
     safe_globals.install()
     path = tmp_path / 'evil.pth'
@@ -116,15 +127,18 @@ print(json.dumps([before == imported, imported == installed,
 
 
 def test_importing_installs_nothing():
-    out = subprocess.run([sys.executable, '-c', STATE],
-                         cwd=REPO,
-                         capture_output=True,
-                         text=True,
-                         timeout=300,
-                         env=dict(os.environ, PYTHONPATH=REPO))
+    out = subprocess.run(
+        [sys.executable, '-c', STATE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     unchanged, same, hooks, backends, allowed = json.loads(
-        out.stdout.strip().splitlines()[-1])
+        out.stdout.strip().splitlines()[-1]
+    )
     assert unchanged  # importing changed nothing ...
     assert not same  # ... install_all() did:
     assert hooks == ['RandomStateHook', 'SafeCheckpointHook']
@@ -142,14 +156,15 @@ def test_install_is_idempotent(recwarn):
 def test_another_mmengine_version_warns_or_is_refused(monkeypatch):
     monkeypatch.setattr(_version.mmengine, '__version__', '0.99.0')
     with pytest.warns(
-            UpstreamVersionWarning,
-            match=f'written for mmengine {WRITTEN_FOR}, found '
-            '0.99.0'):
+        UpstreamVersionWarning,
+        match=f'written for mmengine {WRITTEN_FOR}, found 0.99.0',
+    ):
         safe_globals.install()
 
     class Hook:
         pass
 
     with pytest.raises(RuntimeError, match='Hook._save_checkpoint_with_step'):
-        _version.check_mmengine('checkpoint hook',
-                                [(Hook, '_save_checkpoint_with_step')])
+        _version.check_mmengine(
+            'checkpoint hook', [(Hook, '_save_checkpoint_with_step')]
+        )
