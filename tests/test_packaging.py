@@ -12,7 +12,6 @@ nothing is downloaded.
 """
 
 import glob
-import importlib.util
 import os
 import os.path as osp
 import shutil
@@ -79,32 +78,20 @@ def copy_worktree(dest):
 
 
 def build_sdist(src, outdir):
-    """``python -m build --sdist --no-isolation``; where the ``build``
-    package is missing, the PEP 517 hook it calls, directly."""
-    if importlib.util.find_spec('build'):
-        run(
-            [
-                sys.executable,
-                '-m',
-                'build',
-                '--sdist',
-                '--no-isolation',
-                '--outdir',
-                outdir,
-                src,
-            ]
-        )
-    else:
-        run(
-            [
-                sys.executable,
-                '-c',
-                'import sys, setuptools.build_meta as backend; '
-                'backend.build_sdist(sys.argv[1])',
-                outdir,
-            ],
-            cwd=src,
-        )
+    """``python -m build --sdist --no-isolation`` (``build`` is pinned in
+    tools/setup_env.sh)."""
+    run(
+        [
+            sys.executable,
+            '-m',
+            'build',
+            '--sdist',
+            '--no-isolation',
+            '--outdir',
+            outdir,
+            src,
+        ]
+    )
     (sdist,) = glob.glob(osp.join(outdir, 'mmevo-*.tar.gz'))
     return sdist
 
