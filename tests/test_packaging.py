@@ -25,6 +25,8 @@ import pytest
 
 import mmevo
 
+pytestmark = pytest.mark.slow
+
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RUN_AN_OP = """
 import sys

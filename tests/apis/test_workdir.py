@@ -39,6 +39,7 @@ def hold_lock(work_dir):
     return proc
 
 
+@pytest.mark.slow
 def test_a_live_holder_is_named_and_a_killed_one_frees_it(tmp_path):
     holder = hold_lock(tmp_path / 'w')
     try:

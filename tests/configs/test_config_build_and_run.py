@@ -23,6 +23,8 @@ from mmevo.integrations.mmengine.dist import convert_sync_bn_to_bn
 
 from configs_helpers import all_configs, load
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = all_configs()  # every config but configs/demo/ (tested elsewhere)
 # Tiny inputs keep 16 full-size models within the CPU budget.
 # (H, W), divisible by the detectors' pad of 32 and big enough for P6 to have

@@ -341,6 +341,7 @@ def test_parameters(rel_path):
         'configs/acmix/acmix-resnet26_4xb32-warmup-coslr-90e_in1k.py',
     ],
 )
+@pytest.mark.slow
 def test_one_training_step(rel_path):
     """One step of the config's optimiser on two tiny images: a finite
     smoothed loss, every parameter updated (nothing frozen)."""
@@ -398,6 +399,7 @@ def test_metafile_lists_every_imagenet_config():
         assert result['Metrics']['Top 1 Accuracy'] == top1
 
 
+@pytest.mark.slow
 def test_get_flops_counts_a_classifier_at_224():
     config = 'configs/rednet/rednet26_64xb32-warmup-coslr_in1k.py'
     out = subprocess.run(

@@ -27,6 +27,8 @@ from mmevo.ops.flops import FLOP_HANDLES
 
 from configs_helpers import ROOT, load
 
+pytestmark = pytest.mark.slow
+
 
 def build_model(rel_path):
     """The model of a config on CPU (SyncBN as BN), in eval mode, weights

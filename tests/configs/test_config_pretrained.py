@@ -9,6 +9,7 @@ they were released: mmcls format (``state_dict`` with keys under
 import json
 import logging
 
+import pytest
 import torch
 from mmengine.logging import MMLogger
 from mmengine.registry import MODELS, init_default_scope
@@ -16,6 +17,8 @@ from mmengine.registry import MODELS, init_default_scope
 import mmevo  # noqa: F401
 
 from configs_helpers import ROOT, load
+
+pytestmark = pytest.mark.slow
 
 # Keys and shapes of the released ImageNet checkpoints.
 REFERENCE = ROOT / 'tests' / 'models' / 'data'

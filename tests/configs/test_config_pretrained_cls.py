@@ -30,6 +30,8 @@ from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
 
 from configs_helpers import ROOT, load
 
+pytestmark = pytest.mark.slow
+
 # ``import mmevo`` registers nothing when it comes first in the process (a
 # conftest may import it before mmengine): register explicitly.
 mmevo.register_all_modules()  # also as tools/train.py does

@@ -148,6 +148,7 @@ def _find(pipeline, type_name):
     return steps[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('rel_path', NON_DEMO)
 def test_optimiser_and_schedule(rel_path):
     cfg, exp = load(rel_path), EXPECTED[_name(rel_path)]
@@ -306,6 +307,7 @@ def test_checkpoint_path_is_overridable():
     assert cfg.model.backbone.init_cfg.prefix == 'backbone.'
 
 
+@pytest.mark.slow
 def test_headline_config_inherits_without_copy():
     # configs/rednet50_fpn_coco.py only names its base: same merged config.
     text = load('configs/rednet50_fpn_coco.py').pretty_text

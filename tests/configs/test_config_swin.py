@@ -13,6 +13,8 @@ from mmengine.registry import DefaultScope
 
 from configs_helpers import ROOT, load
 
+pytestmark = pytest.mark.slow
+
 # config -> (backbone, arch, drop-path, published result)
 IMAGENET = {
     'elsa_swin/elsa-swin-tiny_8xb128_in1k': ('ELSA', 'tiny', 0.1, 82.7),

@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from configs_helpers import ROOT
+
+pytestmark = pytest.mark.slow
 
 
 def test_train_headline_config_without_coco(tmp_path):

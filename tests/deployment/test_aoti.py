@@ -13,6 +13,8 @@ from mmevo.layers import Involution, LocalSelfAttention
 # this folder is on sys.path
 from layer_cases import LAYERS
 
+pytestmark = pytest.mark.slow
+
 MMEVO_OPS = {
     'mmevo.evolution_aggregate.default',
     'mmevo.local_correlation.default',

@@ -15,6 +15,8 @@ from mmevo.apis import build_model, load_config
 from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
 from mmevo.deploy import OnnxModel
 
+pytestmark = pytest.mark.slow
+
 # the tool tests' helpers (tests/tools/tool_utils.py)
 sys.path.insert(
     0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools')

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 from mmevo.deploy import OnnxModel, export_onnx, nms, roi_align
 
+pytestmark = pytest.mark.slow
+
 
 def random_boxes(n, size=64.0, generator=None):
     """``n`` boxes (x1, y1, x2, y2) of 2 to 22 pixels within ``size``."""

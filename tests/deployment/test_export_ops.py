@@ -20,6 +20,8 @@ from mmevo.ops.reference import (
     correlation_reference,
 )
 
+pytestmark = pytest.mark.slow
+
 # (H, W, K, stride, padding, dilation): odd sizes, maps smaller than the
 # padding (repeated reflection), 1-pixel maps
 GEOMETRIES = [

@@ -31,6 +31,8 @@ from mmevo.registry import MODELS
 # the layer cases shared with test_aoti.py (this folder is on sys.path)
 from layer_cases import LAYERS
 
+pytestmark = pytest.mark.slow
+
 
 def assert_parity(model, path, inputs, match=None):
     """onnxruntime == PyTorch within 1e-4 of the output's largest value

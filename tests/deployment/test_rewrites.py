@@ -71,6 +71,7 @@ def test_instances_are_restored_after_an_error():
     assert model[1].forward is own
 
 
+@pytest.mark.slow
 def test_layer_export_needs_no_mmdet(tmp_path):
     """In a fresh interpreter where mmdet and mmseg cannot be imported (as
     if not installed), an mmevo layer exports and runs in onnxruntime, and

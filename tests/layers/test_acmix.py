@@ -129,6 +129,7 @@ def test_gradients_equal_published(stride, size):
         torch.testing.assert_close(a, b, msg=name)
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager():
     """The layer (its autograd functions and the fused ops) compiles, and
     the compiled forward and gradients are the eager ones."""

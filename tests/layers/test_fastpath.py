@@ -158,6 +158,7 @@ def test_tracing_runs_the_stock_graph():
 @pytest.mark.parametrize(
     'build', [lambda: Involution(16, 3), lambda: ACmix(16, 16, 3, 2)]
 )
+@pytest.mark.slow
 def test_compiling_runs_the_stock_graph(build):
     """torch.compile captures the stock graph (convolutions, no matmuls)
     even with the switch on, and computes what eager mode computes."""
@@ -197,6 +198,7 @@ def _python(code, **env):
     )
 
 
+@pytest.mark.slow
 def test_environment_variable_sets_the_default():
     code = (
         'import torch\n'

@@ -24,6 +24,8 @@ from mmevo.layers import (
 )
 from mmevo.ops.library import use_backend
 
+pytestmark = pytest.mark.slow
+
 CUDA = torch.cuda.is_available()
 tk = importlib.import_module('mmevo.ops.triton_backend')
 

@@ -13,6 +13,8 @@ from mmevo.models.backbones.swin_convert import official_state_dict
 
 import swin_reference as ref
 
+pytestmark = pytest.mark.slow
+
 DATA = osp.join(osp.dirname(__file__), 'data', 'swin_family_state_dict.json')
 TINY = dict(embed_dims=16, depths=(1, 2, 1, 2), num_heads=(2, 2, 4, 4))
 

@@ -16,6 +16,8 @@ from mmengine.runner.checkpoint import load_state_dict as mm_load_state_dict
 
 from mmevo.models import ACmixResNet, RedNet
 
+pytestmark = pytest.mark.slow
+
 DATA = osp.join(osp.dirname(__file__), 'data')
 
 

@@ -24,6 +24,8 @@ from mmengine.runner import load_checkpoint
 import mmevo
 from mmevo.models import ACmixResNet, RedNet
 
+pytestmark = pytest.mark.slow
+
 # ``import mmevo`` registers nothing when it comes first in the process (a
 # conftest may import it before mmengine): register explicitly.
 mmevo.register_all_modules()

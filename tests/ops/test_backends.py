@@ -25,6 +25,7 @@ ROOT = os.path.dirname(
 )
 
 
+@pytest.mark.slow
 def test_a_typo_in_the_environment_variable_is_a_value_error():
     out = subprocess.run(
         [sys.executable, '-c', 'import mmevo.ops'],

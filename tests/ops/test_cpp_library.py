@@ -18,6 +18,8 @@ import pytest
 
 from mmevo.ops import cpp_backend
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )

@@ -544,6 +544,7 @@ print(json.dumps(out))
 @pytest.mark.skipif(
     not cpp_backend.available(), reason='the C++ extension is not built'
 )
+@pytest.mark.slow
 def test_cpp_operators_check_without_python_side():
     """The C++ operators alone, in a process that never imported mmevo:
     the same errors and messages."""

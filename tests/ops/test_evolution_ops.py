@@ -221,6 +221,7 @@ def test_sweep_covers_the_issue_list():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', ['cpp', 'torch'])
 @pytest.mark.parametrize('mode', ['zeros', 'reflect'])
 def test_gradcheck(backend, mode):

@@ -14,6 +14,8 @@ import pytest
 
 from mmevo.ops import cpp_backend
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = r"""
 import torch
 from mmevo.ops import (cpp_backend, evolution_aggregate,

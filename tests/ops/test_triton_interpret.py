@@ -47,7 +47,7 @@ from mmevo.ops.reference import (
 )
 
 tk = importlib.import_module('mmevo.ops.triton_backend')
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
 # (B, C, G, H, W, K, stride, padding, dilation)
 GEOMETRIES = [

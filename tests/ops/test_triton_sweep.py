@@ -30,6 +30,8 @@ from mmevo.ops.reference import (
     correlation_reference,
 )
 
+pytestmark = pytest.mark.slow
+
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason='needs a CUDA device')
 tk = importlib.import_module('mmevo.ops.triton_backend')

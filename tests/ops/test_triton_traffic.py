@@ -17,6 +17,8 @@ import pytest
 
 from mmevo.ops import triton_traffic
 
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )

@@ -6,6 +6,8 @@ import pytest
 
 from tool_utils import load_tool
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize(
     'option, value, low',

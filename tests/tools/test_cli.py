@@ -19,6 +19,8 @@ from mmevo.apis import check_data, one_line_errors
 
 from tool_utils import DEMO_DET, REPO, load_tool
 
+pytestmark = pytest.mark.slow
+
 # The demo detector evaluated on the 4 validation images of tiny_coco.
 TEST_CONFIG = """
 _base_ = '{base}'

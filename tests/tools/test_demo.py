@@ -8,6 +8,8 @@ import pytest
 
 from tool_utils import DEMO_DET, DEMO_SEG, load_tool
 
+pytestmark = pytest.mark.slow
+
 DET_CONFIG = """
 _base_ = '{base}'
 data_root = '{root}/'

@@ -21,6 +21,8 @@ from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
 
 from tool_utils import REPO, load_tool
 
+pytestmark = pytest.mark.slow
+
 # ``import mmevo`` registers nothing when it comes first in the process (a
 # conftest may import it before mmengine): register explicitly.
 mmevo.register_all_modules()

@@ -6,11 +6,14 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from mmevo.integrations.mmengine import safe_globals
 
 from tool_utils import DEMO_DET, REPO
+
+pytestmark = pytest.mark.slow
 
 # Each rank saves its own model state after training (mmengine's checkpoint
 # hook only writes on rank 0).

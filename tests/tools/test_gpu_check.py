@@ -17,6 +17,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow
+
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 SCRIPT = osp.join(REPO, 'tools', 'analysis', 'gpu_check.sh')
 PLANTED = """

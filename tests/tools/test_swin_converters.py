@@ -13,6 +13,8 @@ import torch
 
 from tool_utils import REPO, load_tool
 
+pytestmark = pytest.mark.slow
+
 sys.path.insert(0, osp.join(REPO, 'tests', 'models'))
 import swin_reference as ref  # noqa: E402
 

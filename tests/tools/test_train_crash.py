@@ -19,6 +19,8 @@ from mmevo.apis import checkpoint_error
 
 from tool_utils import DEMO_DET, REPO, load_tool
 
+pytestmark = pytest.mark.slow
+
 # The demo detector on tiny_coco (RandomFlip; no worker: the crash happens
 # in the main process), two iterations per epoch, one checkpoint kept.
 CONFIG = """

@@ -15,6 +15,8 @@ from mmengine.registry import MODELS, init_default_scope
 
 from tool_utils import DEMO_DET, load_tool
 
+pytestmark = pytest.mark.slow
+
 # The demo detector and its training pipeline (RandomFlip) on 8 images of
 # 64 px, one persistent worker (its streams run on from epoch to epoch, the
 # hard case), no validation. Two iterations per epoch.

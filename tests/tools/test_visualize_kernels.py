@@ -18,6 +18,8 @@ from mmevo.apis.kernels import capture_kernel, evolution_layers, preprocess
 
 from tool_utils import load_tool
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / 'tools' / 'analysis' / 'visualize_kernels.py'
 

@@ -9,9 +9,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from mmevo.apis import LOCK_FILE, lock_work_dir
 
 from tool_utils import DEMO_DET, REPO
+
+pytestmark = pytest.mark.slow
 
 # the demo detector on tiny_coco, no validation, long enough to be killed
 CONFIG = """

@@ -16,6 +16,8 @@ from mmengine.runner.checkpoint import save_checkpoint
 
 from mmevo.integrations.mmengine import atomic_backend
 
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(
     os.path.dirname(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

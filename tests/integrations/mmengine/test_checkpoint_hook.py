@@ -25,6 +25,8 @@ from mmevo.integrations.mmengine import (
     use_safe_hook,
 )
 
+pytestmark = pytest.mark.slow
+
 install_all()
 
 

@@ -18,6 +18,8 @@ from mmevo.integrations.mmengine import (
     setup_cpu_distributed,
 )
 
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(
     os.path.dirname(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

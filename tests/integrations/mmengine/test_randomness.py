@@ -21,6 +21,8 @@ from mmevo.integrations.mmengine import (
     set_rng_state,
 )
 
+pytestmark = pytest.mark.slow
+
 install_all()  # the config below names RandomStateHook
 
 

@@ -21,6 +21,8 @@ from mmevo.integrations.mmengine import (
     safe_globals,
 )
 
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(
     os.path.dirname(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
