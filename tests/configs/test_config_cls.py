@@ -25,6 +25,8 @@ import mmevo
 
 from configs_helpers import ROOT, all_configs, load
 
+pytestmark = pytest.mark.slow
+
 # ``import mmevo`` registers nothing when it comes first in the process (a
 # conftest may import it before mmengine): register explicitly.
 mmevo.register_all_modules()

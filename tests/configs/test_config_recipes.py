@@ -11,6 +11,8 @@ import pytest
 
 from configs_helpers import all_configs, load
 
+pytestmark = pytest.mark.slow
+
 # Published recipes. COCO: 8 GPUs x 2 images, SGD momentum 0.9 wd 1e-4, steps
 # at epochs 8 and 11 of 12, linear warm-up from ratio 0.001, 1333x800.
 # Cityscapes: 4 GPUs x 2 images, SGD lr 0.01 momentum 0.9 wd 5e-4, poly decay

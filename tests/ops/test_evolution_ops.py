@@ -386,6 +386,7 @@ def test_backends_agree_bitwise_across_threads():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph():
     """The ops inside one torch.compile(fullgraph=True) graph, forward and
     backward."""
