@@ -13,10 +13,8 @@ Example:
 from .checkpoint import (
     CheckpointError,
     check_checkpoint_fits,
-    check_resume_fits,
     checkpoint_error,
     find_resumable_checkpoint,
-    optimizer_mismatch,
     read_checkpoint,
     state_dict_mismatch,
 )
@@ -33,6 +31,7 @@ from .cli import (
     launch_rank,
     one_line_errors,
 )
+from .resume import check_resume_fits, optimizer_mismatch
 from .runner import (
     build_model,
     build_runner,

@@ -8,6 +8,8 @@ formula in plain PyTorch. While ``torch.onnx.export`` runs, the ops are
 standard ONNX operators instead (``export.py``, sizes kept symbolic).
 """
 
+from typing import Optional
+
 import torch
 
 from . import export, library  # noqa: F401  (library: torch.ops.mmevo.*)
@@ -38,8 +40,13 @@ def _autocast(a, b):
 
 
 def evolution_aggregate(
-    input, kernel, stride=1, padding=None, dilation=1, padding_mode='zeros'
-):
+    input: torch.Tensor,
+    kernel: torch.Tensor,
+    stride: int = 1,
+    padding: Optional[int] = None,
+    dilation: int = 1,
+    padding_mode: str = 'zeros',
+) -> torch.Tensor:
     """Apply a per-pixel, per-group K x K kernel to the windows of ``input``.
 
     ``Y[b, c, i, j] = sum_{u, v} kernel[b, g(c), u, v, i, j] *
@@ -83,15 +90,15 @@ def evolution_aggregate(
 
 
 def local_correlation(
-    query,
-    key,
-    groups,
-    kernel_size,
-    stride=1,
-    padding=None,
-    dilation=1,
-    padding_mode='zeros',
-):
+    query: torch.Tensor,
+    key: torch.Tensor,
+    groups: int,
+    kernel_size: int,
+    stride: int = 1,
+    padding: Optional[int] = None,
+    dilation: int = 1,
+    padding_mode: str = 'zeros',
+) -> torch.Tensor:
     """Per-group dot products of each query with the key window around it.
 
     ``out[b, g, u, v, i, j] = sum_{c in g} query[b, c, i, j] *
@@ -144,15 +151,15 @@ def local_correlation(
 
 
 def local_attention_weights(
-    query,
-    key,
-    groups,
-    kernel_size,
-    stride=1,
-    padding=None,
-    dilation=1,
-    padding_mode='zeros',
-):
+    query: torch.Tensor,
+    key: torch.Tensor,
+    groups: int,
+    kernel_size: int,
+    stride: int = 1,
+    padding: Optional[int] = None,
+    dilation: int = 1,
+    padding_mode: str = 'zeros',
+) -> torch.Tensor:
     """Softmax over each window of :func:`local_correlation`, fused.
 
     ``softmax(local_correlation(query, key, ...))`` over the K x K window of

@@ -65,7 +65,7 @@ def targets():
 def variants():
     """(kernel name, input dtype, output dtype) of every launch the ops
     make."""
-    from .triton_backend import KERNELS
+    from .triton_kernels import KERNELS
 
     out = [(name, dt, dt) for name in KERNELS for dt in DTYPES]
     return out + [('correlate', dt, 'fp32') for dt in ('fp16', 'bf16')]
@@ -74,7 +74,7 @@ def variants():
 def matrix(targets_=None):
     """Every (kernel, in dtype, out dtype, config index, target) to
     compile: the configs the kernels autotune over on CUDA."""
-    from .triton_backend import GPU_CONFIGS
+    from .triton_kernels import GPU_CONFIGS
 
     ccs = targets() if targets_ is None else list(targets_)
     return [
@@ -89,7 +89,7 @@ def _source(job):
     """Triton's ASTSource of a job: the kernel's own JITFunction."""
     from triton.compiler import ASTSource
 
-    from .triton_backend import GPU_CONFIGS, KERNELS, MAX_BLOCK_W
+    from .triton_kernels import GPU_CONFIGS, KERNELS, MAX_BLOCK_W
 
     kernel = KERNELS[job['kernel']]
     if kernel.configs is not GPU_CONFIGS:

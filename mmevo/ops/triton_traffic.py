@@ -1,8 +1,8 @@
 """DRAM traffic of the Triton kernels, modelled from their tiling.
 
-One function per kernel of :mod:`mmevo.ops.triton_backend`, using its own
-tiling helpers (:func:`~.triton_backend.block_w`,
-:func:`~.triton_backend.strip_rows`), so the model changes with the kernels.
+One function per kernel of :mod:`mmevo.ops.triton_kernels`, using its own
+tiling helpers (:func:`~.triton_kernels.block_w`,
+:func:`~.triton_kernels.strip_rows`), so the model changes with the kernels.
 Each gives, per operand, three byte counts of one launch:
 
 * ``minimal``: the operand read (or written) once, whole;
@@ -28,7 +28,7 @@ Example:
 from typing import NamedTuple
 
 from .evolution import output_size
-from .triton_backend import block_w, strip_rows
+from .triton_kernels import block_w, strip_rows
 
 # The H200's L2 and DRAM bandwidth (the roofline of docs/benchmarks.md).
 L2_BYTES = 50 * 2**20

@@ -44,8 +44,8 @@ def test_every_kernel_config_dtype_target_compiles_without_spills():
         python(
             '-c',
             'import json; from mmevo.ops import triton_aot as a, '
-            'triton_backend as tb; print(json.dumps([a.targets(), '
-            'len(tb.GPU_CONFIGS), list(tb.KERNELS)]))',
+            'triton_kernels as tk; print(json.dumps([a.targets(), '
+            'len(tk.GPU_CONFIGS), list(tk.KERNELS)]))',
         )
     )
     targets, n_configs, kernels = meta
@@ -63,8 +63,8 @@ def test_every_kernel_config_dtype_target_compiles_without_spills():
 SCRIPT = """
 import json
 import torch
-from mmevo.ops import triton_backend as tb
-configs = tb.GPU_CONFIGS
+from mmevo.ops import triton_backend as tb, triton_kernels as tk
+configs = tk.GPU_CONFIGS
 before = list(configs)
 x = torch.zeros(1, 4, 5, 5)
 out = []
@@ -75,9 +75,9 @@ for index in (None, 3):
         with tb.fixed_config(index):
             args = tb.launch_args(x, 1, 3, (5, 5), (5, 5), 1, 1, 1)[0]
     tile = args[-1]
-    out.append([tile, [configs.index(c) for c in tb._prune(configs,
+    out.append([tile, [configs.index(c) for c in tk._prune(configs,
                                                            {'TILE': tile})]])
-assert all(k.configs is configs for k in tb.KERNELS.values())
+assert all(k.configs is configs for k in tk.KERNELS.values())
 assert configs == before
 for bad, error in ((len(configs), ValueError), (-1, ValueError),
                    ('0', TypeError)):

@@ -76,7 +76,7 @@ def resource_table(rows):
 
 def traffic_table():
     """Markdown of the traffic model at :data:`SHAPES`."""
-    from mmevo.ops.triton_backend import GPU_CONFIGS
+    from mmevo.ops.triton_kernels import GPU_CONFIGS
 
     tiles = sorted({c.kwargs['BLOCK_P'] for c in GPU_CONFIGS})
     lines = [
