@@ -30,7 +30,7 @@ if INTERPRET:
 DEVICE = 'cpu' if INTERPRET else 'cuda'
 
 # Imported after TRITON_INTERPRET is set (E402 is off for this file in
-# setup.cfg).
+# pyproject.toml).
 import pytest
 
 from mmevo.ops import (
