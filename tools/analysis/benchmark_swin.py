@@ -4,7 +4,8 @@ mmdet's Swin-T, in one process.
 The same input for every model (default B2 x 3 x 224 x 224, fp32, CPU). A
 train step is forward + backward of the backbone (all four stage outputs,
 loss = sum of their means), as in ``benchmark_backbones.py``, whose timing
-(median over interleaved rounds) and peak-memory measurement this reuses.
+(median over interleaved rounds) and peak-memory measurement
+(:mod:`mmevo.apis.timing`) this reuses.
 ``elsa_swin_t_unfold`` is ELSA-Swin-T with the aggregation of the official
 code's CPU path (``F.unfold`` of v, times the filter, summed over the
 taps: damo-cv/ELSA ``elsa.py:139-148``) in place of mmevo's op. Ratios are
@@ -17,17 +18,13 @@ Example:
 """
 
 import argparse
-import os.path as osp
-import sys
 import types
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from benchmark_backbones import ops_backend, peak_memory, time_steps  # noqa
-
-from mmevo.apis import MAX_SIDE, int_in_range  # noqa: E402
+from mmevo.apis import MAX_SIDE, int_in_range
+from mmevo.apis.timing import ops_backend, peak_memory, time_steps
 
 MODELS = ('swin_t', 'elsa_swin_t', 'elsa_swin_t_unfold', 'acmix_swin_t')
 
