@@ -71,8 +71,9 @@ def export_program(model, x, dynamic=True, inline_ops=False):
 
 
 def export_aoti(model, x, path, dynamic=True, inline_ops=False):
-    """Compile ``model`` into an AOTInductor package at ``path``, its
-    weights frozen (constants of the program, batch norms folded).
+    """Compile ``model`` into an AOTInductor package at ``path``; a package
+    of a fixed size has its weights frozen (constants of the program,
+    batch norms folded).
 
     The package runs on the device of ``model`` and ``x`` (CPU or CUDA).
 
@@ -96,10 +97,11 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
         >>> export_aoti(model, torch.randn(1, 3, 224, 224), 'rednet.pt2')
         >>> outputs = AotiModel('rednet.pt2')(torch.randn(1, 3, 160, 192))
     """
-    return compile_program(export_program(model, x, dynamic, inline_ops), path)
+    program = export_program(model, x, dynamic, inline_ops)
+    return compile_program(program, path, freeze=not dynamic)
 
 
-def compile_program(program, path):
+def compile_program(program, path, freeze=True):
     """AOTInductor's package of ``program`` at ``path``, its weights
     frozen (``torch._inductor.config.freezing``: constants of the
     program, batch norms folded into the convolutions, oneDNN's weights
@@ -109,14 +111,22 @@ def compile_program(program, path):
     graph: its constant folding loses a lifted tensor constant), warns
     and compiles without freezing.
 
+    Not for dynamic sizes: on torch 2.14 a frozen RetinaNet exported with
+    dynamic H and W gave values of 1e19 at a size other than the
+    example's (``tests/deployment/test_deploy_tools.py``), so
+    :func:`export_aoti` freezes fixed-size packages only.
+
     Args:
         program (torch.export.ExportedProgram): e.g. of
             :func:`export_program`.
         path (str): the ``.pt2`` file to write.
+        freeze (bool): freeze the weights. Default: True.
 
     Returns:
         str: ``path``.
     """
+    if not freeze:
+        return _compile(program, path, freezing=False)
     frozen = copy.deepcopy(program)  # freezing edits the graph it folds
     try:
         # Inductor freezes only with gradients off: with them on, the

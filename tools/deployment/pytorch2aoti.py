@@ -1,7 +1,7 @@
 """Compile a model into an AOTInductor package (``.pt2``).
 
 ``torch.export`` (H and W dynamic with ``--dynamic``) then AOTInductor, the
-weights frozen: the package holds the graph ``pytorch2onnx.py`` exports
+weights frozen at a fixed size: the package holds the graph ``pytorch2onnx.py`` exports
 (a backbone's features; a single-stage detector's raw head outputs; a
 segmentor's logits; two-stage detectors do not compile yet, see
 docs/deployment.md), calling mmevo's own kernels
@@ -105,7 +105,8 @@ def main(argv=None):
             f'{summary(e)} (an input too small for the model? try '
             'its test size, e.g. --shape 128 128)'
         )
-    compile_program(program, args.out)
+    # frozen weights only at a fixed size (see compile_program)
+    compile_program(program, args.out, freeze=not args.dynamic)
     report_parity(model, AotiModel(args.out), inputs, kind, 'AOTInductor')
     return args.out
 
