@@ -253,9 +253,25 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('task', ['det', 'seg'])
-def test_aoti_package_then_evaluate_matches_pytorch(task, setup):
-    """pytorch2aoti.py (H and W dynamic, checked at another size) then
+@pytest.mark.parametrize(
+    'task, dynamic',
+    [
+        ('det', False),
+        pytest.param(
+            'det',
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason='the dynamic RetinaNet package differs from PyTorch '
+                'at a size other than the example (1.3 relative, output 3 '
+                'of 6, torch 2.14); pytorch2aoti.py refuses it',
+            ),
+        ),
+        ('seg', True),
+    ],
+)
+def test_aoti_package_then_evaluate_matches_pytorch(task, dynamic, setup):
+    """pytorch2aoti.py (with --dynamic checked at another size too) then
     aoti_test.py: the package scores tools/test.py's metrics with the
     PyTorch checkpoint (0.002 mAP, 0.2 mIoU) by the same predictions. A
     package compiles in 1-3 minutes on a 2-core CPU."""
@@ -276,7 +292,8 @@ def test_aoti_package_then_evaluate_matches_pytorch(task, setup):
     package = str(tmp / f'{task}.pt2')
     assert (
         load_tool('deployment/pytorch2aoti').main(
-            [cfg, ckpt, '--out', package, '--shape', *shape, '--dynamic']
+            [cfg, ckpt, '--out', package, '--shape', *shape]
+            + (['--dynamic'] if dynamic else [])
         )
         == package
     )
