@@ -76,8 +76,11 @@ def assert_paths_equal(model, x, has_fast_path=True):
     assert set(fast[2]) == set(stock[2])
     for name, g in stock[2].items():
         assert g is not None, name
+        # float64 rounding of sums of thousands of terms, relative to the
+        # gradient's scale (a backbone's reach 1e3): ~1e-13 of it
+        scale = max(1.0, float(g.abs().max()))
         torch.testing.assert_close(
-            fast[2][name], g, rtol=1e-9, atol=1e-10, msg=name
+            fast[2][name], g, rtol=1e-9, atol=1e-10 * scale, msg=name
         )
     if has_fast_path:
         assert fast[3] < stock[3]
