@@ -24,7 +24,7 @@ from .export import TensorOutputs, export_onnx
 from .ops import nms, roi_align
 from .parity import check_outputs, match_rows, max_difference
 from .predict import expected_outputs, exportable, model_kind, runtime_predict
-from .rewrites import adaptive_avg_pool2d, export_rewrites
+from .rewrites import adaptive_avg_pool2d, ceil_avg_pool2d, export_rewrites
 from .runtime import OnnxModel
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     'OnnxModel',
     'TensorOutputs',
     'adaptive_avg_pool2d',
+    'ceil_avg_pool2d',
     'check_outputs',
     'expected_outputs',
     'export_aoti',

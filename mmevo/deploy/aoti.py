@@ -20,7 +20,7 @@ import torch
 from mmevo.ops import export as ops_export
 
 from .export import naming_failing_layer
-from .rewrites import export_rewrites
+from .rewrites import AOTI_REWRITES, export_rewrites
 
 #: the decompositions of ``inline_ops``: the ops' standard-operator
 #: formulation (arguments resolved, as the operators take them)
@@ -37,7 +37,8 @@ INLINE_OPS = {
 
 def export_program(model, x, dynamic=True, inline_ops=False):
     """``torch.export.export(model, (x, ))`` with H and W dynamic, under
-    :func:`mmevo.deploy.export_rewrites`.
+    :func:`mmevo.deploy.export_rewrites` (with those of a package,
+    :data:`mmevo.deploy.rewrites.AOTI_REWRITES`).
 
     Args:
         model (nn.Module): in eval mode; returns a tensor or a tuple of them.
@@ -60,7 +61,7 @@ def export_program(model, x, dynamic=True, inline_ops=False):
     with (
         naming_failing_layer(model, 'torch.export'),
         torch.no_grad(),
-        export_rewrites(model),
+        export_rewrites(model, AOTI_REWRITES),
     ):
         program = torch.export.export(
             model, (x,), dynamic_shapes=shapes, strict=False
@@ -98,7 +99,7 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
         >>> outputs = AotiModel('rednet.pt2')(torch.randn(1, 3, 160, 192))
     """
     program = export_program(model, x, dynamic, inline_ops)
-    return compile_program(program, path, freeze=not dynamic)
+    return compile_program(program, path)
 
 
 def compile_program(program, path, freeze=True):
@@ -110,11 +111,6 @@ def compile_program(program, path, freeze=True):
     Where Inductor's freezing fails (e.g. on a two-stage detector's
     graph: its constant folding loses a lifted tensor constant), warns
     and compiles without freezing.
-
-    Not for dynamic sizes: on torch 2.14 a frozen RetinaNet exported with
-    dynamic H and W gave values of 1e19 at a size other than the
-    example's (``tests/deployment/test_deploy_tools.py``), so
-    :func:`export_aoti` freezes fixed-size packages only.
 
     Args:
         program (torch.export.ExportedProgram): e.g. of

@@ -31,17 +31,30 @@ def max_difference(outputs, expected, rows=False):
         )
     if rows:
         outputs = match_rows(outputs, expected)
-    errs = [
-        float(
-            (o.double() - r.double()).abs().max()
-            / r.abs().max().double().clamp(min=1e-6)
-        )
-        if o.numel()
-        else 0.0
-        for o, r in zip(outputs, expected)
-    ]
+    errs = [relative_difference(o, r) for o, r in zip(outputs, expected)]
     err = max(errs, default=0.0)
     return err, errs.index(err) if errs else 0
+
+
+def relative_difference(output, expected):
+    """The largest of ``|output - expected|`` relative to ``expected``'s
+    largest finite value; ``inf`` where one of the two is NaN or infinite
+    and the other is not (a NaN would otherwise compare as no difference:
+    an export reading memory it never wrote passed a tolerance check).
+
+    Example:
+        >>> relative_difference(torch.tensor([1., nan]), torch.ones(2))
+        inf
+    """
+    if not output.numel():
+        return 0.0
+    o, r = output.double(), expected.double()
+    same = (o == r) | (o.isnan() & r.isnan())  # equal infinities, NaNs
+    diff = (o - r).abs()
+    diff = torch.where(same, 0.0, diff.masked_fill(diff.isnan(), torch.inf))
+    finite = r[r.isfinite()]
+    scale = finite.abs().max() if finite.numel() else r.new_tensor(1.0)
+    return float(diff.max() / scale.clamp(min=1e-6))
 
 
 def check_outputs(model, runtime, inputs, kind):

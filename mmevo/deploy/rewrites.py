@@ -16,6 +16,7 @@ import functools
 import sys
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.utils import _pair
 
@@ -86,6 +87,60 @@ def _pool(module, x, stock):
     return adaptive_avg_pool2d(x, module.output_size)
 
 
+def ceil_avg_pool2d(x, stride):
+    """``F.avg_pool2d(x, stride, stride, ceil_mode=True)`` in operators
+    whose output size is ``ceil(H / s)`` of the symbolic input size: zeros
+    padded to a multiple of the stride, each window summed and divided by
+    its pixels inside the input.
+
+    AOTInductor lowers a ceil-mode pooling with the output size of the
+    example's parity (torch 2.14: ``floor(H / s)`` at every size after an
+    even example), which a package has no guard to check: at odd sizes a
+    stride-2 involution read its kernel map past the end (NaN or 1e36 in
+    the demo RetinaNet). ``torch.compile`` guards the same choice.
+
+    Args:
+        x (Tensor): (B, C, H, W) or (C, H, W).
+        stride (int | tuple[int, int]): the windows' size and step.
+
+    Returns:
+        Tensor: (B, C, ceil(H / s), ceil(W / s)) or (C, ...).
+
+    Example:
+        >>> x = torch.randn(1, 8, 13, 7)
+        >>> torch.allclose(ceil_avg_pool2d(x, 2),
+        ...                F.avg_pool2d(x, 2, 2, ceil_mode=True))
+        True
+    """
+    sh, sw = _pair(stride)
+    h, w = x.shape[-2:]
+    oh, ow = (h + sh - 1) // sh, (w + sw - 1) // sw
+    padded = F.pad(x, (0, ow * sw - w, 0, oh * sh - h))
+    sums = padded.unflatten(-1, (ow, sw)).unflatten(-3, (oh, sh))
+    rows = (h - torch.arange(oh, device=x.device) * sh).clamp(max=sh)
+    cols = (w - torch.arange(ow, device=x.device) * sw).clamp(max=sw)
+    return sums.sum((-3, -1)) / (rows[:, None] * cols).to(x.dtype)
+
+
+def _ceil_pool(module, x, stock):
+    """``nn.AvgPool2d`` in a package: :func:`ceil_avg_pool2d` where it is
+    a ceil-mode pooling of windows as large as the stride, unpadded (the
+    involution's and ELSA's, ResNet-D's shortcut); any other, stock."""
+    if (
+        not module.ceil_mode
+        or _pair(module.kernel_size) != _pair(module.stride)
+        or _pair(module.padding) != (0, 0)
+        or module.divisor_override
+    ):
+        return stock(x)
+    return ceil_avg_pool2d(x, module.stride)
+
+
+#: Rewrites only AOTInductor packages need (ONNX's AveragePool computes
+#: its ceil-mode size at run time), for :func:`export_rewrites`' ``extra``.
+AOTI_REWRITES = {nn.AvgPool2d: _ceil_pool}
+
+
 def _rewrites():
     """``{class: rewrite(module, x, stock)}``. mmseg's only when mmseg is
     imported: a model holding its modules has imported it, and exporting
@@ -99,7 +154,7 @@ def _rewrites():
 
 
 @contextlib.contextmanager
-def export_rewrites(model):
+def export_rewrites(model, extra=None):
     """Inside the block, the modules of ``model`` whose stock forward would
     hold the example's sizes run their rewrite (see the module docstring).
 
@@ -110,12 +165,14 @@ def export_rewrites(model):
 
     Args:
         model (nn.Module): the model being exported.
+        extra (dict, optional): more ``{class: rewrite(module, x,
+            stock)}``, e.g. :data:`AOTI_REWRITES`. Default: None.
 
     Example:
         >>> with export_rewrites(model):
         ...     torch.onnx.export(model, (x, ), 'model.onnx')
     """
-    rewrites = _rewrites()
+    rewrites = {**_rewrites(), **(extra or {})}
     patched = []
     try:
         for module in model.modules():

@@ -5,7 +5,6 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from mmevo.ops import check_int, window_softmax
 from mmevo.registry import MODELS
@@ -118,6 +117,9 @@ class ELSA(EvolutionLayer):
         self.pre_proj = nn.Conv2d(
             dim, self.dim_qk * 2 + self.dim_v, 1, bias=qkv_bias
         )
+        if stride > 1:
+            # ceil_mode: attention map and output both have ceil(H/s) rows.
+            self.avgpool = nn.AvgPool2d(stride, stride, ceil_mode=True)
         self.attn = nn.Sequential(
             nn.Conv2d(
                 self.dim_qk,
@@ -172,10 +174,7 @@ class ELSA(EvolutionLayer):
         )
         quadratic = q * k * self.scale
         if self.stride > 1:
-            # ceil_mode: attention map and output both have ceil(H/s) rows.
-            quadratic = F.avg_pool2d(
-                quadratic, self.stride, self.stride, ceil_mode=True
-            )
+            quadratic = self.avgpool(quadratic)
         logits = self.attn(quadratic)
         B, _, H, W = logits.shape
         G, K = self.num_heads, self.kernel_size

@@ -3,7 +3,7 @@
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
+import torch.nn as nn
 from mmcv.cnn import ConvModule
 
 from mmevo.ops import check_int
@@ -79,6 +79,10 @@ class Involution(EvolutionLayer):
                 f'channels // reduction_ratio must be >= 1, got '
                 f'{channels} // {reduction_ratio}'
             )
+        if stride > 1:
+            # ceil_mode: the last, partial window averages its valid pixels,
+            # so the kernel map has exactly the output's ceil(H/s) rows.
+            self.avgpool = nn.AvgPool2d(stride, stride, ceil_mode=True)
         self.channels = channels
         self.reduction_ratio = reduction_ratio
         self.group_channels = group_channels
@@ -112,12 +116,7 @@ class Involution(EvolutionLayer):
     def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, G, K, K, H_out, W_out)."""
         self.check_input(x, self.channels)
-        if self.stride > 1:
-            # ceil_mode: the last, partial window averages its valid pixels,
-            # so the kernel map has exactly the output's ceil(H/s) rows.
-            x_gen = F.avg_pool2d(x, self.stride, self.stride, ceil_mode=True)
-        else:
-            x_gen = x
+        x_gen = self.avgpool(x) if self.stride > 1 else x
         if takes_cpu_fastpath(self, x_gen):
             weight = self._kernel_weights_cpu(x_gen)
         else:

@@ -257,16 +257,7 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
     'task, dynamic',
     [
         ('det', False),
-        pytest.param(
-            'det',
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason='the dynamic RetinaNet package differs from PyTorch '
-                'at a size other than the example (1.3 relative, output 3 '
-                'of 6, torch 2.14); pytorch2aoti.py refuses it',
-            ),
-        ),
+        ('det', True),
         ('seg', True),
     ],
 )
@@ -371,7 +362,8 @@ def settle(model):
                 # and the unfrozen compile's C++ codegen overflows int64 on a
                 # size bound of the NMS outputs' data-dependent length
                 pytest.mark.xfail(
-                    reason='AOTInductor cannot compile two-stage detectors yet'
+                    strict=True,
+                    reason='AOTInductor cannot compile two-stage detectors',
                 ),
             ],
         ),

@@ -9,11 +9,13 @@ import textwrap
 
 import pytest
 import torch
+import torch.nn.functional as F
 from mmseg.models.utils import Upsample
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from mmevo.deploy import export_rewrites
+from mmevo.deploy import ceil_avg_pool2d, export_rewrites
+from mmevo.deploy.rewrites import AOTI_REWRITES
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -110,3 +112,51 @@ def test_layer_export_needs_no_mmdet(tmp_path):
         timeout=600,
     )
     assert out.returncode == 0 and out.stdout.strip() == 'ok', out.stderr
+
+
+@pytest.mark.parametrize('stride', [2, 3, (2, 3)])
+@pytest.mark.parametrize('hw', [(1, 1), (2, 3), (7, 8), (9, 13), (16, 16)])
+def test_ceil_avg_pool2d_equals_pytorch(stride, hw):
+    """Values and gradients of the stock ceil-mode pooling, float64."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *hw, dtype=torch.float64, requires_grad=True)
+    ours = ceil_avg_pool2d(x, stride)
+    ref = F.avg_pool2d(x, stride, stride, ceil_mode=True)
+    assert ours.shape == ref.shape
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    torch.testing.assert_close(
+        torch.autograd.grad(ours, x, g)[0],
+        torch.autograd.grad(ref, x, g)[0],
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    unbatched = x[0].detach()
+    torch.testing.assert_close(
+        ceil_avg_pool2d(unbatched, stride),
+        F.avg_pool2d(unbatched, stride, stride, ceil_mode=True),
+    )
+
+
+@pytest.mark.parametrize(
+    'pool, rewritten',
+    [
+        (nn.AvgPool2d(2, 2, ceil_mode=True), True),
+        (nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False), True),
+        (nn.AvgPool2d(2, 2), False),
+        (nn.AvgPool2d(3, 2, ceil_mode=True), False),
+        (nn.AvgPool2d(2, 2, padding=1, ceil_mode=True), False),
+        (nn.AvgPool2d(2, 2, ceil_mode=True, divisor_override=3), False),
+    ],
+)
+def test_package_rewrites_only_poolings_they_equal(pool, rewritten):
+    """In a package's export, a ceil-mode pooling of windows as large as
+    the stride runs without aten's avg_pool2d; any other stays stock, and
+    the numbers are the stock ones either way (float64)."""
+    x = torch.randn(1, 2, 9, 7, dtype=torch.float64)
+    ref = pool(x)
+    with export_rewrites(pool, AOTI_REWRITES):
+        ops = aten_ops(pool, x)
+        torch.testing.assert_close(pool(x), ref)
+    assert ('aten.avg_pool2d.default' not in ops) == rewritten, ops
+    assert 'forward' not in vars(pool)

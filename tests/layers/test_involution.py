@@ -84,6 +84,20 @@ def test_published_names_and_shapes():
     }
 
 
+def test_stride_pooling_is_a_module_hooks_see():
+    """As the published involution's ``avgpool``: a forward hook sees the
+    ceil-mode pooling the kernel is generated from."""
+    layer = Involution(16, 3, 2).eval()
+    assert isinstance(layer.avgpool, torch.nn.AvgPool2d)
+    assert not hasattr(Involution(16, 3), 'avgpool')
+    seen = []
+    layer.avgpool.register_forward_hook(
+        lambda m, args, out: seen.append(out.shape)
+    )
+    layer(torch.randn(1, 16, 7, 4))
+    assert seen == [(1, 16, 4, 2)]
+
+
 def test_kernel_layout_is_group_major_then_row_major():
     """A kernel that is one-hot at (u, v) for one group shifts that group."""
     torch.manual_seed(3)

@@ -105,8 +105,7 @@ def main(argv=None):
             f'{summary(e)} (an input too small for the model? try '
             'its test size, e.g. --shape 128 128)'
         )
-    # frozen weights only at a fixed size (see compile_program)
-    compile_program(program, args.out, freeze=not args.dynamic)
+    compile_program(program, args.out)
     report_parity(model, AotiModel(args.out), inputs, kind, 'AOTInductor')
     return args.out
 
