@@ -72,9 +72,8 @@ def export_program(model, x, dynamic=True, inline_ops=False):
 
 
 def export_aoti(model, x, path, dynamic=True, inline_ops=False):
-    """Compile ``model`` into an AOTInductor package at ``path``; a package
-    of a fixed size has its weights frozen (constants of the program,
-    batch norms folded).
+    """Compile ``model`` into an AOTInductor package at ``path``, its
+    weights frozen (constants of the program, batch norms folded).
 
     The package runs on the device of ``model`` and ``x`` (CPU or CUDA).
 

@@ -43,7 +43,8 @@ def relative_difference(output, expected):
     an export reading memory it never wrote passed a tolerance check).
 
     Example:
-        >>> relative_difference(torch.tensor([1., nan]), torch.ones(2))
+        >>> relative_difference(torch.tensor([1., float('nan')]),
+        ...                     torch.ones(2))
         inf
     """
     if not output.numel():

@@ -1,7 +1,7 @@
 """Compile a model into an AOTInductor package (``.pt2``).
 
 ``torch.export`` (H and W dynamic with ``--dynamic``) then AOTInductor, the
-weights frozen at a fixed size: the package holds the graph
+weights frozen: the package holds the graph
 ``pytorch2onnx.py`` exports (a backbone's features; a single-stage
 detector's raw head outputs; a segmentor's logits; two-stage detectors do
 not compile yet, see docs/deployment.md), calling mmevo's own kernels
