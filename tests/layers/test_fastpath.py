@@ -75,6 +75,26 @@ LAYERS = {
         (7, 6),
         False,
     ),
+    # ELSA's fast path calls the same conv modules; the saved-tensor test
+    # below tells that it ran.
+    'elsa_swin_block': (
+        lambda: ELSA(24, 3, kernel_size=5, qk_scale=1.0, group_width=4, lam=0),
+        24,
+        (9, 7),
+        False,
+    ),
+    'elsa_s2_dilated_additive': (
+        lambda: ELSA(24, 2, kernel_size=3, stride=2, dilation=2, lam=0),
+        24,
+        (7, 9),
+        False,
+    ),
+    'elsa_multiplicative_only': (
+        lambda: ELSA(16, 2, kernel_size=3, lam=1, gamma=0),
+        16,
+        (5, 6),
+        False,
+    ),
     'acmix': (lambda: ACmix(8, 8, 5, 2), 8, (9, 7), True),
     'acmix_in_ne_out': (lambda: ACmix(8, 12, 5, 3), 8, (6, 7), True),
     'acmix_s2_odd': (lambda: ACmix(8, 8, 5, 2, stride=2), 8, (7, 9), True),
@@ -122,6 +142,59 @@ def test_acmix_generate_is_the_stock_graph():
     layer(x)  # the fast path
     assert len(calls) == 0
     torch.testing.assert_close(seen[0], kernel, rtol=1e-9, atol=1e-12)
+
+
+def _saved_shapes(layer, x):
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x).sum().backward()
+    return shapes
+
+
+@pytest.mark.parametrize('lam', [0, 1])
+def test_elsa_fast_path_never_stores_the_per_channel_kernel(lam):
+    """With the additive ghost head and lam = 0 (ELSA-Swin), the fast path
+    keeps only the per-head maps for the backward; a kernel hook, which must
+    see the published kernel, sends the layer down the stock path."""
+    torch.manual_seed(0)
+    layer = ELSA(24, 3, kernel_size=5, lam=lam, gamma=1)
+    x = torch.randn(2, 24, 9, 7)
+    per_channel = (2, 24, 5, 5, 9, 7)
+    per_head = (2, 3, 5, 5, 9, 7)
+    fast = _saved_shapes(layer, x)
+    assert (per_channel in fast) == (lam != 0)
+    assert (per_head in fast) == (lam == 0)
+    seen = []
+    handle = layer.register_kernel_hook(lambda m, k: seen.append(k))
+    assert per_channel in _saved_shapes(layer, x)
+    assert [tuple(k.shape) for k in seen] == [per_channel]
+    handle.remove()
+    with torch.no_grad():
+        _, kernel = layer.generate(x)
+    torch.testing.assert_close(seen[0], kernel)
+
+
+def test_elsa_fast_path_low_precision_and_empty_batch():
+    """bf16 / fp16 follow the float64 stock path; an empty batch runs."""
+    torch.manual_seed(0)
+    layer = ELSA(24, 3, kernel_size=5, lam=0)
+    x = torch.randn(2, 24, 9, 7)
+    ref = set_cpu_fastpath(layer.double(), False)(x.double())
+    set_cpu_fastpath(layer, True)
+    for dtype, tol in ((torch.bfloat16, 5e-2), (torch.float16, 5e-3)):
+        out = layer.to(dtype)(x.to(dtype))
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+    empty = torch.zeros(0, 24, 9, 7, requires_grad=True)
+    out = layer.float()(empty)
+    assert out.shape == (0, 24, 9, 7)
+    out.sum().backward()
+    assert empty.grad.shape == empty.shape
 
 
 def test_switch_defaults_on_and_set_cpu_fastpath_reaches_every_layer():

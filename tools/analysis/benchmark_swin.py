@@ -77,6 +77,8 @@ def build(name):
         if name.endswith('_unfold'):
             for m in model.modules():
                 if isinstance(m, ELSA):
+                    # The official graph: the per-channel kernel, unfolded.
+                    m.use_cpu_fastpath = False
                     m.aggregate = types.MethodType(unfold_aggregate, m)
     else:
         model = ACmixSwinTransformer(drop_path_rate=0.0, pad_small_map=True)
