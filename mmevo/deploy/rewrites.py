@@ -106,13 +106,26 @@ def ceil_avg_pool2d(x, stride):
     Returns:
         Tensor: (B, C, ceil(H / s), ceil(W / s)) or (C, ...).
 
+    Raises:
+        ValueError: ``stride`` is not a positive int or a pair of them, or
+            ``x`` is not 3-D or 4-D.
+
     Example:
         >>> x = torch.randn(1, 8, 13, 7)
         >>> torch.allclose(ceil_avg_pool2d(x, 2),
         ...                F.avg_pool2d(x, 2, 2, ceil_mode=True))
         True
     """
-    sh, sw = _pair(stride)
+    pair = _pair(stride)
+    if len(pair) != 2 or not all(type(s) is int and s >= 1 for s in pair):
+        raise ValueError(
+            f'stride must be a positive int or a pair of them, got {stride!r}'
+        )
+    sh, sw = pair
+    if x.dim() not in (3, 4):
+        raise ValueError(
+            f'x must be (B, C, H, W) or (C, H, W), got {tuple(x.shape)}'
+        )
     h, w = x.shape[-2:]
     oh, ow = (h + sh - 1) // sh, (w + sw - 1) // sw
     padded = F.pad(x, (0, ow * sw - w, 0, oh * sh - h))

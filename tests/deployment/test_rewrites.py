@@ -138,6 +138,17 @@ def test_ceil_avg_pool2d_equals_pytorch(stride, hw):
     )
 
 
+@pytest.mark.parametrize('stride', [0, -1, 1.5, True, (2, 0), (2, 2, 2), '2'])
+def test_ceil_avg_pool2d_refuses_a_bad_stride(stride):
+    with pytest.raises(ValueError, match='stride must be a positive int'):
+        ceil_avg_pool2d(torch.zeros(1, 2, 4, 4), stride)
+
+
+def test_ceil_avg_pool2d_refuses_a_bad_rank():
+    with pytest.raises(ValueError, match=r'x must be \(B, C, H, W\)'):
+        ceil_avg_pool2d(torch.zeros(4, 4), 2)
+
+
 @pytest.mark.parametrize(
     'pool, rewritten',
     [
