@@ -197,11 +197,6 @@ class ELSA(EvolutionLayer):
         mul, add = self.ghost_terms()
         if mul is None and add is None:
             return v, attn
-        return v, self._per_channel(attn, mul, add)
-
-    def _per_channel(self, attn, mul, add):
-        """``M ** lam * attn[head(c)] + gamma * A``: (B, dim_v, K, K, H, W),
-        either term left out where it is None."""
         B, G, K, _, H, W = attn.shape
         C = self.dim_v
         # Expand heads to channels: channel c reads its head's map.
@@ -212,7 +207,7 @@ class ELSA(EvolutionLayer):
             kernel = kernel.expand(B, G, C // G, K, K, H, W)
         if add is not None:
             kernel = kernel + add.view(1, G, C // G, K, K, 1, 1)
-        return kernel.reshape(B, C, K, K, H, W)
+        return v, kernel.reshape(B, C, K, K, H, W)
 
     def _forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         """``aggregate(v, attn[head(c)] + gamma * A)`` as the aggregation of
