@@ -16,6 +16,11 @@ import functools
 import warnings
 
 import torch
+from torch._inductor.custom_graph_pass import (
+    CustomGraphPass,
+    get_hash_for_files,
+)
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from mmevo.ops import export as ops_export
 
@@ -101,11 +106,64 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
     return compile_program(program, path)
 
 
-def compile_program(program, path, freeze=True):
+class PrepackConvWeights(CustomGraphPass):
+    """An Inductor graph pass: the frozen weight of every oneDNN convolution
+    of a CPU graph with dynamic H and W, reordered once at compile time into
+    the layout oneDNN picks for the example input size.
+
+    Inductor's freezing prepacks convolution weights only for static input
+    sizes. With dynamic ones it leaves them plain, and oneDNN reorders each
+    weight on every call: 24% of a dynamic RedNet-50 package's time at 224^2
+    (docs/deployment.md, Speed). The prepacked weight is correct at every
+    size: where oneDNN picks another layout for a size, it reorders that
+    weight as it did before. Passed to the compile as Inductor's
+    ``post_grad_custom_pre_pass`` (before the convolutions' fusions with
+    their pointwise ops); :func:`compile_program` uses it for CPU packages
+    unless ``prepack=False``.
+    """
+
+    def __call__(self, graph):
+        if not torch._C._has_mkldnn:  # no oneDNN convolutions to pack
+            return
+        gm = graph.owning_module
+        conv = torch.ops.mkldnn._convolution_pointwise.default
+        names = [a.name for a in conv._schema.arguments[:7]]
+        if names != ['X', 'W', 'B', 'padding', 'stride', 'dilation', 'groups']:
+            return  # another torch's oneDNN op: left as Inductor made it
+        cache = {}
+        for node in graph.find_nodes(op='call_function', target=conv):
+            x, w = node.args[:2]
+            if w.op != 'get_attr':
+                continue
+            weight = functools.reduce(getattr, w.target.split('.'), gm)
+            val = x.meta.get('val')
+            if weight.is_mkldnn or val is None or val.device.type != 'cpu':
+                continue
+            size = tuple(optimization_hint(s) for s in val.shape)
+            window = tuple(tuple(a) for a in node.args[3:6]) + (node.args[6],)
+            key = (w.target, window, size)
+            if key not in cache:
+                cache[key] = f'_mmevo_prepacked_{len(cache)}'
+                packed = torch.ops.mkldnn._reorder_convolution_weight(
+                    weight, *window, list(size)
+                )
+                gm.register_buffer(cache[key], packed)
+            with graph.inserting_before(node):
+                new = graph.get_attr(cache[key])
+            new.meta.update(w.meta)
+            node.replace_input_with(w, new)
+            if not w.users:
+                graph.erase_node(w)
+
+    def uuid(self):
+        return get_hash_for_files((__file__,))
+
+
+def compile_program(program, path, freeze=True, prepack=True):
     """AOTInductor's package of ``program`` at ``path``, its weights
     frozen (``torch._inductor.config.freezing``: constants of the
     program, batch norms folded into the convolutions, oneDNN's weights
-    prepacked).
+    prepacked, with dynamic sizes too: :class:`PrepackConvWeights`).
 
     Where Inductor's freezing fails (e.g. on a two-stage detector's
     graph: its constant folding loses a lifted tensor constant), warns
@@ -116,31 +174,37 @@ def compile_program(program, path, freeze=True):
             :func:`export_program`.
         path (str): the ``.pt2`` file to write.
         freeze (bool): freeze the weights. Default: True.
+        prepack (bool): with ``freeze``, prepack the convolution weights
+            of a dynamic-size graph too (:class:`PrepackConvWeights`).
+            Default: True.
 
     Returns:
         str: ``path``.
     """
     if not freeze:
-        return _compile(program, path, freezing=False)
+        return _compile(program, path, {'freezing': False})
+    configs = {'freezing': True}
+    if prepack:
+        configs['post_grad_custom_pre_pass'] = PrepackConvWeights()
     frozen = copy.deepcopy(program)  # freezing edits the graph it folds
     try:
         # Inductor freezes only with gradients off: with them on, the
         # package silently keeps the weights as inputs of generic
         # convolutions (batch norms unfolded, no weight prepacking).
         with torch.no_grad():
-            return _compile(frozen, path, freezing=True)
+            return _compile(frozen, path, configs)
     except Exception as e:  # noqa: BLE001  (Inductor's own errors)
         first = str(e).splitlines()[0] if str(e) else ''
         warnings.warn(
             f'AOTInductor freezing failed ({type(e).__name__}: {first}); '
             'compiling without it (slower)'
         )
-    return _compile(program, path, freezing=False)
+    return _compile(program, path, {'freezing': False})
 
 
-def _compile(program, path, freezing):
+def _compile(program, path, configs):
     return torch._inductor.aoti_compile_and_package(
-        program, package_path=path, inductor_configs={'freezing': freezing}
+        program, package_path=path, inductor_configs=configs
     )
 
 

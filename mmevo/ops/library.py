@@ -82,13 +82,38 @@ SCHEMAS = {
     ),
 }
 
+#: operators whose inputs Inductor may pass in any layout it chose (as the
+#: C++ schema's tags say): channels-last after its convolutions
+FLEXIBLE_LAYOUT = ('evolution_aggregate',)
+
 _lib = torch.library.Library('mmevo', 'FRAGMENT')  # noqa: TOR901
 if not cpp_backend.available():  # else the extension defined them
     for _name, _schema in SCHEMAS.items():
-        _lib.define(_name + _schema)
+        _tags = (
+            (torch.Tag.flexible_layout,) if _name in FLEXIBLE_LAYOUT else ()
+        )
+        _lib.define(_name + _schema, tags=_tags)
+
+
+def output_layout(input):
+    """The memory format of the aggregation's output: channels-last when
+    ``input`` is channels-last and not also contiguous (every backend and
+    the fake kernel agree, as compiled graphs assume)."""
+    if input.is_contiguous(memory_format=torch.channels_last) and not (
+        input.is_contiguous()
+    ):
+        return torch.channels_last
+    return torch.contiguous_format
 
 
 def _aggregate_python(input, kernel, stride, padding, dilation, padding_mode):
+    out = _aggregate_any(
+        input, kernel, stride, padding, dilation, padding_mode
+    )
+    return out.contiguous(memory_format=output_layout(input))
+
+
+def _aggregate_any(input, kernel, stride, padding, dilation, padding_mode):
     if _empty(input):
         return input.new_zeros(*input.shape[:2], *kernel.shape[-2:])
     H, W = input.shape[-2:]
@@ -233,7 +258,9 @@ def _(input, kernel, stride, padding, dilation, padding_mode):
     Ho, Wo = checks.check_aggregate(
         input, kernel, stride, padding, dilation, padding_mode
     )
-    return input.new_empty(*input.shape[:2], Ho, Wo)
+    return input.new_empty(*input.shape[:2], Ho, Wo).contiguous(
+        memory_format=output_layout(input)
+    )
 
 
 def _correlation_fake(

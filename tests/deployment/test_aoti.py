@@ -3,11 +3,15 @@ evolution layers with H and W dynamic keeps mmevo's operators (or inlines
 their standard-operator formulation), equal to PyTorch at other sizes; the
 compiled package equals PyTorch too."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from mmevo.deploy import AotiModel, TensorOutputs, export_aoti
-from mmevo.deploy.aoti import export_program
+from mmevo.deploy.aoti import compile_program, export_program
 from mmevo.layers import Involution, LocalSelfAttention
 
 # this folder is on sys.path
@@ -124,5 +128,79 @@ def test_layers_package_dynamic(tmp_path):
     package = AotiModel(path)
     for hw in [(8, 10), (9, 11), (16, 7), (5, 4)]:
         x = torch.randn(1, 16, *hw)
+        with torch.no_grad():
+            assert_close(package(x), model(x))
+
+
+class _ConvNet(torch.nn.Module):
+    """Convolutions of every kind a package fuses: with batch norm and
+    ReLU, strided, depthwise, dilated, a residual add, and an involution's
+    1x1 reduce and span convolutions."""
+
+    def __init__(self):
+        super().__init__()
+
+        def conv_bn(cin, cout, k, **kw):
+            return torch.nn.Sequential(
+                torch.nn.Conv2d(cin, cout, k, padding=k // 2, **kw),
+                torch.nn.BatchNorm2d(cout),
+            )
+
+        self.stem = conv_bn(3, 16, 3, stride=2)
+        self.dw = conv_bn(16, 16, 3, groups=16)
+        self.dilated = torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2)
+        self.inv = Involution(16, 3, group_channels=8)
+        for m in self.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        x = self.stem(x).relu()
+        x = (self.dw(x) + x).relu()
+        return self.inv(self.dilated(x)).relu()
+
+
+def _weight_reorders(path, size):
+    """oneDNN's reorders in the second call of the package at ``path``
+    (``ONEDNN_VERBOSE``, read at oneDNN's start: a process of its own)."""
+    script = (
+        'import sys, torch, mmevo.deploy\n'
+        'm = mmevo.deploy.AotiModel(sys.argv[1])\n'
+        'x = torch.randn(1, 3, *map(int, sys.argv[2:]))\n'
+        'm(x)\n'
+        'print("SECOND", flush=True)\n'
+        'm(x)\n'
+    )
+    out = subprocess.run(
+        [sys.executable, '-c', script, path, *map(str, size)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, 'ONEDNN_VERBOSE': '1'},
+        check=True,
+    ).stdout
+    second = out.split('SECOND', 1)[1].splitlines()
+    execs = [line for line in second if ',primitive,exec,' in line]
+    assert any(',convolution,' in line for line in execs), out[-2000:]
+    return sum(',reorder,' in line for line in execs)
+
+
+@pytest.mark.slow
+def test_prepacked_conv_weights_dynamic(tmp_path):
+    """A dynamic package's convolutions take weights prepacked at compile
+    time (without, oneDNN reorders every weight on every call), and the
+    package equals PyTorch at the example size and at others."""
+    torch.manual_seed(0)
+    model = flat(_ConvNet())
+    program = export_program(model, torch.randn(1, 3, 32, 40))
+    paths = {}
+    for prepack in (True, False):
+        paths[prepack] = str(tmp_path / f'convs-{prepack}.pt2')
+        compile_program(program, paths[prepack], prepack=prepack)
+    assert _weight_reorders(paths[False], (32, 40)) >= 5
+    assert _weight_reorders(paths[True], (32, 40)) == 0
+    package = AotiModel(paths[True])
+    for hw in [(32, 40), (33, 27), (64, 64), (7, 9)]:
+        x = torch.randn(1, 3, *hw)
         with torch.no_grad():
             assert_close(package(x), model(x))

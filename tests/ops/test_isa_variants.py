@@ -3,7 +3,7 @@
 The extension picks the widest of AVX-512 / AVX2 / baseline vectors the CPU
 has; ``MMEVO_CPU_ISA`` selects a narrower one (read once, when the library
 loads), so each variant runs here in a subprocess on the same wide-map,
-strided geometries.
+strided geometries, NCHW and channels-last.
 """
 
 import os
@@ -49,6 +49,11 @@ for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1),
             outs.append((y, o, a) + grads)
         for got, want in zip(*outs):
             torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        # the channels-last kernel (a channels-last span conv's kernel map)
+        xc = x.detach().to(memory_format=torch.channels_last)
+        wc = w.detach().flatten(1, 3).to(memory_format=torch.channels_last)
+        y = evolution_aggregate(xc, wc.view_as(w), s, p, d, 'zeros')
+        torch.testing.assert_close(y, outs[1][0], rtol=tol, atol=tol)
 print('ok')
 """
 

@@ -1,7 +1,8 @@
 """Inference latency of the deployed models: onnxruntime (CPU) and
 AOTInductor packages against PyTorch eager.
 
-One process; each model is exported once (H and W dynamic): to ONNX with
+One process; each model is exported once (H and W dynamic, or the input
+size only with ``--static``): to ONNX with
 plain ``torch.onnx.export`` (:func:`mmevo.deploy.export_onnx`) and, with
 ``--runtimes ... aoti``, to an AOTInductor package
 (:func:`mmevo.deploy.export_aoti`, weights frozen, mmevo's kernels;
@@ -104,7 +105,7 @@ def _centre_tap(input, kernel, stride, padding, dilation, padding_mode):
     return (x * kernel[:, :, k, k].unsqueeze(2)).flatten(1, 2)
 
 
-def _exports(name, model, x, runtimes, tmp, exporter):
+def _exports(name, model, x, runtimes, tmp, exporter, dynamic):
     """``{runtime: callable}`` of ``name``'s exports, and ``{runtime:
     path}`` of its packages."""
     runs, packages = {}, {}
@@ -116,7 +117,9 @@ def _exports(name, model, x, runtimes, tmp, exporter):
             if windowless
             else contextlib.nullcontext()
         ):
-            export_onnx(model, x, path, dynamo=exporter == 'dynamo')
+            export_onnx(
+                model, x, path, dynamic=dynamic, dynamo=exporter == 'dynamo'
+            )
         runs['onnxruntime'] = OnnxModel(path)
     if windowless:
         return runs, packages
@@ -130,7 +133,13 @@ def _exports(name, model, x, runtimes, tmp, exporter):
     for runtime in ('aoti', 'aoti-inline'):
         if runtime in runtimes:
             path = osp.join(tmp, f'{name}-{runtime}.pt2')
-            export_aoti(model, x, path, inline_ops=runtime == 'aoti-inline')
+            export_aoti(
+                model,
+                x,
+                path,
+                dynamic=dynamic,
+                inline_ops=runtime == 'aoti-inline',
+            )
             runs[runtime] = AotiModel(path)
             packages[runtime] = path
     return runs, packages
@@ -177,6 +186,12 @@ def main(argv=None):
         '--exporter', choices=['dynamo', 'torchscript'], default='torchscript'
     )
     parser.add_argument(
+        '--static',
+        action='store_true',
+        help='export every model for the input size only (default: H and W '
+        'dynamic)',
+    )
+    parser.add_argument(
         '--cpp-runner',
         help="deploy/cpp's aoti_runner: also time the aoti and aoti-inline "
         'packages in C++',
@@ -188,7 +203,13 @@ def main(argv=None):
         for name in args.models:
             model, x = build(name, args.size)
             runs[name], packages[name] = _exports(
-                name, model, x, args.runtimes, tmp, args.exporter
+                name,
+                model,
+                x,
+                args.runtimes,
+                tmp,
+                args.exporter,
+                not args.static,
             )
             inputs[name] = x
             if not name.endswith('-windowless'):

@@ -1,5 +1,6 @@
 // The tiled CPU kernels of mmevo's operators: aggregation, its transpose
-// and local correlation, for contiguous NCHW tensors and zero padding.
+// and local correlation, for contiguous NCHW tensors and zero padding; and
+// the aggregation of channels-last tensors.
 // ops.cpp validates every argument, makes reflect padding explicit and
 // registers the operators (TORCH_LIBRARY).
 #include "evolution.h"
@@ -105,6 +106,17 @@ at::Tensor tiled_aggregate(const at::Tensor& x, const at::Tensor& w, const Geome
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "aggregate", [&] {
     MMEVO_CALL(aggregate_forward, scalar_t, x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
                y.data_ptr<scalar_t>(), g);
+  });
+  return y;
+}
+
+at::Tensor nhwc_aggregate(const at::Tensor& x, const at::Tensor& w, const Geometry& g) {
+  auto y = at::empty({g.B, g.C, g.Ho, g.Wo}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const auto st = w.strides();
+  const int64_t ws[6] = {st[0], st[1], st[2], st[3], st[4], st[5]};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "aggregate_nhwc", [&] {
+    MMEVO_CALL(aggregate_forward_nhwc, scalar_t, x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+               ws, y.data_ptr<scalar_t>(), g);
   });
   return y;
 }

@@ -35,6 +35,16 @@ at::Tensor tiled_transpose(const at::Tensor& gy, const at::Tensor& w, const Geom
 at::Tensor tiled_correlate(const at::Tensor& q, const at::Tensor& x, const Geometry& g,
                            bool softmax);
 
+// The aggregation of a channels-last x (dense NHWC strides) with a kernel
+// of any strides, zero padding, g checked; y is channels-last.
+at::Tensor nhwc_aggregate(const at::Tensor& x, const at::Tensor& w, const Geometry& g);
+
+// Whether t (B, C, H, W) is channels-last and not also contiguous: the
+// aggregation's output then is channels-last too (its fake kernel says so).
+inline bool strictly_channels_last(const at::Tensor& t) {
+  return t.is_contiguous(at::MemoryFormat::ChannelsLast) && !t.is_contiguous();
+}
+
 // The instruction set the tiled kernels run: "avx512", "avx2" or "base".
 std::string isa_name();
 

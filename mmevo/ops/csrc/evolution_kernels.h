@@ -451,3 +451,112 @@ void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__
     }
   });
 }
+
+// Y = A(x, w) channels-last: x (B, H, W, C) and y (B, Ho, Wo, C) dense, w
+// of any strides ws (as a channels-last span convolution leaves it, each
+// pixel's G*K*K taps contiguous), zero padding. Task: one output row. Per
+// output pixel, a register tile of up to kNhwcVecs vectors of channels sums
+// the pixel's taps, each one kernel value (that of the vector's group)
+// times a contiguous run of input channels. When a group's channels are
+// not whole vectors, each group runs on its own, its last channels scalar.
+constexpr int kNhwcVecs = 4;
+
+template <typename T, typename A, typename vec>
+inline vec load_vec(const T* src) {
+  vec v;
+  if constexpr (std::is_same_v<T, A>) {
+    std::memcpy(&v, src, sizeof(vec));
+  } else {
+    constexpr int64_t V = sizeof(vec) / sizeof(A);
+    A tmp[V];
+    for (int64_t l = 0; l < V; ++l) tmp[l] = static_cast<A>(src[l]);
+    std::memcpy(&v, tmp, sizeof(vec));
+  }
+  return v;
+}
+
+// y[n*V, (n+1)*V) = sum_q w[wo[n] + ko[q]] * x[xo[q] + n*V, ...) for n < NV.
+template <int NV, typename T, typename A, typename vec>
+__attribute__((always_inline)) inline void nhwc_tile(
+    const T* __restrict__ x, const T* __restrict__ w, const int64_t* xo, const int64_t* ko,
+    int64_t nt, const int64_t* wo, T* __restrict__ y) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  vec acc[NV] = {};
+  for (int64_t q = 0; q < nt; ++q) {
+    const T* xq = x + xo[q];
+    const T* wq = w + ko[q];
+#pragma GCC unroll 4
+    for (int n = 0; n < NV; ++n)
+      acc[n] += (vec{} + static_cast<A>(wq[wo[n]])) * load_vec<T, A, vec>(xq + n * V);
+  }
+  for (int n = 0; n < NV; ++n) store_lanes<T, A>(y + n * V, acc[n], V);
+}
+
+template <typename T>
+void aggregate_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w,
+                            const int64_t* ws, T* __restrict__ y, const Geometry& g) {
+  using A = typename Acc<T>::type;
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Cg = g.C / g.G, KK = g.K * g.K;
+  // Whole vectors of one group each: the channels as one run; otherwise
+  // group by group, the vector part of each, then its last channels.
+  const bool flat = Cg % V == 0;
+  const int64_t runs = flat ? 1 : g.G, run = flat ? g.C : Cg, Cv = run / V * V;
+  const int64_t grain = grain_for(g.Wo * KK * g.C);
+  at::parallel_for(0, g.B * g.Ho, grain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> xo(KK), ko(KK), rel_x(KK), rel_k(KK);
+    for (int64_t u = 0; u < g.K; ++u)
+      for (int64_t v = 0; v < g.K; ++v) {
+        rel_x[u * g.K + v] = (u * g.d * g.W + v * g.d) * g.C;
+        rel_k[u * g.K + v] = u * ws[2] + v * ws[3];
+      }
+    int64_t wo[kNhwcVecs];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / g.Ho, i = t % g.Ho, h0 = i * g.s - g.p;
+      const bool rows_in = h0 >= 0 && h0 + (g.K - 1) * g.d < g.H;
+      for (int64_t j = 0; j < g.Wo; ++j) {
+        const int64_t w0 = j * g.s - g.p;
+        const int64_t base = ((b * g.H + h0) * g.W + w0) * g.C;
+        int64_t nt = 0;  // the taps inside the map
+        if (rows_in && w0 >= 0 && w0 + (g.K - 1) * g.d < g.W) {
+          for (int64_t q = 0; q < KK; ++q) xo[q] = base + rel_x[q], ko[q] = rel_k[q];
+          nt = KK;
+        } else {
+          for (int64_t u = 0; u < g.K; ++u) {
+            if (h0 + u * g.d < 0 || h0 + u * g.d >= g.H) continue;
+            for (int64_t v = 0; v < g.K; ++v) {
+              if (w0 + v * g.d < 0 || w0 + v * g.d >= g.W) continue;
+              xo[nt] = base + rel_x[u * g.K + v];
+              ko[nt++] = rel_k[u * g.K + v];
+            }
+          }
+        }
+        const T* wp = w + b * ws[0] + i * ws[4] + j * ws[5];
+        T* yp = y + ((b * g.Ho + i) * g.Wo + j) * g.C;
+        for (int64_t r = 0; r < runs; ++r) {
+          const int64_t c_r = r * run;  // the run's first channel
+          for (int64_t c0 = 0; c0 < Cv; c0 += kNhwcVecs * V) {
+            const int64_t nv = std::min<int64_t>(kNhwcVecs, (Cv - c0) / V);
+            for (int64_t n = 0; n < nv; ++n) wo[n] = (c_r + c0 + n * V) / Cg * ws[1];
+            const T* xc = x + c_r + c0;
+            T* yc = yp + c_r + c0;
+            switch (nv) {
+              case 4: nhwc_tile<4, T, A, vec>(xc, wp, xo.data(), ko.data(), nt, wo, yc); break;
+              case 3: nhwc_tile<3, T, A, vec>(xc, wp, xo.data(), ko.data(), nt, wo, yc); break;
+              case 2: nhwc_tile<2, T, A, vec>(xc, wp, xo.data(), ko.data(), nt, wo, yc); break;
+              default: nhwc_tile<1, T, A, vec>(xc, wp, xo.data(), ko.data(), nt, wo, yc);
+            }
+          }
+          for (int64_t c = c_r + Cv; c < c_r + run; ++c) {
+            const T* wc = wp + c / Cg * ws[1];
+            A sum = 0;
+            for (int64_t q = 0; q < nt; ++q)
+              sum += static_cast<A>(wc[ko[q]]) * static_cast<A>(x[xo[q] + c]);
+            yp[c] = static_cast<T>(sum);
+          }
+        }
+      }
+    }
+  });
+}

@@ -277,16 +277,25 @@ at::Tensor aggregate_cpu(const at::Tensor& input, const at::Tensor& kernel, int6
   const int64_t Wo = out_size("input width", input.size(3), K, stride, padding, dilation);
   check_shape("kernel", kernel, {B, G, K, K, Ho, Wo}, "(B, G, K, K, H_out, W_out)",
               "input " + shape_str(input.sizes()));
-  if (B == 0 || C == 0) return at::zeros({B, C, Ho, Wo}, input.options());
+  const bool nhwc = strictly_channels_last(input);
+  const auto layout = nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  if (B == 0 || C == 0) return at::zeros({B, C, Ho, Wo}, input.options().memory_format(layout));
   Geometry g{B, C, input.size(2), input.size(3), G, K, Ho, Wo, stride, padding, dilation};
+  // A channels-last input (as Inductor's convolutions leave it) is read in
+  // place, and so is the kernel map of a channels-last span convolution.
+  if (nhwc && !reflect) return nhwc_aggregate(input, kernel, g);
   const auto w = kernel.contiguous();
+  at::Tensor y;
   if (reflect && padded_fits(g.H, g.W, g.p)) {
     const auto xp = reflect_pad(input.contiguous(), g.p);
     g = padded(g);
-    return tiled_fits(g) ? tiled_aggregate(xp, w, g) : direct_aggregate(xp, w, g, false);
+    y = tiled_fits(g) ? tiled_aggregate(xp, w, g) : direct_aggregate(xp, w, g, false);
+  } else if (!reflect && tiled_fits(g)) {
+    y = tiled_aggregate(input.contiguous(), w, g);
+  } else {
+    y = direct_aggregate(input, w, g, reflect);
   }
-  if (!reflect && tiled_fits(g)) return tiled_aggregate(input.contiguous(), w, g);
-  return direct_aggregate(input, w, g, reflect);
+  return y.contiguous(layout);
 }
 
 at::Tensor transpose_cpu(const at::Tensor& grad, const at::Tensor& kernel, int64_t height,
@@ -372,8 +381,11 @@ at::Tensor attention_weights_cpu(const at::Tensor& query, const at::Tensor& key,
 // the extension is not built).
 TORCH_LIBRARY(mmevo, m) {
   m.set_python_module("mmevo.ops.library");
+  // flexible_layout: Inductor passes the input and kernel in the layout it
+  // chose (channels-last after its convolutions), not copied back to NCHW.
   m.def("evolution_aggregate(Tensor input, Tensor kernel, int stride, int padding, "
-        "int dilation, str padding_mode) -> Tensor");
+        "int dilation, str padding_mode) -> Tensor",
+        {at::Tag::flexible_layout});
   m.def("local_correlation(Tensor query, Tensor key, int groups, int kernel_size, "
         "int stride, int padding, int dilation, str padding_mode) -> Tensor");
   m.def("local_attention_weights(Tensor query, Tensor key, int groups, int kernel_size, "
