@@ -40,7 +40,7 @@ deploy-demo: install
 	$(PY) tools/deployment/onnx_test.py configs/demo/retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py work_dirs/demo/model.onnx --work-dir work_dirs/demo-onnx
 
 test: install
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=25
 
 lint: install
 	.venv/bin/ruff check $(LINT_PATHS)
