@@ -66,8 +66,8 @@ def evolution_aggregate(
         Tensor: (B, C, H_out, W_out), the dtype of ``input`` (under autocast,
         the autocast dtype, to which both inputs are cast); channels-last
         when ``input`` is (and is not also contiguous), as a convolution's
-        output follows its input. The CPU kernel reads a channels-last
-        input and any kernel layout in place.
+        output follows its input. With zero padding the CPU kernel reads
+        a channels-last input and any kernel layout in place.
 
     Example:
         >>> x = torch.randn(2, 32, 9, 11)

@@ -111,7 +111,8 @@ at::Tensor tiled_aggregate(const at::Tensor& x, const at::Tensor& w, const Geome
 }
 
 at::Tensor nhwc_aggregate(const at::Tensor& x, const at::Tensor& w, const Geometry& g) {
-  auto y = at::empty({g.B, g.C, g.Ho, g.Wo}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const auto nhwc = x.options().memory_format(at::MemoryFormat::ChannelsLast);
+  auto y = at::empty({g.B, g.C, g.Ho, g.Wo}, nhwc);
   const auto st = w.strides();
   const int64_t ws[6] = {st[0], st[1], st[2], st[3], st[4], st[5]};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "aggregate_nhwc", [&] {

@@ -5,9 +5,10 @@
 // widest vector loops the CPU has. No #include here on purpose: headers must
 // not be compiled for the target.
 //
-// Layouts (all contiguous, NCHW): x (B, C, H, W); w (B, G, K, K, Ho, Wo);
-// y / grad_y / query (B, C, Ho, Wo). Zero padding only: reflect padding is
-// turned into an explicit padded input before the kernels run.
+// Layouts (all contiguous, NCHW, but for aggregate_forward_nhwc at the end):
+// x (B, C, H, W); w (B, G, K, K, Ho, Wo); y / grad_y / query (B, C, Ho, Wo).
+// Zero padding only: reflect padding is turned into an explicit padded input
+// before the kernels run.
 //
 // kVecBytes (the vector width) is defined by the includer for each target.
 //
