@@ -3,8 +3,8 @@
 ``torch.export`` (H and W dynamic with ``--dynamic``) then AOTInductor, the
 weights frozen: the package holds the graph
 ``pytorch2onnx.py`` exports (a backbone's features; a single-stage
-detector's raw head outputs; a segmentor's logits; two-stage detectors do
-not compile yet, see docs/deployment.md), calling mmevo's own kernels
+detector's raw head outputs; a two-stage detector's detections; a
+segmentor's logits), calling mmevo's own kernels
 (``torch.ops.mmevo.*``). ``tools/deployment/aoti_test.py`` evaluates it
 on the config's test set. The package is checked against PyTorch at the
 export size and, with ``--dynamic``, at another size.
