@@ -152,9 +152,11 @@ def _proposals(rpn_head, scores, deltas, size):
         boxes, score, ids = boxes[valid], score[valid], ids[valid]
         # The mask's count is bounded by the candidates: without that bound
         # (the anchors of an unbounded H x W, ~1e37) AOTInductor's C++
-        # overflows int64 when it writes the count's range.
-        most = nms_pre * len(scores) if nms_pre > 0 else 2**31 - 1
-        torch._check(boxes.shape[0] <= most)
+        # overflows int64 when it writes the count's range. TorchScript's
+        # tracer has a tensor for the count, and nothing to bound.
+        if not torch.jit.is_tracing():
+            most = nms_pre * len(scores) if nms_pre > 0 else 2**31 - 1
+            torch._check(boxes.shape[0] <= most)
     keep = _batched_nms(boxes, score, ids, nms_cfg)
     return boxes[keep][: cfg.max_per_img]
 
