@@ -9,6 +9,11 @@ frozen weights, the kernel generation's elementwise ops) into one C++
 program that calls them. With ``inline_ops`` the package holds their
 formulation in standard operators instead (:mod:`mmevo.ops.export`): it
 then runs where mmevo's op library is not loaded.
+
+On CUDA the package holds mmevo's Triton kernels themselves: the ops are
+exported as ``torch.library.triton_op`` s (:mod:`mmevo.ops.triton_ops`),
+which AOTInductor autotunes and compiles into the package like its own
+kernels, so it runs without Python and without mmevo's op library.
 """
 
 import copy
@@ -40,7 +45,9 @@ INLINE_OPS = {
 }
 
 
-def export_program(model, x, dynamic=True, inline_ops=False):
+def export_program(
+    model, x, dynamic=True, inline_ops=False, triton_kernels=None
+):
     """``torch.export.export(model, (x, ))`` with H and W dynamic, under
     :func:`mmevo.deploy.export_rewrites` (with those of a package,
     :data:`mmevo.deploy.rewrites.AOTI_REWRITES`).
@@ -51,14 +58,27 @@ def export_program(model, x, dynamic=True, inline_ops=False):
         dynamic (bool): H and W dynamic. Default: True.
         inline_ops (bool): mmevo's operators decomposed into standard
             ones (:data:`INLINE_OPS`). Default: False.
+        triton_kernels (bool, optional): mmevo's operators as their Triton
+            ops (:data:`mmevo.ops.triton_ops.DECOMPOSITIONS`), whose kernels
+            AOTInductor compiles into a CUDA package. Default (None): on
+            CUDA, unless ``inline_ops``. On CPU, the program a CUDA package
+            would compile (Inductor compiles Triton kernels for GPUs only).
 
     Returns:
         torch.export.ExportedProgram: the program.
 
     Raises:
+        ValueError: if both ``inline_ops`` and ``triton_kernels``.
         RuntimeError: naming the evolution layer (and its settings) that
             was running when the export failed.
     """
+    if triton_kernels is None:
+        triton_kernels = x.device.type == 'cuda' and not inline_ops
+    if inline_ops and triton_kernels:
+        raise ValueError(
+            'inline_ops and triton_kernels exclude each other: the ops as '
+            'standard operators, or as their Triton kernels'
+        )
     shapes = None
     if dynamic:
         dim = torch.export.Dim.DYNAMIC
@@ -73,6 +93,10 @@ def export_program(model, x, dynamic=True, inline_ops=False):
         )
     if inline_ops:
         program = program.run_decompositions(INLINE_OPS)
+    if triton_kernels:
+        from mmevo.ops import triton_ops
+
+        program = program.run_decompositions(triton_ops.DECOMPOSITIONS)
     return program
 
 
@@ -80,7 +104,8 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
     """Compile ``model`` into an AOTInductor package at ``path``, its
     weights frozen (constants of the program, batch norms folded).
 
-    The package runs on the device of ``model`` and ``x`` (CPU or CUDA).
+    The package runs on the device of ``model`` and ``x`` (CPU or CUDA);
+    on CUDA it holds mmevo's Triton kernels, autotuned at compile time.
 
     Args:
         model (nn.Module): in eval mode; returns a tensor or a tuple of them

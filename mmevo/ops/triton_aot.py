@@ -85,6 +85,74 @@ def matrix(targets_=None):
     ]
 
 
+_DTYPE_NAMES = {
+    'torch.float32': 'fp32',
+    'torch.float16': 'fp16',
+    'torch.bfloat16': 'bf16',
+    'torch.float64': 'fp64',
+}
+
+
+def graph_jobs(graph_module, targets_=None):
+    """Every (kernel, dtypes, column block, config, target) that the Triton
+    kernel launches of a traced graph compile to: the kernels a CUDA
+    AOTInductor package of that graph holds.
+
+    Args:
+        graph_module (torch.fx.GraphModule): a functional graph, as
+            Inductor traces an exported program (mmevo's Triton ops
+            decomposed into ``triton_kernel_wrapper_functional`` nodes).
+        targets_ (list[int], optional): compute capabilities; default
+            :func:`targets`.
+
+    Returns:
+        list[dict]: rows as :func:`matrix`'s, with ``block_w``; one per
+        distinct launch and config.
+
+    Raises:
+        ValueError: if a node launches a kernel that is not mmevo's.
+    """
+    from torch._higher_order_ops.triton_kernel_wrap import (
+        kernel_side_table,
+        triton_kernel_wrapper_functional,
+    )
+
+    from .triton_kernels import GPU_CONFIGS, KERNELS
+
+    # the tracer re-wraps the autotuner: known by the JITFunction
+    names = {id(k.fn): name for name, k in KERNELS.items()}
+    ccs = targets() if targets_ is None else list(targets_)
+    jobs = []
+    for node in graph_module.graph.find_nodes(
+        op='call_function', target=triton_kernel_wrapper_functional
+    ):
+        kernel = kernel_side_table.get_kernel(node.kwargs['kernel_idx'])
+        kernel = getattr(kernel, 'fn', kernel)
+        if id(kernel) not in names:
+            raise ValueError(f"{node.name} launches {kernel}, not mmevo's")
+        args = dict(
+            kernel_side_table.get_constant_args(
+                node.kwargs['constant_args_idx']
+            ),
+            **node.kwargs['kwargs'],
+        )
+        ptrs = kernel.arg_names[:3]
+        dtypes = [_DTYPE_NAMES[str(args[p].meta['val'].dtype)] for p in ptrs]
+        for i in range(len(GPU_CONFIGS)):
+            for cc in ccs:
+                job = dict(
+                    kernel=names[id(kernel)],
+                    dtype=dtypes[0],
+                    out_dtype=dtypes[2],
+                    config=i,
+                    target=cc,
+                    block_w=args['BLOCK_W'],
+                )
+                if job not in jobs:
+                    jobs.append(job)
+    return jobs
+
+
 def _source(job):
     """Triton's ASTSource of a job: the kernel's own JITFunction."""
     from triton.compiler import ASTSource
@@ -98,7 +166,9 @@ def _source(job):
     fn = kernel.fn
     ptrs = fn.arg_names[:3]
     consts = dict(
-        IS_FP64=job['dtype'] == 'fp64', BLOCK_W=MAX_BLOCK_W, **config.kwargs
+        IS_FP64=job['dtype'] == 'fp64',
+        BLOCK_W=job.get('block_w', MAX_BLOCK_W),
+        **config.kwargs,
     )
     sig = {
         name: ('constexpr' if name in consts else 'i32')
@@ -227,7 +297,15 @@ def run(jobs, processes=2, timeout=3600):
 
 def _key(job):
     return tuple(
-        job[k] for k in ('kernel', 'dtype', 'out_dtype', 'config', 'target')
+        job.get(k)
+        for k in (
+            'kernel',
+            'dtype',
+            'out_dtype',
+            'config',
+            'target',
+            'block_w',
+        )
     )
 
 

@@ -8,6 +8,9 @@ import contextlib
 
 import torch
 import triton
+from torch._library.triton import wrap_triton
+from torch._subclasses.fake_tensor import is_fake
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from .torch_backend import window_softmax
 from .triton_kernels import CONFIGS, KERNELS, block_w, strip_rows
@@ -56,8 +59,14 @@ def launch_args(
     transpose=False,
 ):
     """The scalar arguments of a kernel launch after its three tensors, and
-    its constexprs but the config's; shared with :mod:`.triton_aot`."""
-    width = in_hw[1] if transpose else out_hw[1]
+    its constexprs but the config's; shared with :mod:`.triton_aot`.
+
+    Traced with a symbolic map width (a dynamic-size export), the column
+    block is the example's: a constexpr is fixed when the kernel compiles,
+    and the kernel is correct for every width (it masks and splits
+    columns), only tuned for the example's.
+    """
+    width = optimization_hint(in_hw[1] if transpose else out_hw[1])
     scalars = (
         a.shape[1],
         in_hw[0],
@@ -128,8 +137,15 @@ def _launch(
             ),
         )
 
-    kernel[grid](a, b, out, *scalars, **consts)
+    launcher(kernel, a)[grid](a, b, out, *scalars, **consts)
     return out
+
+
+def launcher(kernel, a):
+    """``kernel`` for a launch on tensors like ``a``: traced (fake tensors:
+    ``torch.export``, Inductor), its launch is recorded as a graph node
+    (``wrap_triton``) that Inductor compiles; else it launches."""
+    return wrap_triton(kernel) if is_fake(a) else kernel
 
 
 def aggregate(x, w, stride, padding, dilation):

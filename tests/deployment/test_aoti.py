@@ -3,6 +3,7 @@ evolution layers with H and W dynamic keeps mmevo's operators (or inlines
 their standard-operator formulation), equal to PyTorch at other sizes; the
 compiled package equals PyTorch too."""
 
+import json
 import os
 import subprocess
 import sys
@@ -204,3 +205,104 @@ def test_prepacked_conv_weights_dynamic(tmp_path):
         x = torch.randn(1, 3, *hw)
         with torch.no_grad():
             assert_close(package(x), model(x))
+
+
+# Run without TRITON_INTERPRET (this process has it): tracing records
+# compiled kernels only. Without a GPU, Triton's mutation analysis warns
+# and assumes every argument written (on CUDA it reads the kernel's IR).
+CUDA_PROGRAM = """
+import json, sys, logging, torch
+from torch._functorch.aot_autograd import aot_export_module
+from mmevo.deploy import TensorOutputs
+from mmevo.deploy.aoti import export_program
+from mmevo.layers import Involution, LocalSelfAttention, ACmix
+from mmevo.ops import triton_aot
+logging.disable(logging.WARNING)
+torch.manual_seed(0)
+model = TensorOutputs(torch.nn.Sequential(
+    Involution(16, 7, stride=2, group_channels=8),
+    LocalSelfAttention(16, kernel_size=5, num_heads=4, padding_mode='reflect'),
+    ACmix(16, 16),
+).eval(), lambda m, x: m(x))
+x = torch.randn(1, 16, 24, 20)
+program = export_program(model, x, triton_kernels=True)
+ops = sorted({str(n.target) for n in program.graph.nodes
+              if str(n.target).startswith('mmevo.')})
+gm, _ = aot_export_module(program.module(), (x,), trace_joint=False)
+jobs = triton_aot.graph_jobs(gm, [90])
+rows = triton_aot.run(jobs, processes=2)
+json.dump(dict(ops=ops, jobs=jobs, rows=rows), sys.stdout)
+"""
+
+
+def test_cuda_program_holds_compiled_triton_kernels():
+    """What a CUDA package compiles, built on CPU: every mmevo op exported
+    as its Triton op, traced (as Inductor does) into launches of mmevo's
+    kernels, each compiling for sm_90 in every autotuned config with the
+    traced column block, without spills."""
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    env['PYTHONPATH'] = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
+    out = subprocess.run(
+        [sys.executable, '-c', CUDA_PROGRAM],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout)
+    assert result['ops'] == [
+        'mmevo.triton_aggregate.default',
+        'mmevo.triton_attention_weights.default',
+        'mmevo.triton_correlation.default',
+    ]
+    kernels = {(j['kernel'], j['block_w']) for j in result['jobs']}
+    # every map after the stride-2 involution is 12 x 10
+    assert kernels == {('aggregate', 16), ('correlate', 16)}
+    assert len(result['jobs']) == 2 * 8
+    for row in result['rows']:
+        assert row['error'] is None, row
+        assert row['spill_bytes'] == 0, row
+
+
+def test_export_program_refuses_inline_and_triton():
+    with pytest.raises(ValueError, match='exclude each other'):
+        export_program(
+            flat(Involution(16, 3)),
+            torch.randn(1, 16, 8, 8),
+            inline_ops=True,
+            triton_kernels=True,
+        )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_cuda_package_runs_without_mmevo(tmp_path):
+    """A CUDA package holds mmevo's kernels: equal to PyTorch at two sizes,
+    and run in a process that never imports mmevo."""
+    torch.manual_seed(0)
+    model = flat(
+        torch.nn.Sequential(
+            Involution(16, 7, stride=2, group_channels=8),
+            LocalSelfAttention(16, kernel_size=5, padding_mode='reflect'),
+        )
+    ).cuda()
+    path = str(tmp_path / 'model.pt2')
+    export_aoti(model, torch.randn(1, 16, 32, 24, device='cuda'), path)
+    package = AotiModel(path)
+    for hw in [(32, 24), (27, 41)]:
+        x = torch.randn(1, 16, *hw, device='cuda')
+        with torch.no_grad():
+            assert_close(package(x), model(x))
+    code = (
+        'import sys, torch\n'
+        f'runner = torch._inductor.aoti_load_package({path!r})\n'
+        "y = runner(torch.randn(1, 16, 20, 20, device='cuda'))\n"
+        "assert 'mmevo' not in sys.modules and torch.isfinite(y[0]).all()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-4000:]

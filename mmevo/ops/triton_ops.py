@@ -1,0 +1,70 @@
+"""The evolution ops as ``torch.library.triton_op`` s, for AOTInductor
+packages that run on CUDA without Python: ``mmevo::triton_aggregate``,
+``mmevo::triton_correlation`` and ``mmevo::triton_attention_weights``
+(the schemas of ``evolution_aggregate``, ``local_correlation`` and
+``local_attention_weights``, :mod:`mmevo.ops.library`).
+
+A ``torch.ops.mmevo.*`` op is opaque to Inductor, and its CUDA kernel is
+registered from Python: a package calling it runs from Python only. The
+body of a ``triton_op`` is visible to Inductor instead. Each one is the
+library's own Python path on the Triton backend (reflect padding made
+explicit, empty batches answered, the softmax after the kernel), whose
+launches of :mod:`mmevo.ops.triton_kernels` are recorded as graph nodes
+when traced (:func:`mmevo.ops.triton_backend.launcher`). AOTInductor then
+autotunes those kernels over their configs and compiles them into the
+package. Called eagerly, the ops run the Triton backend.
+
+:data:`DECOMPOSITIONS` maps the library's ops to these, for
+``ExportedProgram.run_decompositions``
+(:func:`mmevo.deploy.aoti.export_program` on CUDA). Importing this module
+defines the three operators.
+"""
+
+import functools
+
+import torch
+
+from . import backends, checks, library
+
+
+def _define(name, schema, check, fn):
+    """``mmevo::<name>``: ``check`` the arguments, then ``fn`` on the
+    Triton backend."""
+
+    @functools.wraps(fn)
+    def run(*args):
+        check(*args)
+        with backends.use_backend('triton'):
+            return fn(*args)
+
+    torch.library.triton_op(
+        f'mmevo::{name}', run, mutates_args=(), schema=schema
+    )
+    return getattr(torch.ops.mmevo, name).default
+
+
+_aggregate = _define(
+    'triton_aggregate',
+    library.SCHEMAS['evolution_aggregate'],
+    checks.check_aggregate,
+    library._aggregate_python,
+)
+_correlation = _define(
+    'triton_correlation',
+    library.SCHEMAS['local_correlation'],
+    checks.check_correlation,
+    library._correlation_python(False),
+)
+_attention_weights = _define(
+    'triton_attention_weights',
+    library.SCHEMAS['local_attention_weights'],
+    checks.check_correlation,
+    library._correlation_python(True),
+)
+
+#: ``run_decompositions`` table: the library's ops to their Triton ops
+DECOMPOSITIONS = {
+    torch.ops.mmevo.evolution_aggregate.default: _aggregate,
+    torch.ops.mmevo.local_correlation.default: _correlation,
+    torch.ops.mmevo.local_attention_weights.default: _attention_weights,
+}
