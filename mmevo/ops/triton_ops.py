@@ -18,6 +18,12 @@ package. Called eagerly, the ops run the Triton backend.
 ``ExportedProgram.run_decompositions``
 (:func:`mmevo.deploy.aoti.export_program` on CUDA). Importing this module
 defines the three operators.
+
+``triton_op`` finds a body's kernels by reading its source, for the key of
+AOTAutograd's cache; these bodies launch them two calls deep, so it finds
+none. AOTInductor does not use that cache (it traces with
+``aot_export_module``), and Inductor's FX graph cache hashes the source of
+the kernels the trace launches, so a changed kernel is recompiled.
 """
 
 import functools

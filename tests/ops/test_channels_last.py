@@ -12,14 +12,19 @@ from mmevo.ops.reference import aggregate_reference
 
 CL = torch.channels_last
 
-# B, C, G, K, H, W, stride, dilation: odd sizes; groups of 1, 3, 8, 16 and
-# 24 channels (whole vectors and not, for every instruction set).
+# B, C, G, K, H, W, stride, dilation: odd sizes; groups of 1, 3, 4, 8, 16
+# and 24 channels (whole vectors and not, for every instruction set); rows
+# whose inner pixels are summed in blocks of 4, 2 and 1 (runs of 1-2, 3-4
+# and more vectors), and the pixels past the last whole block.
 CASES = [
     (2, 12, 4, 3, 9, 11, 1, 1),
     (1, 48, 3, 5, 13, 10, 2, 1),
     (2, 8, 8, 3, 17, 15, 3, 2),
     (1, 32, 2, 7, 14, 15, 1, 1),
     (1, 72, 3, 3, 5, 7, 1, 3),
+    (2, 8, 1, 3, 10, 13, 1, 1),
+    (1, 8, 2, 5, 15, 21, 2, 2),
+    (1, 16, 1, 3, 11, 19, 1, 1),
 ]
 
 
@@ -58,14 +63,18 @@ def test_channels_last_matches_reference(
 
 
 @pytest.mark.parametrize(
+    'case', [(1, 48, 3, 5, 13, 10, 2, 1), (1, 16, 1, 3, 12, 17, 1, 1)]
+)
+@pytest.mark.parametrize(
     'dtype', [torch.float32, torch.bfloat16, torch.float16]
 )
-def test_channels_last_low_precision(dtype):
+def test_channels_last_low_precision(dtype, case):
     torch.manual_seed(0)
-    x, w, p = inputs(1, 48, 3, 5, 13, 10, 2, 1, 'span-conv', dtype)
-    y = evolution_aggregate(x, w, 2, p, 1)
+    x, w, p = inputs(*case, 'span-conv', dtype)
+    s = case[6]
+    y = evolution_aggregate(x, w, s, p, 1)
     ref = aggregate_reference(
-        x.double().contiguous(), w.double(), 2, p, 1, 'zeros'
+        x.double().contiguous(), w.double(), s, p, 1, 'zeros'
     )
     tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}[
         dtype

@@ -28,7 +28,8 @@ assert cpp_backend.isa() == {isa!r}, cpp_backend.isa()
 torch.manual_seed(0)
 for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1),
                                (1, 36, 3, 5, 19, 40, 2, 1),
-                               (1, 16, 1, 3, 26, 21, 3, 2)]:
+                               (1, 16, 1, 3, 26, 21, 3, 2),
+                               (1, 4, 1, 3, 9, 14, 1, 1)]:
     p = d * (K - 1) // 2
     Ho, Wo = output_size(H, K, s, p, d), output_size(W, K, s, p, d)
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):

@@ -18,10 +18,18 @@ allocation/free records of the PyTorch profiler (``profile_memory=True``),
 replayed in time order: every tensor byte torch allocates (the C++ kernels'
 per-thread scratch rows, a few KiB, are plain std::vector and not counted).
 
+``--inference`` times the forward alone instead, without gradients, at
+batch 1 and the RedNet-50 stem (32 channels, 112²) and stage sizes, in the
+two layouts mmevo's aggregation reads: NCHW, and channels-last as in an
+AOTInductor package (the input, and the kernel map as a channels-last span
+convolution leaves it).
+
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
     # on a busy machine:
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --cpu-time
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --inference \
+        --cpu-time
     python tools/analysis/benchmark_ops.py --device cuda --dtype float16
 """
 
@@ -37,6 +45,8 @@ from mmevo.ops.library import use_backend
 
 # (B, C, H, G) of the four RedNet-50 stages; K = 7, stride 1, "same" padding.
 STAGES = [(8, 64, 56, 4), (8, 128, 28, 8), (8, 256, 14, 16), (8, 512, 7, 32)]
+# --inference: the stem involution of the detection RedNet-50, then the stages.
+INFERENCE_SHAPES = [(1, 32, 112, 2)] + [(1, C, H, G) for _, C, H, G in STAGES]
 K = 7
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, for the achieved fraction.
 PEAK_BANDWIDTH = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12}
@@ -132,6 +142,41 @@ def forward_bandwidth(fn, x, w, device, repeat):
     return nbytes / (ms * 1e-3), ms
 
 
+def inference_layouts(device, dtype, repeat, clock):
+    """Forward times of ``evolution_aggregate`` in NCHW and channels-last,
+    at :data:`INFERENCE_SHAPES`."""
+    print(
+        '| shape (B·C·H²·K·G) | NCHW ms | channels-last ms | '
+        'channels-last / NCHW |\n|---|---|---|---|'
+    )
+    for B, C, H, G in INFERENCE_SHAPES:
+        x = torch.randn(B, C, H, H, device=device, dtype=dtype)
+        k = torch.randn(B, G * K * K, H, H, device=device, dtype=dtype) / K
+        cl = torch.channels_last
+        inputs = {
+            'nchw': (x, k.view(B, G, K, K, H, H)),
+            'cl': (
+                x.to(memory_format=cl),
+                k.to(memory_format=cl).view(B, G, K, K, H, H),
+            ),
+        }
+        with torch.no_grad():
+            ms = time_ms(
+                {
+                    name: lambda a=a: evolution_aggregate(*a, padding=K // 2)
+                    for name, a in inputs.items()
+                },
+                device,
+                repeat,
+                clock,
+            )
+        print(
+            f'| {B}·{C}·{H}²·{K}·{G} | {ms["nchw"]:.3f} | {ms["cl"]:.3f} | '
+            f'{ms["cl"] / ms["nchw"]:.2f} |',
+            flush=True,
+        )
+
+
 def _positive_float(text):
     """An argparse ``type``: a float > 0 (a bandwidth divides)."""
     try:
@@ -176,11 +221,25 @@ def main():
         'with OMP_NUM_THREADS=1 it ignores other processes on a busy '
         'machine',
     )
+    parser.add_argument(
+        '--inference',
+        action='store_true',
+        help='the forward alone, without gradients, at batch 1: NCHW '
+        'against channels-last (as in an AOTInductor package)',
+    )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.manual_seed(0)
     clock_name = 'CPU' if args.cpu_time else 'wall'
+    if args.inference:
+        print(
+            f'device={device} dtype={args.dtype} '
+            f'threads={torch.get_num_threads()} '
+            f'forward median of {args.repeat} ({clock_name} time)'
+        )
+        inference_layouts(device, dtype, args.repeat, clock)
+        return
     print(
         f'device={device} dtype={args.dtype} '
         f'threads={torch.get_num_threads()} '

@@ -455,11 +455,14 @@ void correlate(const T* __restrict__ q, const T* __restrict__ x, T* __restrict__
 
 // Y = A(x, w) channels-last: x (B, H, W, C) and y (B, Ho, Wo, C) dense, w
 // of any strides ws (as a channels-last span convolution leaves it, each
-// pixel's G*K*K taps contiguous), zero padding. Task: one output row. Per
-// output pixel, a register tile of up to kNhwcVecs vectors of channels sums
-// the pixel's taps, each one kernel value (that of the vector's group)
-// times a contiguous run of input channels. When a group's channels are
-// not whole vectors, each group runs on its own, its last channels scalar.
+// pixel's G*K*K taps contiguous), zero padding. Task: one output row. A
+// register tile of up to kNhwcVecs vectors of channels, for one output
+// pixel or a block of neighbours whose windows lie inside the map, sums
+// the taps, each one kernel value (that of the vector's group and pixel)
+// times a contiguous run of input channels. The pixel block keeps enough
+// independent sums in flight to hide the FMA latency when a run has few
+// vectors (the RedNet stem: 32 channels). When a group's channels are not
+// whole vectors, each group runs on its own, its last channels scalar.
 constexpr int kNhwcVecs = 4;
 
 template <typename T, typename A, typename vec>
@@ -476,21 +479,44 @@ inline vec load_vec(const T* src) {
   return v;
 }
 
-// y[n*V, (n+1)*V) = sum_q w[wo[n] + ko[q]] * x[xo[q] + n*V, ...) for n < NV.
-template <int NV, typename T, typename A, typename vec>
+// Pixel offsets of a block: pixel p's input, kernel and output start p times
+// these past pixel 0's.
+struct NhwcSteps {
+  int64_t x, w, y;
+};
+
+// For pixels p < NP and vectors n < NV:
+// y[p*st.y + n*V, ...+V) = sum_q w[p*st.w + wo[n] + ko[q]] * x[p*st.x + xo[q] + n*V, ...+V).
+template <int NV, int NP, typename T, typename A, typename vec>
 __attribute__((always_inline)) inline void nhwc_tile(
     const T* __restrict__ x, const T* __restrict__ w, const int64_t* xo, const int64_t* ko,
-    int64_t nt, const int64_t* wo, T* __restrict__ y) {
+    int64_t nt, const int64_t* wo, NhwcSteps st, T* __restrict__ y) {
   constexpr int64_t V = sizeof(vec) / sizeof(A);
-  vec acc[NV] = {};
+  vec acc[NP][NV] = {};
   for (int64_t q = 0; q < nt; ++q) {
     const T* xq = x + xo[q];
     const T* wq = w + ko[q];
 #pragma GCC unroll 4
-    for (int n = 0; n < NV; ++n)
-      acc[n] += (vec{} + static_cast<A>(wq[wo[n]])) * load_vec<T, A, vec>(xq + n * V);
+    for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n)
+        acc[p][n] += (vec{} + static_cast<A>(wq[p * st.w + wo[n]])) *
+                     load_vec<T, A, vec>(xq + p * st.x + n * V);
   }
-  for (int n = 0; n < NV; ++n) store_lanes<T, A>(y + n * V, acc[n], V);
+  for (int p = 0; p < NP; ++p)
+    for (int n = 0; n < NV; ++n) store_lanes<T, A>(y + p * st.y + n * V, acc[p][n], V);
+}
+
+template <int NP, typename T, typename A, typename vec>
+inline void nhwc_tile_nv(int64_t nv, const T* x, const T* w, const int64_t* xo,
+                         const int64_t* ko, int64_t nt, const int64_t* wo, NhwcSteps st,
+                         T* y) {
+  switch (nv) {
+    case 4: nhwc_tile<4, NP, T, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
+    case 3: nhwc_tile<3, NP, T, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
+    case 2: nhwc_tile<2, NP, T, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
+    default: nhwc_tile<1, NP, T, A, vec>(x, w, xo, ko, nt, wo, st, y);
+  }
 }
 
 template <typename T>
@@ -504,6 +530,11 @@ void aggregate_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w,
   // group by group, the vector part of each, then its last channels.
   const bool flat = Cg % V == 0;
   const int64_t runs = flat ? 1 : g.G, run = flat ? g.C : Cg, Cv = run / V * V;
+  // Pixels of an inner block: with short runs (the RedNet stem: 32
+  // channels) one pixel's sums are too few to hide the FMA latency; 4 to 8
+  // in flight are. Longer runs keep one pixel (measured no faster).
+  const int64_t NP = Cv > kNhwcVecs * V ? 1 : Cv >= 3 * V ? 2 : 4;
+  const NhwcSteps st{g.s * g.C, ws[5], g.C};
   const int64_t grain = grain_for(g.Wo * KK * g.C);
   at::parallel_for(0, g.B * g.Ho, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> xo(KK), ko(KK), rel_x(KK), rel_k(KK);
@@ -516,11 +547,17 @@ void aggregate_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w,
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / g.Ho, i = t % g.Ho, h0 = i * g.s - g.p;
       const bool rows_in = h0 >= 0 && h0 + (g.K - 1) * g.d < g.H;
-      for (int64_t j = 0; j < g.Wo; ++j) {
+      for (int64_t j = 0, np; j < g.Wo; j += np) {
         const int64_t w0 = j * g.s - g.p;
         const int64_t base = ((b * g.H + h0) * g.W + w0) * g.C;
+        // The windows of pixels j .. j + n - 1 lie inside the map.
+        const auto inside = [&](int64_t n) {
+          return rows_in && w0 >= 0 && j + n <= g.Wo &&
+                 w0 + (n - 1) * g.s + (g.K - 1) * g.d < g.W;
+        };
         int64_t nt = 0;  // the taps inside the map
-        if (rows_in && w0 >= 0 && w0 + (g.K - 1) * g.d < g.W) {
+        np = inside(NP) ? NP : 1;
+        if (np > 1 || inside(1)) {
           for (int64_t q = 0; q < KK; ++q) xo[q] = base + rel_x[q], ko[q] = rel_k[q];
           nt = KK;
         } else {
@@ -542,20 +579,22 @@ void aggregate_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w,
             for (int64_t n = 0; n < nv; ++n) wo[n] = (c_r + c0 + n * V) / Cg * ws[1];
             const T* xc = x + c_r + c0;
             T* yc = yp + c_r + c0;
-            switch (nv) {
-              case 4: nhwc_tile<4, T, A, vec>(xc, wp, xo.data(), ko.data(), nt, wo, yc); break;
-              case 3: nhwc_tile<3, T, A, vec>(xc, wp, xo.data(), ko.data(), nt, wo, yc); break;
-              case 2: nhwc_tile<2, T, A, vec>(xc, wp, xo.data(), ko.data(), nt, wo, yc); break;
-              default: nhwc_tile<1, T, A, vec>(xc, wp, xo.data(), ko.data(), nt, wo, yc);
+            if (np == 4)
+              nhwc_tile_nv<4, T, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
+            else if (np == 2)
+              nhwc_tile_nv<2, T, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
+            else
+              nhwc_tile_nv<1, T, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
+          }
+          for (int64_t p = 0; p < np; ++p)
+            for (int64_t c = c_r + Cv; c < c_r + run; ++c) {
+              const T* wc = wp + p * st.w + c / Cg * ws[1];
+              const T* xp = x + p * st.x + c;
+              A sum = 0;
+              for (int64_t q = 0; q < nt; ++q)
+                sum += static_cast<A>(wc[ko[q]]) * static_cast<A>(xp[xo[q]]);
+              yp[p * st.y + c] = static_cast<T>(sum);
             }
-          }
-          for (int64_t c = c_r + Cv; c < c_r + run; ++c) {
-            const T* wc = wp + c / Cg * ws[1];
-            A sum = 0;
-            for (int64_t q = 0; q < nt; ++q)
-              sum += static_cast<A>(wc[ko[q]]) * static_cast<A>(x[xo[q] + c]);
-            yp[c] = static_cast<T>(sum);
-          }
         }
       }
     }
