@@ -84,7 +84,7 @@ def test_model_and_scope(rel_path):
     backbone_type, depth, _, _ = PUBLISHED[_name(rel_path)]
     assert cfg.default_scope == 'mmpretrain'
     assert cfg.custom_imports == dict(
-        imports=['mmevo'], allow_failed_imports=False
+        imports=['mmevo.models'], allow_failed_imports=False
     )
     model = cfg.model
     assert model.type == 'ImageClassifier'
