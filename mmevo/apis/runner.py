@@ -14,12 +14,12 @@ from mmengine.registry import MODELS, RUNNERS, init_default_scope
 from mmengine.runner import Runner
 
 import mmevo
-from mmevo.integrations.mmengine import install_all
 from mmevo.datasets import (
     MissingDataError,
     check_data_exists,
     check_pretrained_exists,
 )
+from mmevo.integrations.mmengine import install_all
 
 from .checkpoint import check_checkpoint_fits
 
