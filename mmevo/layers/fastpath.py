@@ -91,6 +91,8 @@ _GLOBAL_HOOKS = (
     '_global_backward_pre_hooks',
     '_global_backward_hooks',
 )
+
+
 def has_hooks(module: nn.Module) -> bool:
     """Whether a forward or backward hook would see ``module``'s call or the
     call of one of its submodules.
