@@ -13,13 +13,18 @@ torch and mmevo's ops, and changes no global state beyond defining the
   ``install()``; ``mmevo.apis``: what the tools do; ``mmevo.deploy``: ONNX
   and AOTInductor.
 
-mmevo's OpenMMLab modules are registered in mmengine's registries by
-:func:`register_all_modules`. The documented entry of a config,
-``custom_imports=dict(imports=['mmevo'])``, imports this package in a
-process that already runs mmengine: then, and only then, the import calls
-:func:`register_all_modules` itself. So a config needs nothing else, and
-``import mmevo.ops`` in a plain PyTorch program imports no OpenMMLab
-library.
+mmevo's OpenMMLab modules register themselves in mmengine's registries
+when their module is first imported (``@MODELS.register_module()``), as
+mmdet's do. A config names them in
+``custom_imports=dict(imports=['mmevo.models'])``: importing
+``mmevo.models`` registers every layer and model whether or not ``mmevo``
+was imported before, so mmdet's, mmseg's and mmpretrain's own entry points
+build mmevo's configs in any import order. :func:`register_all_modules` does
+the same from a program. ``import mmevo`` (and ``import mmevo.ops``) on its
+own imports no OpenMMLab library and turns on none of
+:mod:`mmevo.integrations`; in a process that already runs mmengine it also
+registers the modules, which keeps configs that name ``'mmevo'`` working as
+they did.
 """
 
 import importlib
@@ -43,18 +48,18 @@ def _found(name):
         return False
 
 
-def register_all_modules(install_fixes: bool = True) -> list:
+def register_all_modules(install_fixes: bool = False) -> list:
     """Register mmevo's layers, models and datasets in mmengine's
-    registries and turn on mmevo's mmengine fixes
-    (:func:`mmevo.integrations.mmengine.install_all`); idempotent.
+    registries (import them); idempotent.
 
     A subpackage whose libraries are not installed (``mmevo.models``
     without mmdet, say) is skipped; an installed library that fails to
     import raises its error as usual.
 
     Args:
-        install_fixes (bool): Also turn on the mmengine fixes. Default:
-            True, as the tools and a config's ``custom_imports`` do.
+        install_fixes (bool): Also turn on mmevo's mmengine fixes
+            (:func:`mmevo.integrations.mmengine.install_all`), as mmevo's
+            tools and :func:`mmevo.apis.build_runner` do. Default: False.
 
     Returns:
         list[str]: the subpackages registered.
@@ -80,7 +85,8 @@ def register_all_modules(install_fixes: bool = True) -> list:
     return done
 
 
-# A config's custom_imports: the process already runs mmengine.
+# A config that names 'mmevo' in its custom_imports (written before
+# 'mmevo.models' was the documented entry): the process runs mmengine.
 if 'mmengine' in sys.modules:
     register_all_modules()
 

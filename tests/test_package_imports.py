@@ -149,10 +149,12 @@ assert mmevo.register_all_modules() == ['layers', 'models', 'datasets']
     assert missing == []
 
 
-def test_custom_imports_of_a_config_registers_everything(tmp_path):
-    """The documented entry: ``custom_imports=dict(imports=['mmevo'])``."""
+@pytest.mark.parametrize('module', ['mmevo.models', 'mmevo'])
+def test_custom_imports_of_a_config_registers_everything(tmp_path, module):
+    """The documented entry, ``custom_imports=dict(imports=['mmevo.models'])``,
+    and the one of configs written before it, ``imports=['mmevo']``."""
     cfg = tmp_path / 'cfg.py'
-    cfg.write_text("custom_imports = dict(imports=['mmevo'])\n")
+    cfg.write_text(f'custom_imports = dict(imports=[{module!r}])\n')
     missing = run_blocked(
         (),
         f"""

@@ -25,7 +25,6 @@ import torch
 # build) flags as deprecated on every start: noise, not a problem of the run
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
 from mmevo import apis  # noqa: E402
 from mmevo.integrations import mmengine as fixes  # noqa: E402
 

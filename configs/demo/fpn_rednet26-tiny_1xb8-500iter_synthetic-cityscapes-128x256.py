@@ -7,6 +7,7 @@ _base_ = [
     'mmseg::_base_/datasets/cityscapes.py',
     'mmseg::_base_/default_runtime.py',
 ]
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 data_root = 'data/synthetic_cityscapes/'
 crop_size = (128, 256)

@@ -5,6 +5,7 @@ _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     'mmdet::_base_/default_runtime.py',
 ]
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 data_root = 'data/synthetic_coco/'
 classes = ('circle', 'square', 'triangle')

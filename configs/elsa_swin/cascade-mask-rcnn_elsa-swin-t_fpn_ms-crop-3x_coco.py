@@ -9,7 +9,7 @@ _base_ = [
     '../_base_/models/elsa-swin.py',
     '../_base_/models/cascade-heads_4conv1fc-giou.py',
 ]
-custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(

@@ -5,7 +5,7 @@
 # RandAugment m9, random erasing 0.25, mixup 0.8, cutmix 1.0, label
 # smoothing 0.1; drop-path 0.1, mixed precision.
 _base_ = 'mmpretrain::swin_transformer/swin-tiny_16xb64_in1k.py'
-custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(

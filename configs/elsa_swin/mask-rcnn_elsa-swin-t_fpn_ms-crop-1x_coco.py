@@ -8,7 +8,7 @@ _base_ = [
     'mmdet::_base_/default_runtime.py',
     '../_base_/models/elsa-swin.py',
 ]
-custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(

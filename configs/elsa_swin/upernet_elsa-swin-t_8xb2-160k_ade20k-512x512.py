@@ -9,7 +9,7 @@ _base_ = [
     '8xb2-160k_ade20k-512x512.py',
     '../_base_/models/elsa-swin.py',
 ]
-custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(

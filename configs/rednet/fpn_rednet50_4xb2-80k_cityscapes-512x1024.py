@@ -9,7 +9,7 @@ _base_ = [
     '../_base_/schedules/cityscapes_80k.py',
     '../_base_/models/rednet50.py',
 ]
-custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 crop_size = (512, 1024)
 data_preprocessor = dict(size=crop_size)

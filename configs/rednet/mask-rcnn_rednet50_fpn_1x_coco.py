@@ -8,6 +8,6 @@ _base_ = [
     'mmdet::_base_/default_runtime.py',
     '../_base_/models/rednet50.py',
 ]
-custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 model = dict(backbone=dict(_delete_=True, **_base_.rednet50_det))

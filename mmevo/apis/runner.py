@@ -19,6 +19,7 @@ from mmevo.datasets import (
     check_data_exists,
     check_pretrained_exists,
 )
+from mmevo.integrations.mmengine import install_all
 
 from .checkpoint import check_checkpoint_fits
 
@@ -37,7 +38,8 @@ def default_work_dir(config, suffix=''):
 def load_config(path, cfg_options=None, work_dir=None, work_dir_suffix=''):
     """The config at ``path`` with the command line's overrides; mmevo's
     modules registered first (:func:`mmevo.register_all_modules`), so that
-    its types build whatever the config imports.
+    its types build whatever the config imports. mmevo's mmengine fixes stay
+    as they are (:func:`build_runner` turns them on).
 
     Args:
         path (str): The config file.
@@ -132,12 +134,16 @@ def _strip_module(checkpoint):
 
 
 def build_runner(cfg):
-    """The config's runner (``runner_type`` when it names one).
+    """The config's runner (``runner_type`` when it names one), with mmevo's
+    mmengine fixes turned on first
+    (:func:`mmevo.integrations.mmengine.install_all`: crash-safe
+    checkpoints, bit-exact resume, CPU distributed runs).
 
     Example:
         >>> runner = build_runner(cfg)
         >>> runner.test()
     """
+    install_all()
     if 'runner_type' in cfg:
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)

@@ -13,7 +13,7 @@ The runner checkpoint's ``message_hub`` holds mmengine ``HistoryBuffer``s,
 which torch >= 2.6's ``weights_only`` ``torch.load`` (mmengine 0.10.7 calls
 it so) refuses unless mmevo's allowlist is installed: the checkpoints are
 loaded here as mmevo's ``tools/train.py`` loads them, after
-``mmevo.register_all_modules()``.
+``mmevo.register_all_modules(install_fixes=True)``.
 """
 
 import json
@@ -32,9 +32,9 @@ from configs_helpers import ROOT, load
 
 pytestmark = pytest.mark.slow
 
-# ``import mmevo`` registers nothing when it comes first in the process (a
-# conftest may import it before mmengine): register explicitly.
-mmevo.register_all_modules()  # also as tools/train.py does
+# Modules and fixes (the allowlist of mmengine's checkpoint types), as
+# tools/train.py has them.
+mmevo.register_all_modules(install_fixes=True)
 
 REFERENCE = ROOT / 'tests' / 'models' / 'data'
 IN1K = 'configs/rednet/rednet50_64xb32-warmup-coslr_in1k.py'

@@ -290,7 +290,7 @@ def test_mmevo_is_imported_and_scopes_are_set(rel_path):
     # config must import mmevo to find RedNet / ACmixResNet / InvolutionFPN.
     cfg = load(rel_path)
     assert cfg.custom_imports == dict(
-        imports=['mmevo'], allow_failed_imports=False
+        imports=['mmevo.models'], allow_failed_imports=False
     )
     task = EXPECTED[_name(rel_path)]['task']
     assert cfg.default_scope == ('mmdet' if task == 'det' else 'mmseg')

@@ -2,9 +2,11 @@
 and off and compare.
 
 Both runs take the same float64 input: the outputs and the gradients of the
-input and of every parameter must agree. Forward hooks on the ``nn.Conv2d``
+input and of every parameter must agree. Counted calls of the ``nn.Conv2d``
 modules tell which path ran (the fast paths call some convs' weights
-directly), so a comparison of the stock path with itself fails.
+directly), so a comparison of the stock path with itself fails. They are
+counted by wrapping each conv's ``forward``, not by hooks: a registered hook
+makes the fast paths step aside.
 """
 
 import torch
@@ -15,12 +17,25 @@ from mmevo.layers import ACmix, set_cpu_fastpath
 
 
 def count_conv_calls(model):
-    """Hook every nn.Conv2d; return the list the hooks append to."""
+    """Wrap the forward of every nn.Conv2d of ``model`` (on the instance);
+    return the list each module call appends the conv to.
+    :func:`uncount_conv_calls` unwraps them."""
     calls = []
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
-            m.register_forward_hook(lambda mod, i, o: calls.append(mod))
+
+            def forward(*args, _conv=m, **kwargs):
+                calls.append(_conv)
+                return type(_conv).forward(_conv, *args, **kwargs)
+
+            m.forward = forward
     return calls
+
+
+def uncount_conv_calls(model):
+    """Undo :func:`count_conv_calls`."""
+    for m in model.modules():
+        m.__dict__.pop('forward', None)
 
 
 def randomised(model):
@@ -59,8 +74,7 @@ def run(model, x, on):
     finally:
         set_cpu_fastpath(model, True)
     grads = {n: p.grad for n, p in model.named_parameters()}
-    for m in model.modules():
-        m._forward_hooks.clear()
+    uncount_conv_calls(model)
     return outs, x.grad, grads, len(calls)
 
 
@@ -72,7 +86,12 @@ def assert_paths_equal(model, x, has_fast_path=True):
     for a, b in zip(fast[0], stock[0]):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(fast[1], stock[1], rtol=1e-9, atol=1e-10)
+    # float64 sums in another order (matmul against conv, one thread or
+    # two): relative to the gradient's scale, as for the parameters below
+    scale = max(1.0, float(stock[1].abs().max()))
+    torch.testing.assert_close(
+        fast[1], stock[1], rtol=1e-9, atol=1e-10 * scale
+    )
     assert set(fast[2]) == set(stock[2])
     for name, g in stock[2].items():
         assert g is not None, name

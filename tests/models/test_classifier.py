@@ -26,9 +26,9 @@ from mmevo.models import ACmixResNet, RedNet
 
 pytestmark = pytest.mark.slow
 
-# ``import mmevo`` registers nothing when it comes first in the process (a
-# conftest may import it before mmengine): register explicitly.
-mmevo.register_all_modules()
+# Modules and fixes (the allowlist of mmengine's checkpoint types), as
+# mmevo's tools have them.
+mmevo.register_all_modules(install_fixes=True)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DATA = osp.join(osp.dirname(__file__), 'data')

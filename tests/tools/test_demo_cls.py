@@ -23,9 +23,9 @@ from tool_utils import REPO, load_tool
 
 pytestmark = pytest.mark.slow
 
-# ``import mmevo`` registers nothing when it comes first in the process (a
-# conftest may import it before mmengine): register explicitly.
-mmevo.register_all_modules()
+# Modules and fixes (the allowlist of mmengine's checkpoint types), as
+# mmevo's tools have them.
+mmevo.register_all_modules(install_fixes=True)
 
 DEMO_CLS = osp.join(
     REPO,
@@ -49,6 +49,15 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 train_cfg = dict(max_epochs=1, val_interval=1)
 default_hooks = dict(checkpoint=dict(interval=1))
+"""
+
+
+# The libraries' own tools read the runner's checkpoints under torch >= 2.6
+# only with mmevo's fixes, which a config asks for by name.
+OPT_IN_FIXES = """
+custom_imports = dict(
+    imports=['mmevo.models', 'mmevo.integrations.mmengine.enable_all'],
+    allow_failed_imports=False)
 """
 
 
@@ -143,7 +152,7 @@ assert 'mmevo' in sys.modules  # found through the config's custom_imports
 
 # The runner checkpoint's HistoryBuffers load under torch >= 2.6's
 # weights_only default (mmengine 0.10.7's torch.load) only with mmevo's
-# allowlist: custom_imports installed it (mmevo.register_all_modules).
+# allowlist: the config opts in (mmevo.integrations.mmengine.enable_all).
 from mmpretrain.apis import ImageClassificationInferencer, get_model
 model = get_model(config, pretrained=work_dir + '/epoch_1.pth')
 assert type(model.backbone).__name__ == 'RedNet'
@@ -160,14 +169,14 @@ def test_mmpretrain_train_tool_with_custom_imports(tiny_imagenet, tmp_path):
     ``Config.fromfile``, then ``Runner.from_cfg(cfg).train()``) on the demo
     config, in a fresh interpreter that never imports mmevo itself; then
     ``mmpretrain.apis`` on the checkpoint, which mmengine 0.10.7 reads
-    under torch >= 2.6 only with mmevo's checkpoint allowlist: the config's
-    ``custom_imports`` must have installed it."""
+    under torch >= 2.6 only with mmevo's checkpoint allowlist: the config
+    opts in through its ``custom_imports``."""
     import mmpretrain
 
     tool = osp.join(
         osp.dirname(mmpretrain.__file__), '.mim', 'tools', 'train.py'
     )
-    cfg = _small_config(tmp_path, DEMO_CLS, tiny_imagenet)
+    cfg = _small_config(tmp_path, DEMO_CLS, tiny_imagenet, OPT_IN_FIXES)
     image = osp.join(tiny_imagenet, 'val', CLS_CLASSES[4], '000004.png')
     out = subprocess.run(
         [

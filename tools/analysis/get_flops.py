@@ -19,7 +19,6 @@ Example:
 
 import argparse
 
-import mmevo  # noqa: F401  registers mmevo's modules
 from mmevo import apis
 from mmevo.apis.complexity import (
     DEFAULT_SHAPES,

@@ -27,7 +27,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mmcv  # noqa: E402
 import numpy as np  # noqa: E402
 
-import mmevo  # noqa: E402,F401  (registers the layers and models)
 from mmevo import apis  # noqa: E402
 from mmevo.apis import kernels  # noqa: E402
 from mmevo.integrations import mmengine as fixes  # noqa: E402

@@ -15,7 +15,6 @@ import warnings
 # as in tools/train.py: mmengine's pkg_resources import warns on every start
 warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
-import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
 from mmevo import apis  # noqa: E402
 from mmevo.apis.deploy import test_exported  # noqa: E402
 from mmevo.deploy import AotiModel  # noqa: E402

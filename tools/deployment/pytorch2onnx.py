@@ -20,7 +20,6 @@ warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 import torch  # noqa: E402
 
-import mmevo  # noqa: E402,F401  (registers mmevo's modules in mmengine)
 from mmevo import apis  # noqa: E402
 from mmevo.apis.deploy import report_parity  # noqa: E402
 from mmevo.deploy import OnnxModel, export_onnx, exportable  # noqa: E402

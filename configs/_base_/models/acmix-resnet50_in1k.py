@@ -3,7 +3,7 @@
 # --k_att 7 --head 4 --k_conv 3): torchvision's ResNet-50 stem and stages
 # with ACmix as every middle layer, average pooling and a linear layer. The
 # other depths set model.backbone.depth (main.py --layers).
-custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 model = dict(
     type='ImageClassifier',

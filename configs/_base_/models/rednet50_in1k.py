@@ -4,7 +4,7 @@
 # pooling and a linear head trained with label smoothing 0.1. The keys are
 # those of the released mmcls checkpoints (backbone.*, head.fc.*), so they
 # load strictly. The other depths set model.backbone.depth.
-custom_imports = dict(imports=['mmevo'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmevo.models'], allow_failed_imports=False)
 
 model = dict(
     type='ImageClassifier',
