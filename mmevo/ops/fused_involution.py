@@ -289,7 +289,9 @@ def _backward(ctx, grad):
         grads = _fused_backward(
             grad, input, z, span_weight, span_bias, *ctx.window
         )
-    grads = [g if need else None for g, need in zip(grads, ctx.needs_input_grad)]
+    grads = [
+        g if need else None for g, need in zip(grads, ctx.needs_input_grad)
+    ]
     if span_bias is None:
         grads[3] = None
     return (*grads, None, None, None, None)
