@@ -376,6 +376,13 @@ def fused_involution(
     check_tensor('input', input, 4, '(B, C, H, W)')
     check_tensor('z', z, 4, '(B, C_r, H_out, W_out)')
     check_tensor('span_weight', span_weight, 4, '(G*K*K, C_r, 1, 1)')
+    for name, value in (
+        ('kernel_size', kernel_size),
+        ('stride', stride),
+        ('dilation', dilation),
+        ('groups', groups),
+    ):
+        check_int(name, value, 1)  # before the schema's int64 cast
     input, z = _autocast(input, z)
     input, span_weight = _autocast(input, span_weight)
     if span_bias is not None:
