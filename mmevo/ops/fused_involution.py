@@ -24,8 +24,8 @@ adds the fake kernels and autograd):
 Backends: the C++ kernel (CPU), Triton (CUDA,
 :mod:`mmevo.ops.triton_fused_involution`), and elsewhere (or forced
 ``'torch'``) the unfused composition on the PyTorch window primitives.
-A double backward (``create_graph=True``) differentiates that unfused
-composition, so derivatives of every order exist.
+A backward with ``create_graph=True`` runs that unfused composition's
+differentiable ops, so derivatives of every order exist.
 """
 
 from typing import Optional, Tuple
@@ -298,27 +298,33 @@ def _backward(ctx, grad):
 
 
 def _differentiable_backward(ctx, grad):
-    """The gradients as a graph (``create_graph=True``): those of the
-    unfused composition, which writes the kernel map."""
-    saved = ctx.saved_tensors
-    wanted = [
-        i
-        for i, (t, need) in enumerate(zip(saved, ctx.needs_input_grad))
-        if need and t is not None
-    ]
-    with torch.enable_grad(), backends.use_backend(ctx.backend):
-        y = fused_involution_reference(*saved, *ctx.window)
-        found = torch.autograd.grad(
-            y,
-            [saved[i] for i in wanted],
-            grad,
-            create_graph=True,
-            allow_unused=True,
+    """The gradients as a graph (``create_graph=True``), made of the
+    unfused composition's differentiable ops (the span convolution writes
+    the kernel map): functions of ``grad`` and the saved tensors alone, so
+    a path from ``z`` back to ``input`` is not counted twice."""
+    input, z, span_weight, span_bias = ctx.saved_tensors
+    K, s, d, G = ctx.window
+    p = d * (K - 1) // 2
+    B, Cr, Ho, Wo = z.shape
+    with backends.use_backend(ctx.backend):
+        w = span_kernel(z, span_weight, span_bias, K, G)
+        grad_x = library._aggregate_transpose(
+            grad, w, *input.shape[-2:], s, p, d, 'zeros'
         )
-    grads = [None] * 8
-    for i, g in zip(wanted, found):
-        grads[i] = torch.zeros_like(saved[i]) if g is None else g
-    return tuple(grads)
+        dw = library._correlation(grad, input, G, K, s, p, d, 'zeros')
+    dw = dw.reshape(B, G * K * K, Ho * Wo)
+    grad_s = torch.einsum('bkp,brp->kr', dw, z.reshape(B, Cr, Ho * Wo))
+    grad_z = torch.einsum('kr,bkp->brp', span_weight.flatten(1), dw)
+    grads = [
+        grad_x,
+        grad_z.reshape(z.shape),
+        grad_s.reshape(span_weight.shape),
+        dw.sum((0, 2)) if span_bias is not None else None,
+    ]
+    grads = [
+        g if need else None for g, need in zip(grads, ctx.needs_input_grad)
+    ]
+    return (*grads, None, None, None, None)
 
 
 torch.library.register_autograd(
