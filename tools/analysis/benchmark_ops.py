@@ -26,9 +26,9 @@ convolution leaves it).
 
 ``--involution`` times one ``Involution`` layer at the RedNet-50 stem (32
 channels, 112²) and stage shapes (K = 7, 16 channels per group, B8),
-forward + backward
-of the input and every parameter, train mode: ``fused`` (the default CPU
-fast path, ``mmevo::fused_involution``), ``unfused`` (the fast path with the
+forward + backward of the input and every parameter, train mode: ``fused``
+(the CPU fast path with ``mmevo::fused_involution``, taken at every shape
+here; by default only at maps of ``FUSED_MIN_PIXELS`` or more), ``unfused`` (the fast path with the
 kernel map written, which a kernel hook asks for), ``stock`` (the module
 graph, ``use_cpu_fastpath`` off), and ``conv3x3``, the 3×3 convolution it
 replaces in ResNet-50 (no bias).
@@ -193,8 +193,11 @@ def inference_layouts(device, dtype, repeat, clock):
 def involution_layers(device, dtype, repeat, clock):
     """Forward + backward of an Involution layer, fused and not, and of
     the 3×3 convolution it replaces, at the RedNet-50 stage shapes."""
+    import mmevo.layers.involution as involution
     from mmevo.layers import Involution, set_cpu_fastpath
 
+    # 'fused' is the fused op at every shape, the switch's threshold aside
+    involution.FUSED_MIN_PIXELS = 0
     print(
         '| B·C·H²·K·G | path | ms | peak MiB | time / fused | '
         'memory / fused |\n|---|---|---|---|---|---|'
