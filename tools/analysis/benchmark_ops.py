@@ -28,10 +28,10 @@ convolution leaves it).
 channels, 112²) and stage shapes (K = 7, 16 channels per group, B8),
 forward + backward of the input and every parameter, train mode: ``fused``
 (the CPU fast path with ``mmevo::fused_involution``, taken at every shape
-here; by default only at maps of ``FUSED_MIN_PIXELS`` or more), ``unfused`` (the fast path with the
-kernel map written, which a kernel hook asks for), ``stock`` (the module
-graph, ``use_cpu_fastpath`` off), and ``conv3x3``, the 3×3 convolution it
-replaces in ResNet-50 (no bias).
+here; by default only at maps of ``FUSED_MIN_PIXELS`` or more),
+``unfused`` (the fast path with the kernel map written, which a kernel hook
+asks for), ``stock`` (the module graph, ``use_cpu_fastpath`` off), and
+``conv3x3``, the 3×3 convolution it replaces in ResNet-50 (no bias).
 
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
