@@ -21,9 +21,10 @@ adds the fake kernels and autograd):
 * ``mmevo::fused_involution_backward(grad, <the same>) -> (grad_input,
   grad_z, grad_span_weight, grad_span_bias)``.
 
-Backends: the C++ kernel (CPU), Triton (CUDA,
-:mod:`mmevo.ops.triton_fused_involution`), and elsewhere (or forced
-``'torch'``) the unfused composition on the PyTorch window primitives.
+Backends: the C++ kernel (CPU); elsewhere (CUDA, or a forced backend) the
+unfused composition on the backend's window primitives (Triton on CUDA,
+PyTorch otherwise), which writes the kernel map: a fused Triton kernel is
+not written yet.
 A backward with ``create_graph=True`` runs that unfused composition's
 differentiable ops, so derivatives of every order exist.
 """
@@ -33,7 +34,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import backends, cpp_backend, library, torch_backend
+from . import backends, cpp_backend, library
 from .checks import (
     INT64_MAX,
     check_int,
@@ -177,20 +178,20 @@ def fused_involution_reference(
     return library._aggregate(input, w, stride, padding, dilation, 'zeros')
 
 
-def _torch_forward(input, z, span_weight, span_bias, K, s, d, G):
+def _unfused_forward(input, z, span_weight, span_bias, K, s, d, G):
     w = span_kernel(z, span_weight, span_bias, K, G)
-    return torch_backend.aggregate(input, w, s, d * (K - 1) // 2, d)
+    return backends.run(input, 'aggregate', input, w, s, d * (K - 1) // 2, d)
 
 
-def _torch_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
+def _unfused_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
     w = span_kernel(z, span_weight, span_bias, K, G)
     p = d * (K - 1) // 2
     B, Cr, Ho, Wo = z.shape
-    grad_x = torch_backend.aggregate_transpose(
-        grad, w, tuple(input.shape[-2:]), s, p, d
+    grad_x = backends.run(
+        input, 'aggregate_transpose', grad, w, tuple(input.shape[-2:]), s, p, d
     )
     acc = torch.promote_types(grad.dtype, torch.float32)
-    dw = torch_backend.correlate(grad, input, G, K, s, p, d)
+    dw = backends.run(input, 'correlate', grad, input, G, K, s, p, d)
     dw = dw.reshape(B, -1, Ho * Wo).to(acc)
     z3 = z.reshape(B, Cr, Ho * Wo).to(acc)
     grad_w = torch.einsum('bkp,brp->kr', dw, z3)
@@ -213,12 +214,7 @@ def _python_forward(input, z, span_weight, span_bias, K, s, d, G):
         return input.new_zeros(*input.shape[:2], Ho, Wo).contiguous(
             memory_format=library.output_layout(input)
         )
-    if backends.backend_name(input) == 'triton':
-        from . import triton_fused_involution as impl
-    else:
-        impl = None
-    args = (input, z, span_weight, span_bias, K, s, d, G)
-    y = impl.forward(*args) if impl else _torch_forward(*args)
+    y = _unfused_forward(input, z, span_weight, span_bias, K, s, d, G)
     return y.contiguous(memory_format=library.output_layout(input))
 
 
@@ -230,12 +226,9 @@ def _python_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
             span_weight.new_zeros(span_weight.shape),
             span_weight.new_zeros(span_weight.shape[0]),
         )
-    args = (grad, input, z, span_weight, span_bias, K, s, d, G)
-    if backends.backend_name(input) == 'triton':
-        from . import triton_fused_involution as impl
-
-        return impl.backward(*args)
-    return _torch_backward(*args)
+    return _unfused_backward(
+        grad, input, z, span_weight, span_bias, K, s, d, G
+    )
 
 
 _fused = library._register(
