@@ -258,3 +258,28 @@ BAD = [
 def test_bad_input(change, error, message):
     with pytest.raises(error, match=message):
         fused_involution(**_args(**change))
+
+
+@pytest.mark.parametrize('bias', [True, False])
+def test_opcheck(bias):
+    """Schema, autograd registration, fake kernel and AOT dispatch
+    (torch.compile's path through the op)."""
+    x, z, S, b = make(1, 8, 7, 6, 3, 2, 1, 2, 3, bias=bias)
+    tensors = [
+        t.requires_grad_() if t is not None else t for t in (x, z, S, b)
+    ]
+    torch.library.opcheck(
+        torch.ops.mmevo.fused_involution.default, (*tensors, 3, 2, 1, 2)
+    )
+
+
+def test_gradient_of_some_inputs_only():
+    x, z, S, b = make(2, 16, 9, 8, 5, 1, 1, 2, 4)
+    ref = values_and_grads(unfused, (x, z, S, b), (5, 1, 1, 2))[1]
+    z, S = z.clone().requires_grad_(), S.clone().requires_grad_()
+    y = fused_involution(x, z, S, b, 5, 1, 1, 2)
+    gen = torch.Generator().manual_seed(1)
+    gy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    grad_z, grad_s = torch.autograd.grad(y, (z, S), gy)
+    torch.testing.assert_close(grad_z, ref[1], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad_s, ref[2], rtol=1e-10, atol=1e-9)
