@@ -4,7 +4,10 @@ the input, z, the span weight and bias, on every backend; low precision
 against float64; empty batches, channels-last, double backward, the fake
 kernel, what the backward saves, and the bad-input messages."""
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -283,3 +286,34 @@ def test_gradient_of_some_inputs_only():
     grad_z, grad_s = torch.autograd.grad(y, (z, S), gy)
     torch.testing.assert_close(grad_z, ref[1], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(grad_s, ref[2], rtol=1e-10, atol=1e-9)
+
+
+ISA_SCRIPT = r"""
+import sys
+sys.path.insert(0, {here!r})
+from mmevo.ops import cpp_backend
+from test_fused_involution import CASES, assert_matches_unfused, make
+assert cpp_backend.isa() == {isa!r}, cpp_backend.isa()
+for *shape, K, s, d, G, Cr in CASES:
+    assert_matches_unfused(make(*shape, K, s, d, G, Cr), (K, s, d, G))
+print('ok')
+"""
+
+
+@needs_cpp
+@pytest.mark.parametrize('isa', ['avx2', 'base'])
+def test_narrower_instruction_sets(isa):
+    """The AVX2 and baseline builds of the kernels (``MMEVO_CPU_ISA``, read
+    when the library loads: a subprocess each)."""
+    if isa == 'avx2' and cpp_backend.isa() == 'base':
+        pytest.skip('this CPU has no AVX2')
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, MMEVO_CPU_ISA=isa, OMP_NUM_THREADS='2')
+    result = subprocess.run(
+        [sys.executable, '-c', ISA_SCRIPT.format(here=here, isa=isa)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and 'ok' in result.stdout, result.stderr
