@@ -4,7 +4,7 @@ AOTInductor packages (PyTorch's runtime, from Python or C++).
 * :mod:`.export`: :func:`export_onnx` and :class:`TensorOutputs`;
 * :mod:`.aoti`: :func:`export_aoti` and :class:`AotiModel`;
 * :mod:`.runtime`: :class:`OnnxModel` (onnxruntime);
-* :mod:`.ops`: NMS and RoIAlign as ``torch.ops.mmevo`` operators;
+* :mod:`.detection_ops`: NMS and RoIAlign as ``torch.ops.mmevo`` operators;
 * :mod:`.rewrites`: module forwards rewritten for an export (instances
   only, for the export's length); :mod:`.mmseg` holds mmseg's;
 * :mod:`.mmdet`: two-stage detectors as one graph (imports mmdet, so
@@ -20,8 +20,8 @@ Example:
 """
 
 from .aoti import AotiModel, export_aoti
+from .detection_ops import nms, roi_align
 from .export import TensorOutputs, export_onnx
-from .ops import nms, roi_align
 from .parity import check_outputs, match_rows, max_difference
 from .predict import expected_outputs, exportable, model_kind, runtime_predict
 from .rewrites import adaptive_avg_pool2d, ceil_avg_pool2d, export_rewrites

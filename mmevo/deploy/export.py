@@ -3,11 +3,11 @@
 The evolution ops need no special argument to export (while
 ``torch.onnx.export`` runs they are standard ONNX operators, see
 :mod:`mmevo.ops.export`); :func:`export_onnx` only chooses the dynamic
-axes, registers what the exporters need for :mod:`mmevo.deploy.ops`'s NMS
-and RoIAlign, and runs the model under :func:`export_rewrites`.
-:class:`TensorOutputs` flattens the nested outputs of OpenMMLab models,
-e.g. the per-level lists of ``model(x, mode='tensor')``, into a tuple of
-tensors.
+axes, registers what the exporters need for the NMS and RoIAlign of
+:mod:`mmevo.deploy.detection_ops`, and runs the model under
+:func:`export_rewrites`. :class:`TensorOutputs` flattens the nested
+outputs of OpenMMLab models, e.g. the per-level lists of
+``model(x, mode='tensor')``, into a tuple of tensors.
 """
 
 import contextlib
@@ -18,7 +18,11 @@ from torch.utils import _pytree as pytree
 
 from mmevo.layers.base import EvolutionLayer
 
-from .ops import ONNX_TRANSLATIONS, OPSET_VERSION, register_onnx_symbolics
+from .detection_ops import (
+    ONNX_TRANSLATIONS,
+    OPSET_VERSION,
+    register_onnx_symbolics,
+)
 from .rewrites import export_rewrites
 
 
@@ -104,8 +108,9 @@ def export_onnx(
         dynamic (bool): H and W of the input (and of every 4-d output)
             dynamic, so one export serves every size. Default: True.
         dynamo (bool): the dynamo exporter (torch's default; given
-            :data:`mmevo.deploy.ops.ONNX_TRANSLATIONS`) or the TorchScript
-            one (given :func:`mmevo.deploy.ops.register_onnx_symbolics`).
+            :data:`mmevo.deploy.detection_ops.ONNX_TRANSLATIONS`) or the
+            TorchScript one (given
+            :func:`mmevo.deploy.detection_ops.register_onnx_symbolics`).
             Default: True.
         opset_version (int): Default: 18.
 

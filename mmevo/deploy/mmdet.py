@@ -1,7 +1,7 @@
 """Two-stage detectors (Faster / Mask R-CNN) as one graph for
 ``torch.onnx.export`` and ``torch.export``: mmdet's inference rewritten
-without branches on data, its NMS and RoIAlign :mod:`mmevo.deploy.ops`'s
-operators.
+without branches on data, its NMS and RoIAlign those of
+:mod:`mmevo.deploy.detection_ops`.
 
 :func:`two_stage_forward` is ``model(x, mode='tensor')``,
 :func:`two_stage_detections` goes on through the box head's
@@ -13,7 +13,7 @@ import torch
 from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
 from torch.utils import _pytree as pytree
 
-from .ops import nms, roi_align
+from .detection_ops import nms, roi_align
 
 
 def _roi_align(layer, feats, rois):

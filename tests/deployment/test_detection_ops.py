@@ -1,7 +1,8 @@
 """mmevo's NMS and RoIAlign operators (``torch.ops.mmevo.nms`` /
-``roi_align`` in mmevo/deploy/ops.py): equal to independent references in
-PyTorch, traceable by torch.export, and standard ONNX operators under both
-exporters, checked in onnxruntime at sizes other than the export's."""
+``roi_align`` in mmevo/deploy/detection_ops.py): equal to independent
+references in PyTorch, traceable by torch.export, and standard ONNX
+operators under both exporters, checked in onnxruntime at sizes other
+than the export's."""
 
 import os.path as osp
 import subprocess

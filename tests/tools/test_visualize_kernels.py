@@ -14,7 +14,11 @@ from PIL import Image
 
 import mmevo  # noqa: F401  (registers RedNet, InvolutionFPN)
 from mmevo.apis import build_model, load_config
-from mmevo.apis.kernels import capture_kernel, evolution_layers, preprocess
+from mmevo.apis.kernel_capture import (
+    capture_kernel,
+    evolution_layers,
+    preprocess,
+)
 
 from tool_utils import load_tool
 

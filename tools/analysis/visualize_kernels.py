@@ -28,7 +28,7 @@ import mmcv  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mmevo import apis  # noqa: E402
-from mmevo.apis import kernels  # noqa: E402
+from mmevo.apis import kernel_capture as kernels  # noqa: E402
 from mmevo.integrations import mmengine as fixes  # noqa: E402
 
 # the most --points drawn (a row of the figure each)
