@@ -13,28 +13,23 @@ Example:
 
 import argparse
 import os
-import warnings
 
-# mmengine imports pkg_resources, which setuptools < 70 (needed by mmcv's
-# build) flags as deprecated on every start: noise, not a problem of the run
-warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
-
-from mmevo import apis  # noqa: E402
-from mmevo.integrations import mmengine as fixes  # noqa: E402
+from mmevo import apis, cli
+from mmevo.integrations import mmengine as fixes
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Test (and evaluate) a model')
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
-    apis.add_evaluation_args(parser)
+    cli.add_evaluation_args(parser)
     parser.add_argument(
         '--allow-partial',
         action='store_true',
         help='evaluate a checkpoint even if keys are missing, unexpected or '
         'of another shape (those weights keep their initialisation)',
     )
-    apis.add_launcher_args(parser)
+    cli.add_launcher_args(parser)
     args = parser.parse_args(argv)
     if args.out is not None and not args.out.endswith(('.pkl', '.pickle')):
         parser.error(f'--out must be a .pkl file, got {args.out}')

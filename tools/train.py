@@ -17,16 +17,11 @@ Example:
 import argparse
 import contextlib
 import os
-import warnings
 
 import torch
 
-# mmengine imports pkg_resources, which setuptools < 70 (needed by mmcv's
-# build) flags as deprecated on every start: noise, not a problem of the run
-warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
-
-from mmevo import apis  # noqa: E402
-from mmevo.integrations import mmengine as fixes  # noqa: E402
+from mmevo import apis, cli
+from mmevo.integrations import mmengine as fixes
 
 
 def parse_args(argv=None):
@@ -49,8 +44,8 @@ def parse_args(argv=None):
         help='resume from this checkpoint, or, without a path, from the '
         'latest sound checkpoint in the work dir',
     )
-    apis.add_cfg_options(parser)
-    apis.add_launcher_args(parser)
+    cli.add_cfg_options(parser)
+    cli.add_launcher_args(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args

@@ -1,8 +1,8 @@
 """What the tools do, as functions: configs, models, runners, checkpoints.
 
-``tools/*.py`` parse their arguments, call these and print; a program of
-one's own can call them the same way. They need mmengine, mmcv and the
-OpenMMLab library of the config (mmdet, mmseg).
+``tools/*.py`` parse their arguments (with :mod:`mmevo.cli`), call these
+and print; a program of one's own can call them the same way. They need
+mmengine, mmcv and the OpenMMLab library of the config (mmdet, mmseg).
 
 Example:
     >>> from mmevo.apis import build_model, load_config
@@ -18,19 +18,7 @@ from .checkpoint import (
     read_checkpoint,
     state_dict_mismatch,
 )
-from .cli import (
-    MAX_SIDE,
-    USAGE,
-    add_cfg_options,
-    add_evaluation_args,
-    add_launcher_args,
-    add_shape_arg,
-    device_arg,
-    fail,
-    int_in_range,
-    launch_rank,
-    one_line_errors,
-)
+from .errors import USAGE, fail, launch_rank, one_line_errors
 from .resume import check_resume_fits, optimizer_mismatch
 from .runner import (
     build_model,
@@ -51,15 +39,8 @@ __all__ = [
     'optimizer_mismatch',
     'read_checkpoint',
     'state_dict_mismatch',
-    'MAX_SIDE',
     'USAGE',
-    'add_cfg_options',
-    'add_evaluation_args',
-    'add_launcher_args',
-    'add_shape_arg',
-    'device_arg',
     'fail',
-    'int_in_range',
     'launch_rank',
     'one_line_errors',
     'build_model',

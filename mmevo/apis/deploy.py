@@ -10,7 +10,7 @@ from mmevo.deploy import (
     runtime_predict,
 )
 
-from .cli import fail, one_line_errors
+from .errors import fail, one_line_errors
 from .runner import build_runner, check_data, dump_results, load_config
 
 
@@ -40,7 +40,7 @@ def test_exported(args, runtime, name):
 
     Args:
         args (argparse.Namespace): ``config``, ``model`` (the export) and
-            :func:`mmevo.apis.add_evaluation_args`'s.
+            :func:`mmevo.cli.add_evaluation_args`'s.
         runtime (type): e.g. :class:`mmevo.deploy.OnnxModel`.
         name (str): the runtime in messages and the default work dir.
 

@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from mmevo.apis import MAX_SIDE, int_in_range
 from mmevo.apis.timing import op_profile, ops_backend, peak_memory, time_steps
+from mmevo.cli import MAX_SIDE, int_in_range
 
 
 def build(name, builder='mmdet'):

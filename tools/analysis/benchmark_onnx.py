@@ -46,7 +46,7 @@ from unittest import mock
 
 import torch
 
-from mmevo.apis import MAX_SIDE, int_in_range
+from mmevo.cli import MAX_SIDE, int_in_range
 from mmevo.deploy import (
     AotiModel,
     OnnxModel,

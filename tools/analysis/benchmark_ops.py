@@ -50,7 +50,7 @@ import time
 
 import torch
 
-from mmevo.apis import device_arg, int_in_range
+from mmevo.cli import device_arg, int_in_range
 from mmevo.ops import evolution_aggregate
 from mmevo.ops.library import use_backend
 

@@ -23,8 +23,8 @@ import types
 import torch
 import torch.nn.functional as F
 
-from mmevo.apis import MAX_SIDE, int_in_range
 from mmevo.apis.timing import ops_backend, peak_memory, time_steps
+from mmevo.cli import MAX_SIDE, int_in_range
 
 MODELS = ('swin_t', 'elsa_swin_t', 'elsa_swin_t_unfold', 'acmix_swin_t')
 

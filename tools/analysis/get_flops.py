@@ -19,7 +19,7 @@ Example:
 
 import argparse
 
-from mmevo import apis
+from mmevo import apis, cli
 from mmevo.apis.complexity import (
     DEFAULT_SHAPES,
     count_flops,
@@ -35,14 +35,14 @@ def parse_args(argv=None):
         'classifier'
     )
     parser.add_argument('config', help='config file')
-    apis.add_shape_arg(
+    cli.add_shape_arg(
         parser,
         help='input height and width (default: 1280 800 for detection, '
         '2048 1024 for segmentation, 224 224 for classification, as mmdet '
         '2.x / mmseg 0.x / mmcls 0.x get_flops; '
-        f'at most {apis.MAX_SIDE})',
+        f'at most {cli.MAX_SIDE})',
     )
-    apis.add_cfg_options(parser)
+    cli.add_cfg_options(parser)
     return parser.parse_args(argv)
 
 

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mmcv  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mmevo import apis  # noqa: E402
+from mmevo import apis, cli  # noqa: E402
 from mmevo.apis import kernel_capture as kernels  # noqa: E402
 from mmevo.integrations import mmengine as fixes  # noqa: E402
 
@@ -72,23 +72,23 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         '--max-groups',
-        type=apis.int_in_range(1),
+        type=cli.int_in_range(1),
         default=8,
         help='draw at most this many kernel groups per point',
     )
     parser.add_argument(
         '--max-size',
-        type=apis.int_in_range(0, apis.MAX_SIDE),
+        type=cli.int_in_range(0, cli.MAX_SIDE),
         default=800,
         help='rescale the image so its longer side is at most this (0: keep)',
     )
-    parser.add_argument('--device', type=apis.device_arg, default='cpu')
+    parser.add_argument('--device', type=cli.device_arg, default='cpu')
     parser.add_argument(
         '--list-layers',
         action='store_true',
         help='print the drawable layers and exit',
     )
-    apis.add_cfg_options(parser)
+    cli.add_cfg_options(parser)
     args = parser.parse_args(argv)
     if not args.list_layers and (args.layer is None or not args.points):
         parser.error('--layer and --points are required (or --list-layers)')

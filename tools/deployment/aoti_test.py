@@ -10,14 +10,10 @@ Example:
 """
 
 import argparse
-import warnings
 
-# as in tools/train.py: mmengine's pkg_resources import warns on every start
-warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
-
-from mmevo import apis  # noqa: E402
-from mmevo.apis.deploy import test_exported  # noqa: E402
-from mmevo.deploy import AotiModel  # noqa: E402
+from mmevo import cli
+from mmevo.apis.deploy import test_exported
+from mmevo.deploy import AotiModel
 
 
 def parse_args(argv=None):
@@ -26,7 +22,7 @@ def parse_args(argv=None):
     )
     parser.add_argument('config', help='config file')
     parser.add_argument('model', help='the .pt2 file')
-    apis.add_evaluation_args(parser)
+    cli.add_evaluation_args(parser)
     return parser.parse_args(argv)
 
 

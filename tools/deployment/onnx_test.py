@@ -13,14 +13,10 @@ Example:
 """
 
 import argparse
-import warnings
 
-# as in tools/train.py: mmengine's pkg_resources import warns on every start
-warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
-
-from mmevo import apis  # noqa: E402
-from mmevo.apis.deploy import test_exported  # noqa: E402
-from mmevo.deploy import OnnxModel  # noqa: E402
+from mmevo import cli
+from mmevo.apis.deploy import test_exported
+from mmevo.deploy import OnnxModel
 
 
 def parse_args(argv=None):
@@ -29,7 +25,7 @@ def parse_args(argv=None):
     )
     parser.add_argument('config', help='config file')
     parser.add_argument('model', help='the .onnx file')
-    apis.add_evaluation_args(parser)
+    cli.add_evaluation_args(parser)
     return parser.parse_args(argv)
 
 

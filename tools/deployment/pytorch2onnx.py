@@ -13,17 +13,13 @@ Example:
 """
 
 import argparse
-import warnings
 
-# as in tools/train.py: mmengine's pkg_resources import warns on every start
-warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
+import torch
 
-import torch  # noqa: E402
-
-from mmevo import apis  # noqa: E402
-from mmevo.apis.deploy import report_parity  # noqa: E402
-from mmevo.deploy import OnnxModel, export_onnx, exportable  # noqa: E402
-from mmevo.integrations import mmengine as fixes  # noqa: E402
+from mmevo import apis, cli
+from mmevo.apis.deploy import report_parity
+from mmevo.deploy import OnnxModel, export_onnx, exportable
+from mmevo.integrations import mmengine as fixes
 
 
 def parse_args(argv=None):
@@ -31,10 +27,10 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out', required=True, help='the .onnx file')
-    apis.add_shape_arg(
+    cli.add_shape_arg(
         parser,
         default=[128, 128],
-        help=f'example input size (default: 128 128; at most {apis.MAX_SIDE})',
+        help=f'example input size (default: 128 128; at most {cli.MAX_SIDE})',
     )
     parser.add_argument(
         '--dynamic',

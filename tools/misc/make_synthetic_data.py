@@ -8,13 +8,9 @@ Example:
 
 import argparse
 import time
-import warnings
-
-# as in tools/train.py: mmengine's pkg_resources import warns on every start
-warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 from mmevo.datasets import (
-    make_synthetic_cityscapes,  # noqa: E402
+    make_synthetic_cityscapes,
     make_synthetic_coco,
     make_synthetic_imagenet,
 )

@@ -1,67 +1,30 @@
-"""Command-line behaviour shared by the tools.
+"""The command line of mmevo's tools: what every ``tools/*.py`` imports.
 
-The library raises exceptions; the tools turn the expected ones (a missing
-config, data set or checkpoint, a checkpoint that does not fit, a busy work
-dir) into one line on stderr, printed by rank 0 only so that a distributed
-job says it once, and an exit status, never a traceback.
+It holds the tools' argparse types and options, so that each tool only
+declares its own, and hides one warning that is noise to a user:
+mmengine resolves ``mmdet::`` config bases through ``pkg_resources``,
+which setuptools 80 (the last that has it) flags as deprecated each time.
+Importing this module (a tool does, before it runs) installs that filter
+for the process; a library import of mmevo changes no warning filter.
+
+Example:
+    >>> import argparse
+    >>> from mmevo import cli
+    >>> parser = argparse.ArgumentParser()
+    >>> cli.add_shape_arg(parser, default=[128, 128])
+    >>> parser.add_argument('--iters', type=cli.int_in_range(1))
 """
 
 import argparse
-import contextlib
-import os
-import sys
+import warnings
 
 from mmengine.config import DictAction
 
-from mmevo.datasets import MissingDataError
-
-from .checkpoint import CheckpointError
-from .workdir import WorkDirBusyError
-
-#: Exit status of a usage error (as argparse's): missing config or data.
-USAGE = 2
 #: The largest image side the tools accept (``--shape``, ``--size``): four
 #: times a Cityscapes frame; a larger one only exhausts the memory.
 MAX_SIDE = 8192
 
-
-def launch_rank():
-    """This process's rank as the launcher set it (before any process
-    group exists): torchrun's ``RANK``, SLURM's ``SLURM_PROCID``, else 0."""
-    return int(os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0')))
-
-
-def fail(message, status=1):
-    """Print ``error: <message>`` (rank 0 only) and exit with ``status``.
-
-    Args:
-        message (str): One line.
-        status (int): The exit status. Default: 1.
-
-    Example:
-        >>> fail("checkpoint 'x.pth' does not exist")
-    """
-    if launch_rank() == 0:
-        print(f'error: {message}', file=sys.stderr)
-    raise SystemExit(status)
-
-
-@contextlib.contextmanager
-def one_line_errors():
-    """Turn mmevo's expected errors into :func:`fail`: a missing data set
-    (status 2), a checkpoint that cannot be loaded or does not fit, a work
-    dir in use (status 1).
-
-    Example:
-        >>> with one_line_errors():
-        ...     check_checkpoint_fits(model, 'other.pth')
-    """
-    try:
-        yield
-    except MissingDataError as e:
-        fail(str(e), USAGE)
-    except (CheckpointError, WorkDirBusyError) as e:
-        fail(str(e))
+warnings.filterwarnings('ignore', 'pkg_resources is deprecated', UserWarning)
 
 
 def int_in_range(low, high=None):

@@ -1,12 +1,15 @@
-"""The argparse types of the tools: an out-of-range integer or an unknown
-or absent device is a one-line usage error that names what was expected."""
+"""The tools' entry module: its argparse types make an out-of-range integer
+or an unknown or absent device a one-line usage error that names what was
+expected, and it hides mmengine's pkg_resources warning."""
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from mmevo.apis import device_arg, int_in_range
+from mmevo.cli import device_arg, int_in_range
 
 
 def _parser(**kwargs):
@@ -53,3 +56,23 @@ def test_device_arg_without_a_gpu(capsys):
         'tool: error: argument --x: expected an available device, got '
         "'cuda': no CUDA device"
     )
+
+
+_WARNS = (
+    'import warnings; warnings.simplefilter("default"); {}'
+    'from mmengine.utils import is_installed; is_installed("torch")'
+)
+
+
+@pytest.mark.parametrize('entry', ['', 'import mmevo.cli; '])
+def test_entry_hides_the_pkg_resources_warning(entry):
+    """mmengine's ``is_installed`` (the config loader's, for ``mmdet::``
+    bases) warns through pkg_resources unless the tools' entry is
+    imported."""
+    out = subprocess.run(
+        [sys.executable, '-c', _WARNS.format(entry)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert ('pkg_resources is deprecated' in out.stderr) == (not entry)
