@@ -34,7 +34,7 @@ def report_parity(model, runtime, inputs, kind, name):
         )
 
 
-def test_exported(args, runtime, name):
+def evaluate_exported(args, runtime, name):
     """``tools/test.py``'s run of ``args.config`` with the predictions of
     ``runtime(args.model)``, post-processed by the config's own heads.
 
@@ -48,7 +48,7 @@ def test_exported(args, runtime, name):
         dict: the test metrics.
 
     Example:
-        >>> test_exported(args, AotiModel, 'AOTInductor')
+        >>> evaluate_exported(args, AotiModel, 'AOTInductor')
     """
     if not osp.isfile(args.model):
         fail(f"{name} model '{args.model}' does not exist")

@@ -12,7 +12,7 @@ Example:
 import argparse
 
 from mmevo import cli
-from mmevo.apis.deploy import test_exported
+from mmevo.apis.deploy import evaluate_exported
 from mmevo.deploy import AotiModel
 
 
@@ -27,7 +27,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    return test_exported(parse_args(argv), AotiModel, 'AOTInductor')
+    return evaluate_exported(parse_args(argv), AotiModel, 'AOTInductor')
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ Example:
 import argparse
 
 from mmevo import cli
-from mmevo.apis.deploy import test_exported
+from mmevo.apis.deploy import evaluate_exported
 from mmevo.deploy import OnnxModel
 
 
@@ -30,7 +30,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    return test_exported(parse_args(argv), OnnxModel, 'ONNX')
+    return evaluate_exported(parse_args(argv), OnnxModel, 'ONNX')
 
 
 if __name__ == '__main__':
