@@ -29,6 +29,7 @@ from mmengine.analysis import FlopAnalyzer
 from mmengine.structures import InstanceData
 from torch import nn
 
+from mmevo.deploy.kinds import flatten_outputs, model_kind
 from mmevo.ops.flops import FLOP_HANDLES
 
 #: Default input (H, W) per task, those of the tools that made the published
@@ -39,6 +40,7 @@ from mmevo.ops.flops import FLOP_HANDLES
 DEFAULT_SHAPES = {'det': (1280, 800), 'seg': (2048, 1024), 'cls': (224, 224)}
 #: Proposals the published two-stage ``forward_dummy`` fed its RoI head.
 NUM_PROPOSALS = 1000
+_TASKS = {'two-stage': 'det', 'det': 'det', 'seg': 'seg'}
 
 
 class DummyForward(nn.Module):
@@ -61,7 +63,7 @@ class DummyForward(nn.Module):
 
     def forward(self, inputs):
         model = self.model
-        if hasattr(model, 'roi_head'):  # two-stage detector
+        if model_kind(model) == 'two-stage':
             feats = model.extract_feat(inputs)
             rpn_outs = model.rpn_head(feats)
             # Fixed in-image boxes: the RoI head's cost does not depend on
@@ -74,31 +76,18 @@ class DummyForward(nn.Module):
             boxes = boxes * boxes.new_tensor([w, h, w, h])
             proposals = [InstanceData(bboxes=boxes.to(inputs.device))]
             roi_outs = model.roi_head.forward(feats, proposals)
-            return tuple(_flatten(rpn_outs)) + tuple(_flatten(roi_outs))
+            return flatten_outputs((rpn_outs, roi_outs))
         # Single-stage detectors, segmentors and classifiers: mode='tensor'
         # is the network without post-processing (no auxiliary head, as
         # published; a classifier's logits).
-        return tuple(_flatten(model(inputs, mode='tensor')))
-
-
-def _flatten(outs):
-    """The tensors of nested tuples/lists, in order (jit tracing needs a flat
-    tuple of tensors as output)."""
-    if isinstance(outs, torch.Tensor):
-        return [outs]
-    flat = []
-    for out in outs:
-        flat.extend(_flatten(out))
-    return flat
+        return flatten_outputs(model(inputs, mode='tensor'))
 
 
 def task_of(model):
-    """'det', 'seg' or 'cls', from the model's data preprocessor (the key
-    of :data:`DEFAULT_SHAPES`)."""
-    name = type(model.data_preprocessor).__name__
-    if name.startswith('Cls'):
-        return 'cls'
-    return 'seg' if name.startswith('Seg') else 'det'
+    """'det', 'seg' or 'cls' (the key of :data:`DEFAULT_SHAPES`), by the
+    model's :func:`mmevo.deploy.model_kind`: a detector, an
+    encoder-decoder, or else a classifier."""
+    return _TASKS.get(model_kind(model), 'cls')
 
 
 def count_parameters(model):

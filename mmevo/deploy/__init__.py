@@ -9,6 +9,8 @@ AOTInductor packages (PyTorch's runtime, from Python or C++).
   only, for the export's length); :mod:`.mmseg` holds mmseg's;
 * :mod:`.mmdet`: two-stage detectors as one graph (imports mmdet, so
   not imported here: exporting a layer or a backbone needs no mmdet);
+* :mod:`.kinds`: :func:`model_kind` and :func:`flatten_outputs`, what
+  kind of model a module is and its outputs as one tuple;
 * :mod:`.predict` and :mod:`.parity`: the evaluation and the checks of
   ``tools/deployment``.
 
@@ -22,8 +24,9 @@ Example:
 from .aoti import AotiModel, export_aoti
 from .detection_ops import nms, roi_align
 from .export import TensorOutputs, export_onnx
+from .kinds import flatten_outputs, model_kind
 from .parity import check_outputs, match_rows, max_difference
-from .predict import expected_outputs, exportable, model_kind, runtime_predict
+from .predict import expected_outputs, exportable, runtime_predict
 from .rewrites import adaptive_avg_pool2d, ceil_avg_pool2d, export_rewrites
 from .runtime import OnnxModel
 
@@ -39,6 +42,7 @@ __all__ = [
     'export_onnx',
     'export_rewrites',
     'exportable',
+    'flatten_outputs',
     'match_rows',
     'max_difference',
     'model_kind',

@@ -14,7 +14,6 @@ import contextlib
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from mmevo.layers.base import EvolutionLayer
 
@@ -23,6 +22,7 @@ from .detection_ops import (
     OPSET_VERSION,
     register_onnx_symbolics,
 )
+from .kinds import flatten_outputs, model_kind
 from .rewrites import export_rewrites
 
 
@@ -34,8 +34,8 @@ class TensorOutputs(nn.Module):
             or any module when ``forward`` is given.
         forward (callable, optional): ``forward(model, x)`` instead of
             ``model(x, mode='tensor')``. Default: that call, or
-            :func:`mmevo.deploy.mmdet.two_stage_forward` for a model with
-            a ``roi_head``.
+            :func:`mmevo.deploy.mmdet.two_stage_forward` for a two-stage
+            model (:func:`mmevo.deploy.model_kind`).
 
     Example:
         >>> model = TensorOutputs(detector.eval())   # mode='tensor'
@@ -45,7 +45,7 @@ class TensorOutputs(nn.Module):
     def __init__(self, model, forward=None):
         super().__init__()
         self.model = model
-        if forward is None and hasattr(model, 'roi_head'):
+        if forward is None and model_kind(model) == 'two-stage':
             from .mmdet import two_stage_forward
 
             forward = two_stage_forward
@@ -58,7 +58,7 @@ class TensorOutputs(nn.Module):
             out = self._forward(self.model, x)
         else:
             out = self.model(x, mode='tensor')
-        return tuple(pytree.tree_leaves(out))
+        return flatten_outputs(out)
 
 
 @contextlib.contextmanager

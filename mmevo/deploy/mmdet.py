@@ -6,7 +6,7 @@ without branches on data, its NMS and RoIAlign those of
 :func:`two_stage_forward` is ``model(x, mode='tensor')``,
 :func:`two_stage_detections` goes on through the box head's
 post-processing. :class:`mmevo.deploy.TensorOutputs` takes the first by
-default for a model with a ``roi_head``.
+default for a two-stage model (:func:`mmevo.deploy.model_kind`).
 """
 
 import torch

@@ -1,38 +1,13 @@
 """OpenMMLab models around an exported graph: which graph a model exports
-(:func:`model_kind`, :func:`exportable`) and its ``predict`` with the
-graph's outputs post-processed by the model's own heads
-(:func:`runtime_predict`), as ``tools/deployment/onnx_test.py`` and
+(:func:`exportable`, by its :func:`mmevo.deploy.model_kind`) and its
+``predict`` with the graph's outputs post-processed by the model's own
+heads (:func:`runtime_predict`), as ``tools/deployment/onnx_test.py`` and
 ``aoti_test.py`` evaluate them."""
 
 import torch
 
 from .export import TensorOutputs
-
-#: what each kind of model exports, see :func:`model_kind`
-KINDS = ('two-stage', 'det', 'seg', 'tensor', 'module')
-
-
-def model_kind(model):
-    """What ``model`` exports: 'two-stage' (RPN + RoI head, the detections
-    of :func:`mmevo.deploy.mmdet.two_stage_detections`), 'det' (a
-    single-stage detector's head outputs), 'seg' (an encoder-decoder's
-    logits), 'tensor' (another OpenMMLab model's ``mode='tensor'``
-    outputs, e.g. a classifier's) or 'module' (a backbone or any other
-    module: ``model(x)``).
-
-    Example:
-        >>> model_kind(retinanet)
-        'det'
-    """
-    if hasattr(model, 'rpn_head') and hasattr(model, 'roi_head'):
-        return 'two-stage'
-    if hasattr(model, 'bbox_head'):
-        return 'det'
-    if hasattr(model, 'decode_head'):
-        return 'seg'
-    if hasattr(model, 'data_preprocessor'):  # mmengine's BaseModel
-        return 'tensor'
-    return 'module'
+from .kinds import model_kind
 
 
 def exportable(model):
