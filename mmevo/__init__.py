@@ -8,7 +8,8 @@ torch and mmevo's ops, and changes no global state beyond defining the
 * ``mmevo.layers``: + mmengine and mmcv (``mmcv.cnn``);
 * ``mmevo.models``: + mmdet (its backbones, necks and heads subclass
   mmdet's);
-* ``mmevo.datasets``: OpenCV (cv2) and numpy;
+* ``mmevo.datasets`` (the data-root checks) and ``mmevo.demo`` (the
+  synthetic demo sets): OpenCV (cv2) and numpy;
 * ``mmevo.integrations``: fixes of upstream libraries, each turned on by its
   ``install()``; ``mmevo.apis``: what the tools do; ``mmevo.deploy``: ONNX
   and AOTInductor.

@@ -9,7 +9,7 @@
 _base_ = '../rednet/rednet26_64xb32-warmup-coslr_in1k.py'
 
 data_root = 'data/synthetic_imagenet'
-# mmevo.datasets.CLS_CLASSES (the sorted folder names: folder i is class i)
+# mmevo.demo.CLS_CLASSES (the sorted folder names: folder i is class i)
 classes = (
     'checker',
     'circle',

@@ -26,7 +26,7 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.runner import Runner
 
 import mmevo
-from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
+from mmevo.demo import CLS_CLASSES, make_synthetic_imagenet
 
 from configs_helpers import ROOT, load
 

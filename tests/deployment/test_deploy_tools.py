@@ -12,7 +12,7 @@ import torch
 from mmengine.config import Config
 
 from mmevo.apis import build_model, load_config
-from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
+from mmevo.demo import make_synthetic_cityscapes, make_synthetic_coco
 from mmevo.deploy import OnnxModel
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
+from mmevo.demo import make_synthetic_cityscapes, make_synthetic_coco
 from mmevo.integrations.mmengine.dist import convert_sync_bn_to_bn
 
 pytestmark = pytest.mark.slow  # about 30-60 s each on 2 cores

@@ -3,7 +3,7 @@ session."""
 
 import pytest
 
-from mmevo.datasets import make_synthetic_cityscapes, make_synthetic_coco
+from mmevo.demo import make_synthetic_cityscapes, make_synthetic_coco
 
 
 @pytest.fixture(scope='session')

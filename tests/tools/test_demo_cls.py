@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mmevo
-from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
+from mmevo.demo import CLS_CLASSES, make_synthetic_imagenet
 
 from tool_utils import REPO, load_tool
 

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import pytest
 
-from mmevo.datasets import CLS_CLASSES, make_synthetic_imagenet
+from mmevo.demo import CLS_CLASSES, make_synthetic_imagenet
 
 from tool_utils import DEMO_DET, DEMO_SEG, REPO
 

@@ -9,7 +9,7 @@ Example:
 import argparse
 import time
 
-from mmevo.datasets import (
+from mmevo.demo import (
     make_synthetic_cityscapes,
     make_synthetic_coco,
     make_synthetic_imagenet,

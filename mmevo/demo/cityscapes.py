@@ -2,7 +2,7 @@
 ``leftImg8bit/{train,val}/<city>/*_leftImg8bit.png`` with label maps
 ``gtFine/{train,val}/<city>/*_gtFine_labelTrainIds.png`` in Cityscapes'
 19-class train-id space (a subset of the ids occurs), read by mmseg's
-``CityscapesDataset``; drawn as :mod:`.synthetic` draws (one seeded
+``CityscapesDataset``; drawn as :mod:`.coco` draws (one seeded
 ``RandomState`` per image)."""
 
 import os
@@ -11,7 +11,7 @@ import os.path as osp
 import cv2
 import numpy as np
 
-from .synthetic import (
+from .coco import (
     _rng,
     _start_set,
     _texture,

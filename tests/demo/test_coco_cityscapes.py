@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from mmevo.datasets import (
+from mmevo.demo import (
     DET_CLASSES,
     SEG_TRAIN_IDS,
     make_synthetic_cityscapes,

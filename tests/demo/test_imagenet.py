@@ -18,13 +18,9 @@ import numpy as np
 import pytest
 from mmengine.config import Config
 
-from mmevo.datasets import (
-    CLS_CLASSES,
-    MissingDataError,
-    check_data_exists,
-    make_synthetic_imagenet,
-)
-from mmevo.datasets.synthetic_cls import draw_classification_image
+from mmevo.datasets import MissingDataError, check_data_exists
+from mmevo.demo import CLS_CLASSES, make_synthetic_imagenet
+from mmevo.demo.imagenet import draw_classification_image
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEMO = osp.join(

@@ -7,8 +7,8 @@ tests need no download (this module, the shared drawing helpers and):
   textured backgrounds (``annotations/instances_{train,val}.json`` plus
   ``{train,val}/*.png``), read by mmdet's ``CocoDataset`` and scored by the
   real ``CocoMetric``;
-* a Cityscapes-layout segmentation set (:mod:`.synthetic_seg`);
-* an ImageNet-layout classification set (:mod:`.synthetic_cls`).
+* a Cityscapes-layout segmentation set (:mod:`.cityscapes`);
+* an ImageNet-layout classification set (:mod:`.imagenet`).
 
 Every image is drawn from its own ``numpy.random.RandomState`` seeded by
 (seed, split, index), so a file's bytes depend only on those three numbers:

@@ -8,7 +8,7 @@ read by mmpretrain's ``ImageNet`` dataset with ``split='train'`` / ``'val'``
 (and by ``CustomDataset``, which ``ImageNet`` is).
 
 Every image is drawn from its own random stream seeded by (seed, split,
-index), as the detection and segmentation sets of :mod:`.synthetic` are.
+index), as the detection and segmentation sets of :mod:`.coco` are.
 """
 
 import os
@@ -17,7 +17,7 @@ import os.path as osp
 import cv2
 import numpy as np
 
-from .synthetic import (
+from .coco import (
     _rng,
     _start_set,
     _texture,
