@@ -11,7 +11,8 @@ torch and mmevo's ops, and changes no global state beyond defining the
 * ``mmevo.datasets`` (the data-root checks) and ``mmevo.demo`` (the
   synthetic demo sets): OpenCV (cv2) and numpy;
 * ``mmevo.integrations``: fixes of upstream libraries, each turned on by its
-  ``install()``; ``mmevo.apis``: what the tools do; ``mmevo.deploy``: ONNX
+  ``install()``; ``mmevo.apis``: what the tools do; ``mmevo.cli``: their
+  argparse options (imported by the tools only); ``mmevo.deploy``: ONNX
   and AOTInductor.
 
 mmevo's OpenMMLab modules register themselves in mmengine's registries
