@@ -189,7 +189,7 @@ def test_symbolics_are_registered_by_the_export_not_the_import(tmp_path):
     which ``export_onnx`` calls, does, and a second call changes nothing."""
     script = textwrap.dedent(f"""
         import torch
-        from mmevo.deploy import ops
+        from mmevo.deploy import detection_ops as ops
 
         class Keep(torch.nn.Module):
             def forward(self, boxes, scores):
