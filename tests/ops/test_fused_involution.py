@@ -257,7 +257,13 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize('change, error, message', BAD, ids=str)
+@pytest.mark.parametrize(
+    'change, error, message',
+    BAD,
+    # by argument and message: the tensors' values would differ between
+    # pytest-xdist's workers
+    ids=[f'{next(iter(change))}: {message}' for change, _, message in BAD],
+)
 def test_bad_input(change, error, message):
     with pytest.raises(error, match=message):
         fused_involution(**_args(**change))
