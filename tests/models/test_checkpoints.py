@@ -111,7 +111,7 @@ def test_rednet_mmcls_checkpoint_via_init_cfg(tmp_path):
     x = torch.randn(1, 3, 64, 64)
     model.eval(), plain.eval()
     with torch.no_grad():
-        for a, b in zip(model(x), plain(x)):
+        for a, b in zip(model(x), plain(x), strict=True):
             assert torch.isfinite(a).all()
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -181,7 +181,7 @@ def test_acmix_torchvision_checkpoint(tmp_path, wrapped):
     x = torch.randn(1, 3, 32, 32)
     model.eval(), plain.eval()
     with torch.no_grad():
-        for a, b in zip(model(x), plain(x)):
+        for a, b in zip(model(x), plain(x), strict=True):
             assert torch.isfinite(a).all()
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -190,7 +190,7 @@ def test_acmix_only_drops_fc():
     """A key the backbone really lacks is still reported."""
     sd = ACmixResNet(26, stem_channels=16, base_channels=16).state_dict()
     sd['layer9.weight'] = torch.zeros(1)
-    with pytest.raises(RuntimeError, match='layer9.weight'):
+    with pytest.raises(RuntimeError, match=r'layer9\.weight'):
         ACmixResNet(26, stem_channels=16, base_channels=16).load_state_dict(
             sd, strict=True
         )

@@ -127,7 +127,7 @@ def test_every_hook_fires_as_on_the_stock_path(name):
     assert called >= {
         n for n, m in model.named_modules() if isinstance(m, layers)
     }
-    for a, b in zip(fast_outs, stock_outs):
+    for a, b in zip(fast_outs, stock_outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
@@ -152,7 +152,7 @@ def test_one_hook_deep_inside_fires_and_the_rest_stays_fast():
     helpers.uncount_conv_calls(model)
     assert len(seen) == 2 and seen[0] == seen[1]
     assert fast_calls < len(calls)
-    for a, b in zip(out, ref):
+    for a, b in zip(out, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -165,7 +165,7 @@ def test_a_global_module_hook_sees_every_call():
     for fast in (True, False):
         seen = collections.Counter()
         handle = nn.modules.module.register_module_forward_hook(
-            lambda m, i, o: seen.update([id(m)])
+            lambda m, i, o, seen=seen: seen.update([id(m)])
         )
         try:
             with torch.no_grad():
