@@ -101,6 +101,17 @@ def backend_name(t):
         return _auto(t)
     if name == 'cpp' and t.device.type != 'cpu':
         raise ValueError(f"backend 'cpp' runs CPU tensors, got {t.device}")
+    if (
+        name == 'triton'
+        and t.device.type != 'cuda'
+        and os.environ.get('TRITON_INTERPRET') != '1'
+    ):
+        # else Triton fails deep in its launcher ("0 active drivers")
+        raise ValueError(
+            f"backend 'triton' (MMEVO_OPS_BACKEND or use_backend) runs CUDA "
+            f"tensors, got {t.device}: use 'auto' or 'cpp' for CPU tensors, "
+            'or set TRITON_INTERPRET=1 to interpret the Triton kernels'
+        )
     return name
 
 

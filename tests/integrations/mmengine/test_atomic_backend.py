@@ -58,9 +58,9 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path):
 # killed (SIGKILL) after the temporary file was created, before a byte of it
 # was written: what kill -9 during a save leaves
 _KILLED = """
-import os, signal, sys
+import builtins, os, signal, sys
 from mmevo.integrations.mmengine import atomic_backend
-os.fdopen = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+builtins.open = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 atomic_backend.atomic_write(b'x' * 1000, sys.argv[1])
 """
 
