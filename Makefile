@@ -39,8 +39,13 @@ deploy-demo: install
 	$(PY) tools/deployment/pytorch2onnx.py configs/demo/retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py $(DEMO_CKPT) --out work_dirs/demo/model.onnx --shape 128 128 --dynamic
 	$(PY) tools/deployment/onnx_test.py configs/demo/retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py work_dirs/demo/model.onnx --work-dir work_dirs/demo-onnx
 
+# pytest-xdist: a worker a core, at most 4 (each holds torch and the mm*
+# stack, a few GB while it compiles a package); one OpenMP thread each and
+# the 'two_cores' tests on one worker (tests/conftest.py). TEST_WORKERS=0
+# runs the tests in one process. The budget: docs/install.md, "Tests".
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$((n < 4 ? n : 4)))
 test: install
-	$(PY) -m pytest tests -q --durations=25
+	$(PY) -m pytest tests -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
 	.venv/bin/ruff check $(LINT_PATHS)

@@ -7,6 +7,14 @@ is interpreted when the kernel is decorated, and torch >= 2.14 imports
 triton while importing ``torch._dynamo`` (which mmengine and mmevo's ops
 pull in), so ``TRITON_INTERPRET=1`` is set here, before any test module is
 collected.
+
+Under pytest-xdist (``make test`` runs a worker per core) each worker
+takes its share of the cores: ``torch.set_num_threads`` and the
+``OMP_NUM_THREADS`` of the processes it starts are capped at cores /
+workers (a test that needs more threads sets them itself). Tests that keep
+both cores busy by themselves (a process pool, a two-process training)
+share one worker: ``@pytest.mark.xdist_group('two_cores')``; the slow
+tests are handed out first.
 """
 
 import os
@@ -23,12 +31,30 @@ if not CUDA:
     ), 'triton was imported before TRITON_INTERPRET=1 could be set'
     os.environ['TRITON_INTERPRET'] = '1'
 
+# xdist's workers: as many as cores, so one OpenMP thread each (two on two
+# cores only oversubscribe them, and wait for each other)
+WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
+if WORKERS > 1:
+    share = max(1, len(os.sched_getaffinity(0)) // WORKERS)
+    if torch.get_num_threads() > share:
+        torch.set_num_threads(share)
+        os.environ['OMP_NUM_THREADS'] = str(share)
+
 
 # mmevo's modules registered for the whole suite, whatever a test module
 # imports first; the mmengine fixes stay off unless a test turns them on.
 import mmevo  # noqa: E402
 
 mmevo.register_all_modules(install_fixes=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    # an xdist worker's collection is the order the tests are handed out
+    # in: the slow ones first, so that the run ends on short tests rather
+    # than on one worker's training while the other has nothing left
+    if hasattr(config, 'workerinput'):
+        items.sort(key=lambda item: item.get_closest_marker('slow') is None)
 
 
 @pytest.fixture

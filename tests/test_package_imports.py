@@ -154,7 +154,7 @@ def test_custom_imports_of_a_config_registers_everything(tmp_path, module):
     """The documented entry, ``custom_imports=dict(imports=['mmevo.models'])``,
     and the one of configs written before it, ``imports=['mmevo']``."""
     cfg = tmp_path / 'cfg.py'
-    cfg.write_text(f"custom_imports = dict(imports=[{module!r}])\n")
+    cfg.write_text(f'custom_imports = dict(imports=[{module!r}])\n')
     missing = run_blocked(
         (),
         f"""

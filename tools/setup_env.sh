@@ -16,6 +16,9 @@ MMCV_VERSION=2.1.0
 PINS=(torch==2.14.1 torchvision==0.29.1 mmengine==0.10.7 mmdet==3.3.0
       mmsegmentation==1.2.2 mmpretrain==1.2.0 "numpy<2" "opencv-python<4.11"
       ftfy regex pytest pycocotools
+      # `make test` runs the tests in a process a core
+      pytest-xdist==3.8.0
+      grad-cam==1.4.8  # mmpretrain's vis_cam.py (passes use_cuda, gone in 1.5)
       "setuptools>=77,<81" wheel ninja
       # deployment (`pip install mmevo[deploy]`, tests/deployment)
       onnx==1.23.2 onnxruntime==1.31.1 onnxscript==0.7.2

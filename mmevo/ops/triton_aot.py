@@ -7,7 +7,9 @@ for every config, dtype and target, and reads the binary's resources:
 registers, spilled bytes (``ptxas -v``), local and shared memory
 (``cuobjdump --dump-resource-usage``). Triton is imported compiled, so this
 runs in worker processes without ``TRITON_INTERPRET``, each with a fresh
-Triton cache (every compile really compiles, and nothing is kept).
+Triton cache (every compile really compiles). With ``cache``, a compile
+that Triton's own cache key says was done before (same kernel source,
+config, target and toolchain) takes the row of that compile.
 
 Example:
     >>> from mmevo.ops import triton_aot
@@ -16,24 +18,32 @@ Example:
     []
 
 Command line: ``python -m mmevo.ops.triton_aot [--targets 80 90]
-[--processes 2]`` prints the rows as JSON.
+[--processes 2] [--cache [DIR]]`` prints the rows as JSON.
 """
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 # Pointer element types of the kernels' three tensors per dtype; the
 # correlation also writes fp32 logits from fp16 / bf16 inputs (softmax).
 DTYPES = ('fp32', 'fp16', 'bf16', 'fp64')
 CANDIDATE_TARGETS = (80, 90, 100)
+# Rows kept across runs (``--cache``), beside setup_env.sh's mmcv wheel.
+CACHE = os.path.join(
+    os.environ.get('MMEVO_CACHE', os.path.expanduser('~/.cache/mmevo')),
+    'triton-aot',
+)
 
 
 def _tools():
@@ -203,33 +213,58 @@ def _resources(cubin):
     }
 
 
-def compile_job(job):
+def _cache_path(cache, src, options, target):
+    """The file of a compile's row in ``cache``: named by Triton's own
+    cache key (the triton build, the kernel's source and its callees',
+    signature, constants, options, ptxas version and target) and by this
+    module's source (how the row is measured)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key
+
+    backend = make_backend(target)
+    parsed = backend.parse_options(dict(options, **src.parse_options()))
+    key = get_cache_key(
+        src, backend, parsed, get_cache_invalidating_env_vars()
+    )
+    with open(__file__, 'rb') as f:
+        key += hashlib.sha256(f.read()).hexdigest()
+    return os.path.join(cache, hashlib.sha256(key.encode()).hexdigest())
+
+
+def compile_job(job, cache=None):
     """Compile one job; return it with its resources (or its error).
 
     Args:
         job (dict): a row of :func:`matrix`.
+        cache (str, optional): a folder of earlier rows: a job whose
+            compile Triton would take from its own cache (same source,
+            config, target and toolchain) gets the row of that compile
+            instead of compiling again; a new successful row is stored.
 
     Returns:
         dict: ``job`` plus ``config_str``, ``regs``, ``spill_bytes``
-        (stores + loads), ``local``, ``shared``, ``seconds`` and ``error``
-        (None, or the compiler's message).
+        (stores + loads), ``local``, ``shared``, ``seconds``, ``cached``
+        (whether the row came from ``cache``) and ``error`` (None, or the
+        compiler's message).
     """
     import triton
     from triton.backends.compiler import GPUTarget
 
     src, options, config = _source(job)
-    row = dict(job, config_str=str(config), error=None)
+    row = dict(job, config_str=str(config), error=None, cached=False)
+    target = GPUTarget('cuda', job['target'], 32)
+    path = cache and _cache_path(cache, src, options, target)
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return dict(row, **json.load(f), cached=True)
     knobs = _tools()
     log = io.StringIO()
     start = time.perf_counter()
     try:
         with knobs.nvidia.scope(), contextlib.redirect_stdout(log):
             knobs.nvidia.dump_ptxas_log = True
-            compiled = triton.compile(
-                src,
-                target=GPUTarget('cuda', job['target'], 32),
-                options=options,
-            )
+            compiled = triton.compile(src, target=target, options=options)
         res = _resources(compiled.asm['cubin'])
     except Exception as e:  # every compile error is a row of the report
         row['error'] = f'{type(e).__name__}: {e}'[:2000]
@@ -237,76 +272,120 @@ def compile_job(job):
     spills = re.findall(r'(\d+) bytes spill (?:stores|loads)', log.getvalue())
     if not spills:
         row['error'] = 'no ptxas -v log: was the kernel compiled?'
-    row.update(
+    measured = dict(
         regs=res.get('REG'),
         spill_bytes=sum(map(int, spills)),
         local=res.get('LOCAL', 0) + res.get('STACK', 0),
         shared=compiled.metadata.shared,
         seconds=round(time.perf_counter() - start, 2),
     )
+    row.update(measured)
+    if path and row['error'] is None:
+        os.makedirs(cache, exist_ok=True)
+        # written whole, then renamed: a reader never sees half a row
+        with tempfile.NamedTemporaryFile(
+            'w', dir=cache, delete=False, suffix='.tmp'
+        ) as f:
+            json.dump(measured, f)
+        os.replace(f.name, path)
     return row
 
 
-def run(jobs, processes=2, timeout=3600):
+def run(jobs, processes=2, timeout=3600, cache=None):
     """Compile ``jobs`` in ``processes`` worker processes.
 
     Workers import Triton without ``TRITON_INTERPRET`` (whatever this
-    process has) and with a temporary cache of their own.
+    process has) and with a temporary Triton cache of their own; each
+    takes the next job as it finishes one, so a slow compile holds up
+    one worker only.
 
     Args:
         jobs (list[dict]): rows of :func:`matrix`.
         processes (int): worker processes. Default: 2.
         timeout (float): seconds for the whole run.
+        cache (str, optional): a folder of rows kept across runs (see
+            :func:`compile_job`), e.g. :data:`CACHE`. Default: compile
+            every job.
 
     Returns:
         list[dict]: :func:`compile_job`'s row for every job, in order.
+
+    Raises:
+        ValueError: if ``processes`` < 1.
+        RuntimeError: if a worker fails, or the run takes longer than
+            ``timeout``.
     """
     if processes < 1:
         raise ValueError(f'processes must be >= 1, got {processes}')
-    chunks = [jobs[i::processes] for i in range(processes)]
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     env['PYTHONPATH'] = os.pathsep.join(
         p for p in (repo, env.get('PYTHONPATH')) if p
     )
-    with tempfile.TemporaryDirectory() as cache:
+    command = [sys.executable, '-m', 'mmevo.ops.triton_aot', '--worker']
+    if cache:
+        command += ['--cache', os.path.abspath(cache)]
+    todo = queue.SimpleQueue()
+    for item in enumerate(jobs):
+        todo.put(item)
+    rows = [None] * len(jobs)
+
+    def serve(proc):
+        # one job at a time to each worker: the next when its row is back
+        while True:
+            try:
+                i, job = todo.get_nowait()
+            except queue.Empty:
+                break
+            proc.stdin.write(json.dumps(job) + '\n')
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+            if not line:
+                break
+            rows[i] = json.loads(line)
+        proc.stdin.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
         workers = []
-        for n, chunk in enumerate(chunks):
-            env_n = dict(env, TRITON_CACHE_DIR=os.path.join(cache, str(n)))
+        for n in range(min(processes, len(jobs))):
+            stderr = open(os.path.join(tmp, f'{n}.err'), 'w+')
             proc = subprocess.Popen(
-                [sys.executable, '-m', 'mmevo.ops.triton_aot', '--worker'],
+                command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env_n,
+                stderr=stderr,
+                env=dict(env, TRITON_CACHE_DIR=os.path.join(tmp, str(n))),
                 text=True,
             )
-            workers.append(proc)
-        outs = [
-            p.communicate(json.dumps(c), timeout=timeout)
-            for p, c in zip(workers, chunks)
-        ]
-    rows = {}
-    for proc, (out, err) in zip(workers, outs):
-        if proc.returncode:
-            raise RuntimeError(f'AOT worker failed:\n{err[-4000:]}')
-        for row in json.loads(out):
-            rows[_key(row)] = row
-    return [rows[_key(j)] for j in jobs]
+            thread = threading.Thread(target=serve, args=(proc,))
+            thread.start()
+            workers.append((proc, thread, stderr))
+        deadline = time.monotonic() + timeout
+        failures = []
+        for proc, thread, stderr in workers:
+            thread.join(max(0, deadline - time.monotonic()))
+            if thread.is_alive():
+                for p, _, _ in workers:
+                    p.kill()
+                raise RuntimeError(f'AOT compiles took over {timeout} s')
+            if proc.wait():
+                stderr.seek(0)
+                failures.append(stderr.read()[-4000:])
+            stderr.close()
+    if failures:
+        raise RuntimeError('AOT worker failed:\n' + failures[0])
+    return rows
 
 
-def _key(job):
-    return tuple(
-        job.get(k)
-        for k in (
-            'kernel',
-            'dtype',
-            'out_dtype',
-            'config',
-            'target',
-            'block_w',
-        )
-    )
+def _worker(cache):
+    """Compile the jobs read from stdin, one JSON line each, and write
+    each row as one line to stdout (anything else printed goes to
+    stderr)."""
+    out = os.fdopen(os.dup(1), 'w')
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        out.write(json.dumps(compile_job(json.loads(line), cache)) + '\n')
+        out.flush()
 
 
 def main(argv=None):
@@ -314,13 +393,19 @@ def main(argv=None):
     parser.add_argument('--targets', type=int, nargs='+')
     parser.add_argument('--processes', type=int, default=2)
     parser.add_argument(
+        '--cache',
+        nargs='?',
+        const=CACHE,
+        help=f'reuse the rows of earlier compiles (default folder {CACHE})',
+    )
+    parser.add_argument(
         '--worker', action='store_true', help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
     if args.worker:
-        rows = [compile_job(job) for job in json.load(sys.stdin)]
-    else:
-        rows = run(matrix(args.targets), args.processes)
+        _worker(args.cache)
+        return
+    rows = run(matrix(args.targets), args.processes, cache=args.cache)
     json.dump(rows, sys.stdout)
 
 

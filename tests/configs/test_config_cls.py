@@ -310,7 +310,8 @@ def build(rel_path):
 
 
 # The published counts of the reference code, with the 1000-class head
-# (/work/shared/reference counts: RedNet-50 13,491,806 + 2,049,000; ACmix-
+# (``params`` in tests/models/data/rednet50_state_dict.json, the backbone:
+# RedNet-50 13,491,806 + 2,049,000; acmix_resnet50_state_dict.json: ACmix-
 # ResNet-50 18,333,976, 1.4% under the 18.6 M of the ACmix paper, whose
 # table the reference code does not reproduce).
 REFERENCE_COUNT = {

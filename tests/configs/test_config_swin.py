@@ -139,7 +139,7 @@ def test_config_builds(name):
         if name in COCO
         else 'mmseg'
     )
-    assert 'mmevo' in cfg.custom_imports['imports']
+    assert cfg.custom_imports['imports'] == ['mmevo.models']
     registry = importlib.import_module(f'{scope}.registry').MODELS
     with torch.device('meta'), DefaultScope.overwrite_default_scope(scope):
         model = registry.build(cfg.model)

@@ -27,6 +27,8 @@ pytestmark = [
     pytest.mark.skipif(
         OPS_LIBRARY is None, reason="mmevo's C++ extension is not built"
     ),
+    # one worker builds the runner and the package (minutes) for both tests
+    pytest.mark.xdist_group('aoti_cpp'),
 ]
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

@@ -68,7 +68,86 @@ def setup(tmp_path_factory):
     return tmp, str(cfg), str(ckpt), export
 
 
-def test_export_then_evaluate_matches_pytorch(setup):
+def evaluate(tool, cfg, model, tmp, name):
+    """``tools/<tool>.py`` on ``model`` (a checkpoint or an export): its
+    metrics and its predictions."""
+    metrics = load_tool(tool).main(
+        [
+            cfg,
+            model,
+            '--work-dir',
+            str(tmp / name),
+            '--out',
+            str(tmp / f'{name}.pkl'),
+            '--cfg-options',
+            f'experiment_name={name}',
+            f'visualizer.name={name}',
+        ]
+    )
+    with open(tmp / f'{name}.pkl', 'rb') as f:
+        return metrics, pickle.load(f)
+
+
+@pytest.fixture(scope='module')
+def det_reference(setup):
+    """tools/test.py with the checkpoint of ``setup``: the metrics and
+    predictions every export of it is compared with."""
+    tmp, cfg, ckpt, _ = setup
+    return evaluate('test', cfg, ckpt, tmp, 'torch')
+
+
+@pytest.fixture(scope='module')
+def seg_setup(setup):
+    """A tiny Cityscapes set, the demo segmentor's config on it, a randomly
+    initialised checkpoint and tools/test.py's metrics and predictions with
+    it."""
+    tmp = setup[0]
+    root = str(tmp / 'cityscapes')
+    make_synthetic_cityscapes(root, num_train=1, num_val=2, img_size=(64, 128))
+    cfg = str(tmp / 'seg_cfg.py')
+    with open(cfg, 'w') as f:
+        f.write(SEG_CONFIG.format(base=DEMO_SEG, root=root))
+    torch.manual_seed(0)
+    model = build_model(load_config(cfg))
+    ckpt = str(tmp / 'seg.pth')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    return cfg, ckpt, evaluate('test', cfg, ckpt, tmp, 'seg_torch')
+
+
+def assert_same_metrics(metrics, reference, tolerance):
+    assert metrics.keys() == reference.keys()
+    for key, value in reference.items():
+        assert metrics[key] == pytest.approx(value, abs=tolerance), key
+
+
+def assert_same_detections(preds, reference):
+    """The same detections, not only the same (near-zero, untrained)
+    score."""
+    assert len(preds) == len(reference) == 3
+    for ours, ref in zip(preds, reference):
+        ours, ref = ours['pred_instances'], ref['pred_instances']
+        assert len(ref['scores']) > 0
+        torch.testing.assert_close(
+            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5
+        )
+        torch.testing.assert_close(
+            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3
+        )
+        assert torch.equal(ours['labels'], ref['labels'])
+
+
+def assert_same_seg_logits(preds, reference):
+    assert len(preds) == len(reference) == 2
+    for ours, ref in zip(preds, reference):
+        torch.testing.assert_close(
+            ours['seg_logits']['data'],
+            ref['seg_logits']['data'],
+            rtol=1e-4,
+            atol=1e-4,
+        )
+
+
+def test_export_then_evaluate_matches_pytorch(setup, det_reference):
     tmp, cfg, ckpt, export = setup
     onnx = str(tmp / 'model.onnx')
     # the demo resizes every image to 128 x 128
@@ -88,50 +167,9 @@ def test_export_then_evaluate_matches_pytorch(setup):
         )
         == onnx
     )
-    metrics = load_tool('deployment/onnx_test').main(
-        [
-            cfg,
-            onnx,
-            '--work-dir',
-            str(tmp / 'onnx_test'),
-            '--out',
-            str(tmp / 'onnx.pkl'),
-            '--cfg-options',
-            'experiment_name=onnx',
-            'visualizer.name=onnx',
-        ]
-    )
-    reference = load_tool('test').main(
-        [
-            cfg,
-            ckpt,
-            '--work-dir',
-            str(tmp / 'test'),
-            '--out',
-            str(tmp / 'torch.pkl'),
-            '--cfg-options',
-            'experiment_name=torch',
-            'visualizer.name=torch',
-        ]
-    )
-    assert metrics.keys() == reference.keys()
-    for key, value in reference.items():
-        assert metrics[key] == pytest.approx(value, abs=2e-3), key
-    # the same detections, not only the same (near-zero, untrained) score
-    preds = [
-        pickle.load(open(tmp / f'{n}.pkl', 'rb')) for n in ('onnx', 'torch')
-    ]
-    assert len(preds[0]) == len(preds[1]) == 3
-    for ours, ref in zip(*preds):
-        ours, ref = ours['pred_instances'], ref['pred_instances']
-        assert len(ref['scores']) > 0
-        torch.testing.assert_close(
-            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5
-        )
-        torch.testing.assert_close(
-            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3
-        )
-        assert torch.equal(ours['labels'], ref['labels'])
+    metrics, preds = evaluate('deployment/onnx_test', cfg, onnx, tmp, 'onnx')
+    assert_same_metrics(metrics, det_reference[0], 2e-3)
+    assert_same_detections(preds, det_reference[1])
 
 
 @pytest.mark.parametrize(
@@ -186,19 +224,13 @@ def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
     assert not (tmp / 'partial.onnx').exists()
 
 
-def test_segmentor_export_then_evaluate_matches_pytorch(setup):
+def test_segmentor_export_then_evaluate_matches_pytorch(setup, seg_setup):
     tmp, _, _, export = setup
-    root = str(tmp / 'cityscapes')
-    make_synthetic_cityscapes(root, num_train=1, num_val=2, img_size=(64, 128))
-    cfg = tmp / 'seg_cfg.py'
-    cfg.write_text(SEG_CONFIG.format(base=DEMO_SEG, root=root))
-    torch.manual_seed(0)
-    model = build_model(load_config(str(cfg)))
-    ckpt, onnx = str(tmp / 'seg.pth'), str(tmp / 'seg.onnx')
-    torch.save({'state_dict': model.state_dict()}, ckpt)
+    cfg, ckpt, reference = seg_setup
+    onnx = str(tmp / 'seg.onnx')
     export.main(
         [
-            str(cfg),
+            cfg,
             ckpt,
             '--out',
             onnx,
@@ -209,47 +241,11 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
             'torchscript',
         ]
     )
-    metrics = load_tool('deployment/onnx_test').main(
-        [
-            str(cfg),
-            onnx,
-            '--work-dir',
-            str(tmp / 'seg_onnx'),
-            '--out',
-            str(tmp / 'seg_onnx.pkl'),
-            '--cfg-options',
-            'experiment_name=seg_onnx',
-            'visualizer.name=seg_onnx',
-        ]
+    metrics, preds = evaluate(
+        'deployment/onnx_test', cfg, onnx, tmp, 'seg_onnx'
     )
-    reference = load_tool('test').main(
-        [
-            str(cfg),
-            ckpt,
-            '--work-dir',
-            str(tmp / 'seg_test'),
-            '--out',
-            str(tmp / 'seg_torch.pkl'),
-            '--cfg-options',
-            'experiment_name=seg_torch',
-            'visualizer.name=seg_torch',
-        ]
-    )
-    assert metrics.keys() == reference.keys()
-    for key, value in reference.items():
-        assert metrics[key] == pytest.approx(value, abs=0.2), key
-    preds = [
-        pickle.load(open(tmp / f'seg_{n}.pkl', 'rb'))
-        for n in ('onnx', 'torch')
-    ]
-    assert len(preds[0]) == len(preds[1]) == 2
-    for ours, ref in zip(*preds):
-        torch.testing.assert_close(
-            ours['seg_logits']['data'],
-            ref['seg_logits']['data'],
-            rtol=1e-4,
-            atol=1e-4,
-        )
+    assert_same_metrics(metrics, reference[0], 0.2)
+    assert_same_seg_logits(preds, reference[1])
 
 
 @pytest.mark.slow
@@ -261,26 +257,22 @@ def test_segmentor_export_then_evaluate_matches_pytorch(setup):
         ('seg', True),
     ],
 )
-def test_aoti_package_then_evaluate_matches_pytorch(task, dynamic, setup):
+def test_aoti_package_then_evaluate_matches_pytorch(
+    task, dynamic, setup, request
+):
     """pytorch2aoti.py (with --dynamic checked at another size too) then
     aoti_test.py: the package scores tools/test.py's metrics with the
     PyTorch checkpoint (0.002 mAP, 0.2 mIoU) by the same predictions. A
     package compiles in 1-3 minutes on a 2-core CPU."""
-    tmp, cfg, ckpt, export = setup
-    shape, tolerance = ['128', '128'], 2e-3
+    tmp, cfg, ckpt, _ = setup
     if task == 'seg':
-        root = str(tmp / 'aoti_cityscapes')
-        make_synthetic_cityscapes(
-            root, num_train=1, num_val=2, img_size=(64, 128)
-        )
-        cfg = str(tmp / 'aoti_seg_cfg.py')
-        open(cfg, 'w').write(SEG_CONFIG.format(base=DEMO_SEG, root=root))
-        torch.manual_seed(0)
-        model = build_model(load_config(cfg))
-        ckpt = str(tmp / 'aoti_seg.pth')
-        torch.save({'state_dict': model.state_dict()}, ckpt)
-        shape, tolerance = ['64', '128'], 0.2
-    package = str(tmp / f'{task}.pt2')
+        cfg, ckpt, reference = request.getfixturevalue('seg_setup')
+        shape = ['64', '128']
+    else:
+        reference = request.getfixturevalue('det_reference')
+        shape = ['128', '128']
+    name = f'aoti_{task}_{"dynamic" if dynamic else "static"}'
+    package = str(tmp / f'{name}.pt2')
     assert (
         load_tool('deployment/pytorch2aoti').main(
             [cfg, ckpt, '--out', package, '--shape', *shape]
@@ -288,47 +280,13 @@ def test_aoti_package_then_evaluate_matches_pytorch(task, dynamic, setup):
         )
         == package
     )
-    preds = {}
-    metrics = []
-    for tool, model in (('deployment/aoti_test', package), ('test', ckpt)):
-        name = f'aoti_{task}_{osp.basename(tool)}'
-        metrics.append(
-            load_tool(tool).main(
-                [
-                    cfg,
-                    model,
-                    '--work-dir',
-                    str(tmp / name),
-                    '--out',
-                    str(tmp / f'{name}.pkl'),
-                    '--cfg-options',
-                    f'experiment_name={name}',
-                    f'visualizer.name={name}',
-                ]
-            )
-        )
-        preds[tool] = pickle.load(open(tmp / f'{name}.pkl', 'rb'))
-    assert metrics[0].keys() == metrics[1].keys()
-    for key, value in metrics[1].items():
-        assert metrics[0][key] == pytest.approx(value, abs=tolerance), key
-    for ours, ref in zip(*preds.values()):
-        if task == 'seg':
-            torch.testing.assert_close(
-                ours['seg_logits']['data'],
-                ref['seg_logits']['data'],
-                rtol=1e-4,
-                atol=1e-4,
-            )
-            continue
-        ours, ref = ours['pred_instances'], ref['pred_instances']
-        assert len(ref['scores']) > 0
-        torch.testing.assert_close(
-            ours['scores'], ref['scores'], rtol=1e-4, atol=1e-5
-        )
-        torch.testing.assert_close(
-            ours['bboxes'], ref['bboxes'], rtol=1e-4, atol=1e-3
-        )
-        assert torch.equal(ours['labels'], ref['labels'])
+    metrics, preds = evaluate('deployment/aoti_test', cfg, package, tmp, name)
+    if task == 'seg':
+        assert_same_metrics(metrics, reference[0], 0.2)
+        assert_same_seg_logits(preds, reference[1])
+    else:
+        assert_same_metrics(metrics, reference[0], 2e-3)
+        assert_same_detections(preds, reference[1])
 
 
 def settle(model):
@@ -412,7 +370,7 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
                 '--dynamic',
             ]
         )
-        evaluate = load_tool('deployment/aoti_test')
+        tool = 'deployment/aoti_test'
     else:
         exported = str(tmp / f'{name}.onnx')
         export.main(
@@ -428,42 +386,12 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
                 exporter,
             ]
         )
-        evaluate = load_tool('deployment/onnx_test')
-    metrics = evaluate.main(
-        [
-            path,
-            exported,
-            '--work-dir',
-            str(tmp / f'{name}_onnx'),
-            '--out',
-            str(tmp / f'{name}_onnx.pkl'),
-            '--cfg-options',
-            f'experiment_name={name}_onnx',
-            f'visualizer.name={name}_onnx',
-        ]
-    )
-    reference = load_tool('test').main(
-        [
-            path,
-            ckpt,
-            '--work-dir',
-            str(tmp / f'{name}_test'),
-            '--out',
-            str(tmp / f'{name}_torch.pkl'),
-            '--cfg-options',
-            f'experiment_name={name}_torch',
-            f'visualizer.name={name}_torch',
-        ]
-    )
-    assert metrics.keys() == reference.keys()
-    for key, value in reference.items():
-        assert metrics[key] == pytest.approx(value, abs=2e-3), key
-    preds = [
-        pickle.load(open(tmp / f'{name}_{n}.pkl', 'rb'))
-        for n in ('onnx', 'torch')
-    ]
-    assert len(preds[0]) == len(preds[1]) == 3
-    for ours, ref in zip(*preds):
+        tool = 'deployment/onnx_test'
+    metrics, preds = evaluate(tool, path, exported, tmp, f'{name}_export')
+    reference, ref_preds = evaluate('test', path, ckpt, tmp, f'{name}_torch')
+    assert_same_metrics(metrics, reference, 2e-3)
+    assert len(preds) == len(ref_preds) == 3
+    for ours, ref in zip(preds, ref_preds):
         ours, ref = ours['pred_instances'], ref['pred_instances']
         assert len(ref['scores']) > 0
         # each PyTorch detection has its ONNX one; of two overlapping

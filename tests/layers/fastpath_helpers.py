@@ -86,7 +86,12 @@ def assert_paths_equal(model, x, has_fast_path=True):
     for a, b in zip(fast[0], stock[0]):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(fast[1], stock[1], rtol=1e-9, atol=1e-10)
+    # float64 sums in another order (matmul against conv, one thread or
+    # two): relative to the gradient's scale, as for the parameters below
+    scale = max(1.0, float(stock[1].abs().max()))
+    torch.testing.assert_close(
+        fast[1], stock[1], rtol=1e-9, atol=1e-10 * scale
+    )
     assert set(fast[2]) == set(stock[2])
     for name, g in stock[2].items():
         assert g is not None, name

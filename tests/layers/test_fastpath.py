@@ -273,8 +273,10 @@ def test_environment_variable_sets_the_default():
         'from mmevo.layers import Involution\n'
         'layer = Involution(16, 3)\n'
         'calls = []\n'
-        'layer.conv2.conv.register_forward_hook(\n'
-        '    lambda *args: calls.append(1))\n'
+        'conv = layer.conv2.conv\n'
+        '# counted without a hook: a hook makes the fast path step aside\n'
+        'forward = type(conv).forward\n'
+        'conv.forward = lambda x: calls.append(1) or forward(conv, x)\n'
         'layer(torch.randn(1, 16, 4, 4))\n'
         'print(layer.use_cpu_fastpath, len(calls))\n'
     )

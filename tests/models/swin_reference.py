@@ -1,7 +1,7 @@
 """Float64 derivations of the official ELSA-Swin / ACmix-Swin formulas.
 
 Written from the papers' equations and the facts of the authors' code listed
-in the project's reference notes (damo-cv/ELSA f3b7ac7, LeapLabTHU/ACmix
+in ``docs/reference/swin_family.md`` (damo-cv/ELSA f3b7ac7, LeapLabTHU/ACmix
 81dddb6), with torch primitives only: window by window, offset by offset,
 without mmevo's modules. ``p`` is a state dict of one block or one model,
 in the official key names.

@@ -215,13 +215,13 @@ def test_init_cfg_loads_official_checkpoints(tmp_path, kind):
 
 def test_presets_and_overrides():
     small = ELSASwinTransformer(arch='small', depths=(1, 1, 1, 1))
-    assert small.group_width == 8 and small.embed_dims == 96
+    assert small.block_cfg['group_width'] == 8 and small.embed_dims == 96
     assert small.layers[2].blocks[0].attn.attn[0].groups == 256 // 8
     base = ELSASwinTransformer(arch='base', embed_dims=64, depths=(1, 1, 1, 1))
     assert base.num_heads == (4, 8, 16, 32)
     assert base.layers[0].blocks[0].attn.dim_qk == 48  # 64 // 3 * 2 -> 48
     tiny = ELSASwinTransformer(depths=(1, 1, 1, 1), group_width=8)
-    assert tiny.group_width == 8
+    assert tiny.block_cfg['group_width'] == 8
     # The ELSA stages multiply q * k by 1, the last stage by head_dim**-0.5.
     assert tiny.layers[0].blocks[0].attn.scale == 1
     assert tiny.layers[3].blocks[0].attn.scale == 32**-0.5

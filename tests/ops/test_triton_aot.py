@@ -4,7 +4,10 @@ nothing.
 :mod:`mmevo.ops.triton_aot` compiles each kernel of
 :mod:`mmevo.ops.triton_backend` for every CUDA config, dtype and target
 (sm_80, sm_90, and sm_100 where the installed Triton has it) in two worker
-processes with fresh Triton caches: about 4 minutes on 2 cores.
+processes with fresh Triton caches: about 4 minutes on 2 cores, seconds
+when the kernels are those of an earlier run (its rows are kept in
+``triton_aot.CACHE``, ``~/.cache/mmevo/triton-aot``; ``MMEVO_CACHE``
+moves it).
 """
 
 import json
@@ -38,8 +41,15 @@ def python(*args, stdin=None):
     return out.stdout
 
 
+# two compiling processes: under xdist, on the worker of the other tests
+# that keep both cores busy
+@pytest.mark.xdist_group('two_cores')
 def test_every_kernel_config_dtype_target_compiles_without_spills():
-    rows = json.loads(python('-m', 'mmevo.ops.triton_aot', '--processes', '2'))
+    """336 compiles, about 150 s of CPU in two processes, unless cached
+    (see the module's docstring)."""
+    rows = json.loads(
+        python('-m', 'mmevo.ops.triton_aot', '--processes', '2', '--cache')
+    )
     meta = json.loads(
         python(
             '-c',
@@ -58,6 +68,38 @@ def test_every_kernel_config_dtype_target_compiles_without_spills():
     spills = [r for r in rows if r['spill_bytes'] or r['local']]
     assert not spills, spills[:3]
     assert all(0 < r['regs'] <= 255 for r in rows)
+
+
+CACHED = """
+import json, sys
+from mmevo.ops import triton_aot
+job = dict(kernel='aggregate', dtype='fp16', out_dtype='fp16', config=0,
+           target=90)
+first = triton_aot.run([job, dict(job, config=1)], cache=sys.argv[1])
+again = triton_aot.run(
+    [job, dict(job, config=1), dict(job, block_w=64), dict(job, target=80),
+     dict(job, kernel='correlate')],
+    processes=1,
+    cache=sys.argv[1],
+)
+print(json.dumps([first, again]))
+"""
+
+
+@pytest.mark.xdist_group('two_cores')
+def test_cache_reuses_the_rows_of_the_same_compiles(tmp_path):
+    """A compile's row comes back from the cache for the same kernel,
+    config and target (the default column block given explicitly is the
+    same compile), and another config, target or kernel compiles."""
+    first, again = json.loads(python('-c', CACHED, str(tmp_path)))
+    assert [r['cached'] for r in first] == [False, False]
+    assert [r['cached'] for r in again] == [True, True, True, False, False]
+    for fresh, cached in zip(first, again):
+        assert cached == dict(fresh, cached=True)
+    assert again[2] == dict(first[0], block_w=64, cached=True)
+    assert all(r['error'] is None and r['regs'] for r in first + again)
+    # one file a distinct compile
+    assert len(list(tmp_path.iterdir())) == 4
 
 
 SCRIPT = """

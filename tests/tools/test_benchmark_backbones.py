@@ -35,3 +35,16 @@ def test_defaults(monkeypatch):
     monkeypatch.setattr(sys, 'argv', ['benchmark_backbones'])
     args = tool.parse_args()
     assert (args.batch, args.size, args.warmup, args.iters) == (4, 224, 1, 3)
+
+
+def test_hook_checks_are_timed_for_models_with_fast_paths():
+    import torch
+
+    from mmevo.models import RedNet
+
+    tool = load_tool('analysis/benchmark_backbones')
+    assert tool.hook_checks(torch.nn.Conv2d(3, 3, 1), 1.0) == ''
+    text = tool.hook_checks(RedNet(26, stem_channels=32, base_channels=16), 1)
+    ms, share = text.split('hook checks ')[1].split(' ms a forward (')
+    assert 0 < float(ms) < 1000 * 1.0
+    assert share.endswith('% of the step)')

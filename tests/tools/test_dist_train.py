@@ -63,6 +63,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
+# two training processes: under xdist, on the worker of the other tests
+# that keep both cores busy (tests/conftest.py)
+@pytest.mark.xdist_group('two_cores')
 def test_two_process_cpu_training(tiny_coco, tmp_path):
     # paths with spaces: the launch script must pass them through intact
     tmp_path = tmp_path / 'dir with space'

@@ -6,8 +6,13 @@ import torch.nn as nn
 
 from mmevo.registry import MODELS
 
-from .swin_family import SwinFamily, window_partition, window_reverse
-from .window_blocks import RelativeBias, ShiftWindowBlock, windowed_attention
+from .swin_family import SwinFamily
+from .window_blocks import (
+    RelativeBias,
+    window_partition,
+    window_reverse,
+    windowed_attention,
+)
 
 
 class ACmixWindowAttention(nn.Module):
@@ -26,6 +31,7 @@ class ACmixWindowAttention(nn.Module):
         dim,
         num_heads,
         window_size,
+        *,
         qkv_bias=True,
         qk_scale=None,
         attn_drop=0.0,
@@ -103,6 +109,8 @@ class ACmixSwinTransformer(SwinFamily):
     :class:`ShiftWindowBlock`): the convolution path runs on the padded,
     rolled map, which equals the published one on multiples of the window.
 
+    The arguments after ``window_size`` are keyword-only.
+
     Args:
         arch (str): 'tiny' or 'small'. Default: 'tiny'.
         embed_dims (int, optional): Overrides the preset's width.
@@ -120,10 +128,14 @@ class ACmixSwinTransformer(SwinFamily):
         pad_small_map (bool): False (classification): a map no larger than
             the window is one unshifted window; True (detection,
             segmentation): padded to the window and shifted. Default: False.
-        out_indices (Sequence[int]): Default: (0, 1, 2, 3).
+        out_indices (int | Sequence[int]): Stages whose outputs are
+            returned, increasing (negative from the end). Default:
+            (0, 1, 2, 3).
         frozen_stages (int): Default: -1.
         with_cp (bool): Default: False.
-        init_cfg (dict, optional): Initialisation config.
+        init_cfg (dict, optional): Initialisation config; a Pretrained
+            checkpoint that does not fit raises or warns (see
+            ``SwinFamily.init_weights``).
 
     Example:
         >>> import torch
@@ -143,65 +155,7 @@ class ACmixSwinTransformer(SwinFamily):
         ),
     }
 
-    def __init__(
-        self,
-        arch='tiny',
-        embed_dims=None,
-        depths=None,
-        num_heads=None,
-        in_channels=3,
-        patch_size=4,
-        window_size=7,
-        mlp_ratio=4.0,
-        qkv_bias=True,
-        qk_scale=None,
-        drop_rate=0.0,
-        attn_drop_rate=0.0,
-        drop_path_rate=0.1,
-        pad_small_map=False,
-        out_indices=(0, 1, 2, 3),
-        frozen_stages=-1,
-        with_cp=False,
-        init_cfg=None,
-    ):
-        self.qkv_bias = qkv_bias
-        self.qk_scale = qk_scale
-        self.attn_drop_rate = attn_drop_rate
-        super().__init__(
-            arch=arch,
-            embed_dims=embed_dims,
-            depths=depths,
-            num_heads=num_heads,
-            in_channels=in_channels,
-            patch_size=patch_size,
-            window_size=window_size,
-            mlp_ratio=mlp_ratio,
-            drop_rate=drop_rate,
-            drop_path_rate=drop_path_rate,
-            pad_small_map=pad_small_map,
-            out_indices=out_indices,
-            frozen_stages=frozen_stages,
-            with_cp=with_cp,
-            init_cfg=init_cfg,
-        )
-
     def build_block(self, stage, index, dim, num_heads, drop_path):
-        attn = ACmixWindowAttention(
-            dim,
-            num_heads,
-            self.window_size,
-            self.qkv_bias,
-            self.qk_scale,
-            self.attn_drop_rate,
-            self.drop_rate,
-        )
-        return ShiftWindowBlock(
-            dim,
-            attn,
-            self.window_size,
-            index % 2,
-            self.mlp_ratio,
-            self.pad_small_map,
-            self.drop_rate,
-            self.drop_path(drop_path),
+        return self.window_block(
+            ACmixWindowAttention, index, dim, num_heads, drop_path
         )

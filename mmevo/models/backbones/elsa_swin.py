@@ -5,8 +5,8 @@ import torch.nn as nn
 from mmevo.layers import ELSA
 from mmevo.registry import MODELS
 
-from .swin_family import Mlp, SwinFamily
-from .window_blocks import ELSAWindowAttention, ShiftWindowBlock
+from .swin_family import SwinFamily
+from .window_blocks import ELSAWindowAttention, Mlp, drop_path_layer
 
 
 class ELSASwinBlock(nn.Module):
@@ -15,22 +15,23 @@ class ELSASwinBlock(nn.Module):
     The ELSA layer as published in these models: q * k with scale 1,
     ``dim_qk = dim // 3 * 2`` rounded up to the group width, bias on
     ``pre_proj``, no multiplicative ghost head (lam = 0) and an additive one
-    (gamma = 1).
+    (gamma = 1). ``drop_path`` is the stochastic-depth rate.
     """
 
     def __init__(
         self,
         dim,
         num_heads,
-        kernel_size,
-        group_width,
-        lam,
-        gamma,
-        qkv_bias,
-        mlp_ratio,
-        drop,
-        attn_drop,
-        drop_path,
+        *,
+        kernel_size=7,
+        group_width=8,
+        lam=0,
+        gamma=1,
+        qkv_bias=True,
+        mlp_ratio=4.0,
+        drop=0.0,
+        attn_drop=0.0,
+        drop_path=0.0,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
@@ -45,7 +46,7 @@ class ELSASwinBlock(nn.Module):
             lam=lam,
             gamma=gamma,
         )
-        self.drop_path = drop_path
+        self.drop_path = drop_path_layer(drop_path)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
 
@@ -73,6 +74,8 @@ class ELSASwinTransformer(SwinFamily):
     Any input size works: the patch embedding and the patch merging pad at
     the bottom/right, the last stage pads to its window.
 
+    The arguments after ``window_size`` are keyword-only.
+
     Args:
         arch (str): 'tiny', 'small' or 'base'. Default: 'tiny'.
         embed_dims (int, optional): Overrides the preset's width.
@@ -97,11 +100,15 @@ class ELSASwinTransformer(SwinFamily):
             no larger than the window is one unshifted window. True
             (detection code): it is padded to the window and shifted.
             Default: False.
-        out_indices (Sequence[int]): Default: (0, 1, 2, 3).
+        out_indices (int | Sequence[int]): Stages whose outputs are
+            returned, increasing (negative from the end). Default:
+            (0, 1, 2, 3).
         frozen_stages (int): Default: -1.
         with_cp (bool): Gradient checkpointing of every block.
             Default: False.
-        init_cfg (dict, optional): Initialisation config.
+        init_cfg (dict, optional): Initialisation config; a Pretrained
+            checkpoint that does not fit raises or warns (see
+            ``SwinFamily.init_weights``).
 
     Example:
         >>> import torch
@@ -133,93 +140,24 @@ class ELSASwinTransformer(SwinFamily):
         ),
     }
 
-    def __init__(
-        self,
-        arch='tiny',
-        embed_dims=None,
-        depths=None,
-        num_heads=None,
-        in_channels=3,
-        patch_size=4,
-        window_size=7,
-        elsa_kernel=7,
-        group_width=None,
-        lam=0,
-        gamma=1,
-        mlp_ratio=4.0,
-        qkv_bias=True,
-        qk_scale=None,
-        drop_rate=0.0,
-        attn_drop_rate=0.0,
-        drop_path_rate=0.1,
-        pad_small_map=False,
-        out_indices=(0, 1, 2, 3),
-        frozen_stages=-1,
-        with_cp=False,
-        init_cfg=None,
-    ):
-        preset = self.arch_zoo.get(arch, {})
-        self.elsa_kernel = elsa_kernel
-        self.group_width = (
-            preset.get('group_width', 8)
-            if group_width is None
-            else group_width
-        )
-        self.lam = lam
-        self.gamma = gamma
-        self.qkv_bias = qkv_bias
-        self.qk_scale = qk_scale
-        self.attn_drop_rate = attn_drop_rate
-        super().__init__(
-            arch=arch,
-            embed_dims=embed_dims,
-            depths=depths,
-            num_heads=num_heads,
-            in_channels=in_channels,
-            patch_size=patch_size,
-            window_size=window_size,
-            mlp_ratio=mlp_ratio,
-            drop_rate=drop_rate,
-            drop_path_rate=drop_path_rate,
-            pad_small_map=pad_small_map,
-            out_indices=out_indices,
-            frozen_stages=frozen_stages,
-            with_cp=with_cp,
-            init_cfg=init_cfg,
-        )
+    block_defaults = dict(elsa_kernel=7, group_width=None, lam=0, gamma=1)
 
     def build_block(self, stage, index, dim, num_heads, drop_path):
-        drop_path = self.drop_path(drop_path)
-        if stage < 3:
-            return ELSASwinBlock(
-                dim,
-                num_heads,
-                self.elsa_kernel,
-                self.group_width,
-                self.lam,
-                self.gamma,
-                self.qkv_bias,
-                self.mlp_ratio,
-                self.drop_rate,
-                self.attn_drop_rate,
-                drop_path,
+        if stage == 3:
+            return self.window_block(
+                ELSAWindowAttention, index, dim, num_heads, drop_path
             )
-        attn = ELSAWindowAttention(
+        cfg = self.block_cfg
+        return ELSASwinBlock(
             dim,
             num_heads,
-            self.window_size,
-            self.qkv_bias,
-            self.qk_scale,
-            self.attn_drop_rate,
-            self.drop_rate,
-        )
-        return ShiftWindowBlock(
-            dim,
-            attn,
-            self.window_size,
-            index % 2,
-            self.mlp_ratio,
-            self.pad_small_map,
-            self.drop_rate,
-            drop_path,
+            kernel_size=cfg['elsa_kernel'],
+            group_width=cfg['group_width'],
+            lam=cfg['lam'],
+            gamma=cfg['gamma'],
+            qkv_bias=self.qkv_bias,
+            mlp_ratio=self.mlp_ratio,
+            drop=self.drop_rate,
+            attn_drop=self.attn_drop_rate,
+            drop_path=drop_path,
         )

@@ -4,6 +4,7 @@ from mmcv.cnn import ConvModule, build_norm_layer
 from torch import nn
 
 from mmevo.layers import Involution
+from mmevo.ops import check_int
 from mmevo.registry import MODELS
 
 from .dynamic_resnet import DynamicResNet
@@ -30,8 +31,8 @@ class RedNet(DynamicResNet):
     Args:
         depth (int): 26, 38, 50, 101 or 152.
         in_channels (int): Input image channels. Default: 3.
-        stem_channels (int): Stem output channels; the stem involution runs
-            on half of them (a multiple of 16). Default: 64.
+        stem_channels (int): Stem output channels, a multiple of 32: the
+            stem involution runs on half of them. Default: 64.
         base_channels (int): Middle channels of the first stage (a multiple
             of 16); stage i has ``base_channels * 2**i``. Default: 64.
         stem_kernel_size (int): Kernel of the stem involution: 7 in the
@@ -85,6 +86,17 @@ class RedNet(DynamicResNet):
         zero_init_residual=True,
         init_cfg=None,
     ):
+        for name, value, multiple, runs_on in (
+            ('stem_channels', stem_channels, 32, 'stem_channels // 2'),
+            ('base_channels', base_channels, 16, 'base_channels * 2**i'),
+        ):
+            check_int(name, value)
+            if value % multiple:
+                raise ValueError(
+                    f'{name} must be a multiple of {multiple} (an involution '
+                    f'runs on {runs_on} channels, in groups of 16), got '
+                    f'{value}'
+                )
         self.stem_kernel_size = stem_kernel_size
         super().__init__(
             depth,

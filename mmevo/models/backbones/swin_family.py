@@ -1,140 +1,31 @@
-"""What ELSA-Swin and ACmix-Swin share: the Swin skeleton and its windows.
+"""What ELSA-Swin and ACmix-Swin share: the Swin skeleton, its arguments and
+its initialisation.
 
 Module names are those of the authors' code (``patch_embed``,
 ``layers.{i}.blocks.{j}``, ``layers.{i}.downsample``, ``mlp.fc1``), so their
 checkpoints load by name; the feature maps run channels-last (B, H, W, C)
-between blocks, as there.
+between blocks, as there. mmpretrain's ``ShiftWindowMSA`` is not reused: its
+modules have mmpretrain's names (``attn.w_msa.qkv``, ``ffn.layers.0.0``),
+not the official ones the published checkpoints hold. It also pads and masks
+with Python branches on the map's size, which a traced graph with symbolic
+H and W cannot hold (:mod:`.window_blocks` builds both from comparisons).
 """
+
+import logging
+import numbers
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmcv.cnn.bricks import DropPath
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
-from mmengine.runner.checkpoint import CheckpointLoader
 
 from mmevo.ops import check_int
 
-from .swin_convert import official_state_dict
-
-
-def pad_to_window(x, window_size):
-    """Zero-pad (B, H, W, C) at the bottom/right to multiples of the window.
-
-    The detection code pads after ``norm1``; padded tokens are not masked.
-    """
-    H, W = x.shape[1:3]
-    pad_b = (window_size - H % window_size) % window_size
-    pad_r = (window_size - W % window_size) % window_size
-    if is_symbolic(H, W) or pad_b or pad_r:
-        x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
-    return x
-
-
-def is_symbolic(*sizes):
-    """Whether sizes are traced (TorchScript tensors, ``torch.export``
-    SymInts) rather than Python ints: a graph then pads unconditionally
-    (zero-width pads), as no branch on the size can be recorded."""
-    return not all(type(s) is int for s in sizes)
-
-
-def window_partition(x, window_size):
-    """(B, H, W, C) -> (B * nW, window_size**2, C); H, W multiples of it."""
-    B, H, W, C = x.shape
-    h, w = H // window_size, W // window_size
-    x = x.reshape(B, h, window_size, w, window_size, C).transpose(2, 3)
-    return x.reshape(B * h * w, window_size * window_size, C)
-
-
-def window_reverse(windows, window_size, B, H, W):
-    """Inverse of :func:`window_partition` (explicit B: empty batches)."""
-    h, w, C = H // window_size, W // window_size, windows.shape[-1]
-    x = windows.reshape(B, h, w, window_size, window_size, C).transpose(2, 3)
-    return x.reshape(B, H, W, C)
-
-
-def window_geometry(H, W, window_size, shift_size, pad_small_map):
-    """``(window, shift)`` of a block on an H x W map.
-
-    Classification code (``pad_small_map=False``): a map no larger than the
-    window is one unshifted window of its own size. Detection code
-    (``True``): the window stays and the map is padded to it.
-
-    Raises:
-        RuntimeError: classification geometry on traced (symbolic) sizes:
-            TorchScript tracing, or ``torch.export`` with dynamic H, W.
-    """
-    if pad_small_map:
-        return window_size, shift_size
-    if is_symbolic(H, W):
-        raise RuntimeError(
-            'pad_small_map=False (the classification geometry) takes its '
-            'window and shift from the size of each map, which a traced '
-            'graph cannot hold: export it with dynamic=False and the '
-            'dynamo exporter (one fixed size), or build the backbone with '
-            'pad_small_map=True (the detection geometry: every size in one '
-            'graph)'
-        )
-    if min(H, W) <= window_size:
-        return min(H, W), 0
-    return window_size, shift_size
-
-
-def shift_mask(Hp, Wp, window_size, shift_size, dtype, device):
-    """(nW, N, N) additive mask (0 / -100) of the shifted windows.
-
-    The regions of the rolled map (rows and columns ``[0, -window)``,
-    ``[-window, -shift)``, ``[-shift, end)``) are found by comparisons, not
-    by slicing, so a graph with symbolic Hp, Wp holds every size.
-    """
-
-    def region(n):
-        r = torch.arange(n, device=device)
-        return (r >= n - window_size).long() + (r >= n - shift_size).long()
-
-    img = (region(Hp)[:, None] * 3 + region(Wp)[None, :]).to(dtype)
-    ids = window_partition(img[None, :, :, None], window_size).squeeze(-1)
-    mask = ids.unsqueeze(1) - ids.unsqueeze(2)
-    # -100 as published; built in the map's dtype (fp16/bf16 included).
-    return mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
-
-
-def relative_index(window_size, table_size, transposed=False):
-    """(N, N) index into a (2 * table_size - 1)**2 relative-position table.
-
-    ``window_size <= table_size`` (a small map's shrunk window reads the
-    centre of the table). ``transposed`` is ELSA-Swin's key-minus-query
-    offset, the transpose of Swin's query-minus-key.
-    """
-    coords = torch.stack(
-        torch.meshgrid(
-            torch.arange(window_size), torch.arange(window_size), indexing='ij'
-        )
-    ).flatten(1)
-    rel = (
-        coords[:, None, :] - coords[:, :, None]
-        if transposed
-        else coords[:, :, None] - coords[:, None, :]
-    )
-    rel = rel + table_size - 1
-    return rel[0] * (2 * table_size - 1) + rel[1]
-
-
-class Mlp(nn.Module):
-    """``fc1``, GELU, dropout, ``fc2``, dropout (timm's ``Mlp``)."""
-
-    def __init__(self, dim, hidden, drop=0.0):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(drop)
-
-    def forward(self, x):
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+from .swin_convert import fit_problem, official_load_hook, state_fit
+from .window_blocks import ShiftWindowBlock, is_symbolic
 
 
 class PatchEmbed(nn.Module):
@@ -202,14 +93,26 @@ class SwinStage(nn.Module):
 class SwinFamily(BaseModule):
     """The Swin skeleton: patch embedding, four stages, one norm per output.
 
-    Subclasses give ``arch_zoo`` and :meth:`build_block`. Outputs are NCHW,
-    ``norm{i}`` applied to stage ``i`` before its patch merging, as in
-    mmdet's ``SwinTransformer``; the last norm is the classifier's final
-    norm. ``frozen_stages`` as there: 0 freezes the patch embedding, n also
-    stages 1..n and their norms.
+    A subclass declares its presets (``arch_zoo``: ``embed_dims``,
+    ``depths``, ``num_heads`` and any block argument), the names and
+    defaults of its own block arguments (``block_defaults``, taken as
+    keywords and kept in ``block_cfg``; one left None takes the preset's
+    value) and :meth:`build_block`. Outputs are NCHW, ``norm{i}`` applied to
+    stage ``i`` before its patch merging, as in mmdet's ``SwinTransformer``;
+    the last norm is the classifier's final norm. ``frozen_stages`` as
+    there: 0 freezes the patch embedding, n also stages 1..n and their
+    norms. The arguments after ``window_size`` are keyword-only.
+
+    Loading: every ``load_state_dict`` (torch's, mmengine's) takes official
+    checkpoints as they are (:func:`.swin_convert.official_load_hook`), so
+    ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` (``prefix=...``
+    for a detector's or mmpretrain's checkpoint) is mmengine's own
+    ``PretrainedInit``. See :meth:`init_weights` for a checkpoint that does
+    not fit.
     """
 
     arch_zoo = {}
+    block_defaults = {}
 
     def __init__(
         self,
@@ -220,40 +123,71 @@ class SwinFamily(BaseModule):
         in_channels=3,
         patch_size=4,
         window_size=7,
+        *,
         mlp_ratio=4.0,
+        qkv_bias=True,
+        qk_scale=None,
         drop_rate=0.0,
+        attn_drop_rate=0.0,
         drop_path_rate=0.1,
         pad_small_map=False,
         out_indices=(0, 1, 2, 3),
         frozen_stages=-1,
         with_cp=False,
         init_cfg=None,
+        **block_kwargs,
     ):
         super().__init__(init_cfg=init_cfg)
+        pretrained = _pretrained(self.init_cfg)  # a copy of init_cfg
+        if pretrained is not None and pretrained.get('prefix') == '':
+            del pretrained['prefix']  # mmengine reads '' as '.'
         if arch not in self.arch_zoo:
             raise ValueError(
                 f'arch must be one of {sorted(self.arch_zoo)}, got {arch!r}'
             )
+        unknown = sorted(set(block_kwargs) - set(self.block_defaults))
+        if unknown:
+            raise TypeError(
+                f'{type(self).__name__} got unexpected keyword arguments '
+                f'{unknown} (its block arguments: '
+                f'{sorted(self.block_defaults)})'
+            )
         preset = self.arch_zoo[arch]
-        embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
-        depths = tuple(preset['depths'] if depths is None else depths)
-        num_heads = tuple(
-            preset['num_heads'] if num_heads is None else num_heads
+        given = dict(
+            embed_dims=embed_dims,
+            depths=depths,
+            num_heads=num_heads,
+            **{**self.block_defaults, **block_kwargs},
         )
+        cfg = {
+            k: preset[k] if v is None and k in preset else v
+            for k, v in given.items()
+        }
+        embed_dims = cfg.pop('embed_dims')
+        depths = tuple(cfg.pop('depths'))
+        num_heads = tuple(cfg.pop('num_heads'))
         check_int('embed_dims', embed_dims)
+        check_int('in_channels', in_channels)
+        check_int('patch_size', patch_size)
         check_int('window_size', window_size)
         if len(depths) != 4 or len(num_heads) != 4:
             raise ValueError(
                 f'depths and num_heads must have 4 entries, got '
                 f'{depths} and {num_heads}'
             )
-        out_indices = tuple(out_indices)
-        if not out_indices or any(i not in range(4) for i in out_indices):
-            raise ValueError(
-                f'out_indices must be a non-empty subset of '
-                f'0..3, got {out_indices}'
-            )
-        if frozen_stages not in range(-1, 5):
+        for i, depth in enumerate(depths):
+            check_int(f'depths[{i}]', depth)
+        check_real('mlp_ratio', mlp_ratio, '> 0', lambda v: v > 0)
+        if qk_scale is not None:
+            check_real('qk_scale', qk_scale, '> 0', lambda v: v > 0)
+        for name, rate in (
+            ('drop_rate', drop_rate),
+            ('attn_drop_rate', attn_drop_rate),
+            ('drop_path_rate', drop_path_rate),
+        ):
+            check_real(name, rate, 'in [0, 1)', lambda v: 0 <= v < 1)
+        check_int('frozen_stages', frozen_stages, minimum=-1)
+        if frozen_stages > 4:
             raise ValueError(
                 f'frozen_stages must be -1..4, got {frozen_stages}'
             )
@@ -261,12 +195,17 @@ class SwinFamily(BaseModule):
         self.embed_dims = embed_dims
         self.depths = depths
         self.num_heads = num_heads
+        self.in_channels = in_channels
         self.window_size = window_size
         self.mlp_ratio = mlp_ratio
+        self.qkv_bias = qkv_bias
+        self.qk_scale = qk_scale
         self.drop_rate = drop_rate
+        self.attn_drop_rate = attn_drop_rate
         self.pad_small_map = pad_small_map
-        self.out_indices = out_indices
+        self.out_indices = check_out_indices(out_indices)
         self.frozen_stages = frozen_stages
+        self.block_cfg = cfg
         self.num_features = [embed_dims * 2**i for i in range(4)]
         check_heads(self.num_features, num_heads)
 
@@ -288,24 +227,53 @@ class SwinFamily(BaseModule):
                     blocks, PatchMerging(dim) if i < 3 else None, with_cp
                 )
             )
-        for i in out_indices:
+        for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
         self._freeze_stages()
+        self.register_load_state_dict_pre_hook(official_load_hook)
 
     def build_block(self, stage, index, dim, num_heads, drop_path):
-        """Block ``index`` of ``stage`` (an ``nn.Module`` on NHWC maps)."""
+        """Block ``index`` of ``stage`` (an ``nn.Module`` on NHWC maps);
+        ``drop_path`` is its stochastic-depth rate."""
         raise NotImplementedError
 
-    def drop_path(self, rate):
-        return DropPath(rate) if rate > 0 else nn.Identity()
+    def window_block(self, attention, index, dim, num_heads, drop_path):
+        """A :class:`.ShiftWindowBlock` around ``attention(dim, num_heads,
+        window_size, qkv_bias=, qk_scale=, attn_drop=, proj_drop=)``,
+        shifted when ``index`` is odd."""
+        attn = attention(
+            dim,
+            num_heads,
+            self.window_size,
+            qkv_bias=self.qkv_bias,
+            qk_scale=self.qk_scale,
+            attn_drop=self.attn_drop_rate,
+            proj_drop=self.drop_rate,
+        )
+        return ShiftWindowBlock(
+            dim,
+            attn,
+            window_size=self.window_size,
+            shift=index % 2 == 1,
+            mlp_ratio=self.mlp_ratio,
+            pad_small_map=self.pad_small_map,
+            drop=self.drop_rate,
+            drop_path=drop_path,
+        )
 
     def forward(self, x):
-        """Args: x (Tensor): (B, C, H, W), any H, W.
+        """Args: x (Tensor): (B, in_channels, H, W), any H, W.
 
         Returns:
             tuple[Tensor]: ``(B, embed_dims * 2**i, ceil(H / 2**(i+2)),
             ceil(W / 2**(i+2)))`` for each ``i`` in ``out_indices``.
         """
+        C = x.shape[1] if x.dim() == 4 else None
+        if x.dim() != 4 or (not is_symbolic(C) and C != self.in_channels):
+            raise ValueError(
+                f'x must be (B, C, H, W) with C = in_channels '
+                f'({self.in_channels}), got shape {tuple(x.shape)}'
+            )
         x = self.pos_drop(self.patch_embed(x))
         outs = []
         for i, stage in enumerate(self.layers):
@@ -334,35 +302,85 @@ class SwinFamily(BaseModule):
         return self
 
     def init_weights(self):
-        """Published init (Linear trunc-normal 0.02, LayerNorm 1/0), or
-        ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix=...)``
-        with an official or a converted checkpoint."""
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            self._load_pretrained(cfg['checkpoint'], cfg.get('prefix', ''))
-            return
-        super().init_weights()
-        if cfg is None:
-            for m in self.modules():
-                if isinstance(m, nn.Linear):
-                    trunc_normal_(m.weight, std=0.02)
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
-                elif isinstance(m, nn.LayerNorm):
-                    nn.init.ones_(m.weight)
-                    nn.init.zeros_(m.bias)
+        """The published init (Linear trunc-normal std 0.02 and zero bias,
+        LayerNorm 1 / 0), then mmengine's (``init_cfg``).
 
-    def _load_pretrained(self, path, prefix):
-        checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu')
-        state = official_state_dict(checkpoint, prefix)
-        missing, unexpected = self.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            print_log(
-                f'{type(self).__name__} from {path}: missing keys {missing}, '
-                f'unexpected keys {unexpected}',
-                logger='current',
+        With ``init_cfg=dict(type='Pretrained', checkpoint=PATH)``, mmengine
+        loads PATH over the published init (``strict=False``, mismatches
+        logged as WARNING); then, beyond mmengine: a checkpoint of which no
+        tensor fits (wrong ``prefix``, another model's file) or one of the
+        other Swin family raises ValueError naming PATH, and a partial fit
+        logs one WARNING with the counts and the first keys left at the
+        published init (a detector initialised from an ImageNet checkpoint:
+        ``norm0``-``norm2``).
+        """
+        if self.is_init:  # mmengine warns and does nothing
+            super().init_weights()
+            return
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        fits = []
+        handle = self.register_load_state_dict_pre_hook(
+            lambda module, state, prefix, *_: fits.append(
+                state_fit(module, state, prefix)
             )
-        self._is_init = True
+        )
+        try:
+            super().init_weights()
+        finally:
+            handle.remove()
+        pretrained = _pretrained(self.init_cfg)
+        for fit in fits if pretrained else ():
+            name = type(self).__name__
+            level, message = fit_problem(name, pretrained['checkpoint'], *fit)
+            if level == 'error':
+                raise ValueError(message)
+            if level == 'warning':
+                print_log(message, logger='current', level=logging.WARNING)
+
+
+def _pretrained(init_cfg):
+    """The Pretrained entry of ``init_cfg``, or None."""
+    for cfg in init_cfg if isinstance(init_cfg, list) else [init_cfg]:
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            return cfg
+    return None
+
+
+def check_real(name, value, allowed, ok):
+    """Raise unless ``value`` is a real number for which ``ok`` holds
+    (``allowed`` says which, for the message)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f'{name} must be a number {allowed}, got '
+            f'{type(value).__name__} {value!r}'
+        )
+    if not ok(value):
+        raise ValueError(f'{name} must be {allowed}, got {value}')
+
+
+def check_out_indices(out_indices):
+    """``out_indices`` (an int or a sequence, negative from the end, as
+    mmpretrain's SwinTransformer takes them) as increasing stages 0..3."""
+    if type(out_indices) is int:  # not a bool
+        out_indices = (out_indices,)
+    valid = isinstance(out_indices, (tuple, list)) and all(
+        type(i) is int and -4 <= i < 4 for i in out_indices
+    )
+    stages = tuple(i % 4 for i in out_indices) if valid else ()
+    if not stages or list(stages) != sorted(set(stages)):
+        raise ValueError(
+            f'out_indices must be a stage (0..3, or -4..-1 from the end) '
+            f'or a non-empty sequence of distinct stages in increasing '
+            f'order (the outputs come in stage order), got {out_indices!r}'
+        )
+    return stages
 
 
 def check_heads(dims, num_heads):

@@ -1,17 +1,133 @@
-"""Shifted-window blocks of ELSA-Swin's last stage and of ACmix-Swin."""
+"""Shifted windows: their geometry, the window attention of ELSA-Swin's last
+stage and the Swin block around a window attention (ELSA-Swin's last stage,
+every ACmix-Swin block). Feature maps are channels-last (B, H, W, C).
+"""
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn.bricks import DropPath
 
-from .swin_family import (
-    Mlp,
-    pad_to_window,
-    relative_index,
-    shift_mask,
-    window_geometry,
-    window_partition,
-    window_reverse,
-)
+
+def pad_to_window(x, window_size):
+    """Zero-pad (B, H, W, C) at the bottom/right to multiples of the window.
+
+    The detection code pads after ``norm1``; padded tokens are not masked.
+    """
+    H, W = x.shape[1:3]
+    pad_b = (window_size - H % window_size) % window_size
+    pad_r = (window_size - W % window_size) % window_size
+    if is_symbolic(H, W) or pad_b or pad_r:
+        x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
+    return x
+
+
+def is_symbolic(*sizes):
+    """Whether sizes are traced (TorchScript tensors, ``torch.export``
+    SymInts) rather than Python ints: a graph then pads unconditionally
+    (zero-width pads), as no branch on the size can be recorded."""
+    return not all(type(s) is int for s in sizes)
+
+
+def window_partition(x, window_size):
+    """(B, H, W, C) -> (B * nW, window_size**2, C); H, W multiples of it."""
+    B, H, W, C = x.shape
+    h, w = H // window_size, W // window_size
+    x = x.reshape(B, h, window_size, w, window_size, C).transpose(2, 3)
+    return x.reshape(B * h * w, window_size * window_size, C)
+
+
+def window_reverse(windows, window_size, B, H, W):
+    """Inverse of :func:`window_partition` (explicit B: empty batches)."""
+    h, w, C = H // window_size, W // window_size, windows.shape[-1]
+    x = windows.reshape(B, h, w, window_size, window_size, C).transpose(2, 3)
+    return x.reshape(B, H, W, C)
+
+
+def window_geometry(H, W, window_size, shift_size, pad_small_map):
+    """``(window, shift)`` of a block on an H x W map.
+
+    Classification code (``pad_small_map=False``): a map no larger than the
+    window is one unshifted window of its own size. Detection code
+    (``True``): the window stays and the map is padded to it.
+
+    Raises:
+        RuntimeError: classification geometry on traced (symbolic) sizes:
+            TorchScript tracing, or ``torch.export`` with dynamic H, W.
+    """
+    if pad_small_map:
+        return window_size, shift_size
+    if is_symbolic(H, W):
+        raise RuntimeError(
+            'pad_small_map=False (the classification geometry) takes its '
+            'window and shift from the size of each map, which a traced '
+            'graph cannot hold: export it with dynamic=False and the '
+            'dynamo exporter (one fixed size), or build the backbone with '
+            'pad_small_map=True (the detection geometry: every size in one '
+            'graph)'
+        )
+    if min(H, W) <= window_size:
+        return min(H, W), 0
+    return window_size, shift_size
+
+
+def shift_mask(Hp, Wp, window_size, shift_size, dtype, device):
+    """(nW, N, N) additive mask (0 / -100) of the shifted windows.
+
+    The regions of the rolled map (rows and columns ``[0, -window)``,
+    ``[-window, -shift)``, ``[-shift, end)``) are found by comparisons, not
+    by slicing, so a graph with symbolic Hp, Wp holds every size.
+    """
+
+    def region(n):
+        r = torch.arange(n, device=device)
+        return (r >= n - window_size).long() + (r >= n - shift_size).long()
+
+    img = (region(Hp)[:, None] * 3 + region(Wp)[None, :]).to(dtype)
+    ids = window_partition(img[None, :, :, None], window_size).squeeze(-1)
+    mask = ids.unsqueeze(1) - ids.unsqueeze(2)
+    # -100 as published; built in the map's dtype (fp16/bf16 included).
+    return mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
+
+
+def relative_index(window_size, table_size, transposed=False):
+    """(N, N) index into a (2 * table_size - 1)**2 relative-position table.
+
+    ``window_size <= table_size`` (a small map's shrunk window reads the
+    centre of the table). ``transposed`` is ELSA-Swin's key-minus-query
+    offset, the transpose of Swin's query-minus-key.
+    """
+    coords = torch.stack(
+        torch.meshgrid(
+            torch.arange(window_size), torch.arange(window_size), indexing='ij'
+        )
+    ).flatten(1)
+    rel = (
+        coords[:, None, :] - coords[:, :, None]
+        if transposed
+        else coords[:, :, None] - coords[:, None, :]
+    )
+    rel = rel + table_size - 1
+    return rel[0] * (2 * table_size - 1) + rel[1]
+
+
+class Mlp(nn.Module):
+    """``fc1``, GELU, dropout, ``fc2``, dropout (timm's ``Mlp``)."""
+
+    def __init__(self, dim, hidden, drop=0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x):
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+def drop_path_layer(rate):
+    """``DropPath(rate)``, or an identity for rate 0."""
+    return DropPath(rate) if rate > 0 else nn.Identity()
 
 
 class RelativeBias(nn.Module):
@@ -70,6 +186,7 @@ class ELSAWindowAttention(nn.Module):
         dim,
         num_heads,
         window_size,
+        *,
         qkv_bias=True,
         qk_scale=None,
         attn_drop=0.0,
@@ -115,20 +232,29 @@ class ShiftWindowBlock(nn.Module):
     back and cropped. See :func:`window_geometry` for ``pad_small_map``.
 
     Args:
+        dim (int): Channels.
         attn (nn.Module): called as ``attn(x, window, mask)`` on the padded,
             rolled (B, Hp, Wp, C) map; returns that shape.
+        window_size (int): Default: 7.
+        shift (bool): Shift by ``window_size // 2`` (odd blocks).
+            Default: False.
+        mlp_ratio (float): Default: 4.
+        pad_small_map (bool): Default: False.
+        drop (float): Dropout of the MLP. Default: 0.
+        drop_path (float): Stochastic depth of both branches. Default: 0.
     """
 
     def __init__(
         self,
         dim,
         attn,
-        window_size,
-        shift,
-        mlp_ratio,
-        pad_small_map,
-        drop,
-        drop_path,
+        *,
+        window_size=7,
+        shift=False,
+        mlp_ratio=4.0,
+        pad_small_map=False,
+        drop=0.0,
+        drop_path=0.0,
     ):
         super().__init__()
         self.window_size = window_size
@@ -136,7 +262,7 @@ class ShiftWindowBlock(nn.Module):
         self.pad_small_map = pad_small_map
         self.norm1 = nn.LayerNorm(dim)
         self.attn = attn
-        self.drop_path = drop_path
+        self.drop_path = drop_path_layer(drop_path)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
 
