@@ -48,8 +48,13 @@ EXTRAS = {
     'cls': DET + ['mmpretrain>=1.2.0', 'grad-cam==1.4.8'],
     'gpu': ['triton>=3.0'],
     # ONNX export (torch.onnx's dynamo exporter needs onnxscript) and
-    # onnxruntime for tools/deployment
-    'deploy': ['onnx==1.23.2', 'onnxruntime==1.31.1', 'onnxscript==0.7.2'],
+    # onnxruntime for tools/deployment; tested with the pins of
+    # tools/setup_env.sh (onnxscript is pre-1.0: its minor releases break)
+    'deploy': [
+        'onnx>=1.23,<2',
+        'onnxruntime>=1.31,<2',
+        'onnxscript>=0.7,<0.8',
+    ],
     'tests': ['pytest', 'triton>=3.0'],
 }
 EXTRAS['all'] = sorted({req for reqs in EXTRAS.values() for req in reqs})
@@ -62,7 +67,8 @@ setup(
     long_description=open(os.path.join(HERE, 'README.md')).read(),
     long_description_content_type='text/markdown',
     license='Apache-2.0',
-    python_requires='>=3.9',
+    # the code is Python 3.11 (ruff's target-version), as torch 2.14 allows
+    python_requires='>=3.11',
     packages=find_packages(exclude=('configs', 'tools', 'tests', 'docs')),
     include_package_data=True,
     # The ops need torch only, the layers mmengine and mmcv (mmcv.cnn).

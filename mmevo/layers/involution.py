@@ -7,10 +7,17 @@ import torch.nn as nn
 from mmcv.cnn import ConvModule
 
 from mmevo.ops import check_int
+from mmevo.ops.backends import backend_name
+from mmevo.ops.fused_involution import fused_involution
 from mmevo.registry import MODELS
 
 from .base import EvolutionLayer, InitCfg, check_divisible, check_layer_cfg
 from .fastpath import cpu_fastpath_default, pointwise, takes_cpu_fastpath
+
+#: The smallest output map (pixels per image) where the fused op was
+#: measured to beat the unfused path (RedNet-50's stage 1, 56²; at 28² they
+#: are even, below it the fused op is slower: ``docs/benchmarks.md``).
+FUSED_MIN_PIXELS = 56 * 56
 
 
 @MODELS.register_module()
@@ -31,6 +38,14 @@ class Involution(EvolutionLayer):
     On CPU in eager mode the 1x1 convolutions of the generation function run
     as matmuls (:meth:`_kernel_weights_cpu`, the same modules and numbers)
     while ``use_cpu_fastpath`` is True (see :mod:`mmevo.layers.fastpath`).
+    Under the same switch, maps of at least :data:`FUSED_MIN_PIXELS` output
+    pixels run the span convolution and the aggregation as one op,
+    :func:`mmevo.ops.fused_involution.fused_involution` (C++), which never
+    writes the (B, G*K*K, H, W) kernel map: there it is faster and needs
+    less memory (``docs/benchmarks.md``). It steps aside for a kernel hook
+    (which must see the kernel) and where its C++ kernel cannot take the
+    call (autocast, an input dtype other than the layer's, another backend
+    forced).
 
     Args:
         channels (int): input = output channels C.
@@ -103,15 +118,62 @@ class Involution(EvolutionLayer):
         )
         self.use_cpu_fastpath = cpu_fastpath_default()
 
-    def _kernel_weights_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        """``conv2(conv1(x))`` with both 1x1 convolutions as matmuls."""
-        conv1, conv2 = self.conv1, self.conv2
+    def _reduce_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        """``conv1(x)`` with its 1x1 convolution as a matmul."""
+        conv1 = self.conv1
         out = pointwise(x, conv1.conv.weight, conv1.conv.bias)
         if conv1.with_norm:
             out = conv1.norm(out)
         if conv1.with_activation:
             out = conv1.activate(out)
-        return pointwise(out, conv2.conv.weight, conv2.conv.bias)
+        return out
+
+    def _kernel_weights_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        """``conv2(conv1(x))`` with both 1x1 convolutions as matmuls."""
+        conv2 = self.conv2.conv
+        return pointwise(self._reduce_cpu(x), conv2.weight, conv2.bias)
+
+    def _takes_fused(self, x: torch.Tensor) -> bool:
+        """Whether the fused op runs this call: the CPU fast path is taken,
+        no kernel hook waits for the kernel, the C++ kernel can take ``x``
+        and the map is as large as where it was measured to win."""
+        if x.dim() != 4:
+            return False
+        s = self.stride
+        pixels = -(-x.shape[-2] // s) * -(-x.shape[-1] // s)
+        return (
+            pixels >= FUSED_MIN_PIXELS
+            and self.conv2.conv.weight.dtype == x.dtype
+            and not self._kernel_hooks
+            and not torch.is_autocast_enabled('cpu')
+            and takes_cpu_fastpath(self, x)
+            and backend_name(x) == 'cpp'
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Generate the kernel from ``x`` and aggregate (fused on CPU).
+
+        Args:
+            x (Tensor): (B, C, H, W).
+
+        Returns:
+            Tensor: (B, C, H_out, W_out).
+        """
+        if not (isinstance(x, torch.Tensor) and self._takes_fused(x)):
+            return super().forward(x)
+        self.check_input(x, self.channels)
+        z = self._reduce_cpu(self.avgpool(x) if self.stride > 1 else x)
+        conv2 = self.conv2.conv
+        return fused_involution(
+            x,
+            z,
+            conv2.weight,
+            conv2.bias,
+            self.kernel_size,
+            self.stride,
+            self.dilation,
+            self.groups,
+        )
 
     def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, G, K, K, H_out, W_out)."""

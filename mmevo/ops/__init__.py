@@ -15,12 +15,14 @@ from .evolution import (
     output_size,
     resolve_window,
 )
+from .fused_involution import fused_involution
 from .torch_backend import window_softmax
 
 __all__ = [
     'BACKENDS',
     'check_int',
     'evolution_aggregate',
+    'fused_involution',
     'local_attention_weights',
     'local_correlation',
     'output_size',

@@ -6,12 +6,10 @@ forward pre-hooks and forward hooks on every submodule, and full backward
 hooks on every conv and linear layer, count their calls, with the fast
 paths on (the default) and off: the counts per submodule are equal, and so
 are the outputs. Without hooks the fast
-paths still run (``tests/layers/fastpath_helpers.py`` counts the convs).
+paths still run (``tests/fastpath_helpers.py`` counts the convs).
 """
 
 import collections
-import importlib.util
-import os
 
 import pytest
 import torch
@@ -34,21 +32,7 @@ from mmevo.models import (
     RedNet,
 )
 
-
-def _helpers():
-    path = os.path.join(
-        os.path.dirname(os.path.abspath(__file__)),
-        os.pardir,
-        'layers',
-        'fastpath_helpers.py',
-    )
-    spec = importlib.util.spec_from_file_location('fastpath_helpers', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _helpers()
+import fastpath_helpers as helpers
 
 SWIN = dict(
     embed_dims=16,

@@ -24,12 +24,23 @@ two layouts mmevo's aggregation reads: NCHW, and channels-last as in an
 AOTInductor package (the input, and the kernel map as a channels-last span
 convolution leaves it).
 
+``--involution`` times one ``Involution`` layer at the RedNet-50 stem (32
+channels, 112²) and stage shapes (K = 7, 16 channels per group, B8),
+forward + backward of the input and every parameter, train mode: ``fused``
+(the CPU fast path with ``mmevo::fused_involution``, taken at every shape
+here; by default only at maps of ``FUSED_MIN_PIXELS`` or more),
+``unfused`` (the fast path with the kernel map written, which a kernel hook
+asks for), ``stock`` (the module graph, ``use_cpu_fastpath`` off), and
+``conv3x3``, the 3×3 convolution it replaces in ResNet-50 (no bias).
+
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
     # on a busy machine:
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --cpu-time
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --inference \
         --cpu-time
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --involution \
+        --cpu-time --repeat 9
     python tools/analysis/benchmark_ops.py --device cuda --dtype float16
 """
 
@@ -47,6 +58,8 @@ from mmevo.ops.library import use_backend
 STAGES = [(8, 64, 56, 4), (8, 128, 28, 8), (8, 256, 14, 16), (8, 512, 7, 32)]
 # --inference: the stem involution of the detection RedNet-50, then the stages.
 INFERENCE_SHAPES = [(1, 32, 112, 2)] + [(1, C, H, G) for _, C, H, G in STAGES]
+# --involution: the stem involution of the detection RedNet-50, the stages.
+LAYER_SHAPES = [(8, 32, 112, 2)] + STAGES
 K = 7
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, for the achieved fraction.
 PEAK_BANDWIDTH = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12}
@@ -177,6 +190,56 @@ def inference_layouts(device, dtype, repeat, clock):
         )
 
 
+def involution_layers(device, dtype, repeat, clock):
+    """Forward + backward of an Involution layer, fused and not, and of
+    the 3×3 convolution it replaces, at the RedNet-50 stage shapes."""
+    import mmevo.layers.involution as involution
+    from mmevo.layers import Involution, set_cpu_fastpath
+
+    # 'fused' is the fused op at every shape, the switch's threshold aside
+    involution.FUSED_MIN_PIXELS = 0
+    print(
+        '| B·C·H²·K·G | path | ms | peak MiB | time / fused | '
+        'memory / fused |\n|---|---|---|---|---|---|'
+    )
+    for B, C, H, G in LAYER_SHAPES:
+        torch.manual_seed(0)
+        x = torch.randn(
+            B, C, H, H, device=device, dtype=dtype, requires_grad=True
+        )
+        gy = torch.randn(B, C, H, H, device=device, dtype=dtype)
+
+        def build(C=C, G=G):
+            return Involution(C, K, group_channels=C // G).to(device, dtype)
+
+        hooked = build()
+        hooked.register_kernel_hook(lambda module, kernel: None)
+        modules = {
+            'fused': build(),
+            'unfused': hooked,
+            'stock': set_cpu_fastpath(build(), False),
+            'conv3x3': torch.nn.Conv2d(C, C, 3, padding=1, bias=False).to(
+                device, dtype
+            ),
+        }
+
+        def step(module, x=x, gy=gy):
+            x.grad = None
+            module.zero_grad(set_to_none=True)
+            module(x).backward(gy)
+
+        steps = {n: lambda m=m: step(m) for n, m in modules.items()}
+        ms = time_ms(steps, device, repeat, clock)
+        mib = {n: peak_bytes(s, device) / 2**20 for n, s in steps.items()}
+        for name in modules:
+            print(
+                f'| {B}·{C}·{H}²·{K}·{G} | {name} | {ms[name]:.1f} | '
+                f'{mib[name]:.1f} | {ms[name] / ms["fused"]:.2f}× | '
+                f'{mib[name] / mib["fused"]:.2f}× |',
+                flush=True,
+            )
+
+
 def _positive_float(text):
     """An argparse ``type``: a float > 0 (a bandwidth divides)."""
     try:
@@ -199,7 +262,7 @@ def main():
     parser.add_argument(
         '--dtype',
         default='float32',
-        choices=['float32', 'float16', 'bfloat16'],
+        choices=['float32', 'float64', 'float16', 'bfloat16'],
     )
     # the median of no timing is an error
     parser.add_argument('--repeat', type=int_in_range(1), default=5)
@@ -227,6 +290,12 @@ def main():
         help='the forward alone, without gradients, at batch 1: NCHW '
         'against channels-last (as in an AOTInductor package)',
     )
+    parser.add_argument(
+        '--involution',
+        action='store_true',
+        help='an Involution layer, fused and unfused, and a 3x3 conv, '
+        'forward + backward at the stage-1 shape',
+    )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -239,6 +308,15 @@ def main():
             f'forward median of {args.repeat} ({clock_name} time)'
         )
         inference_layouts(device, dtype, args.repeat, clock)
+        return
+    if args.involution:
+        print(
+            f'device={device} dtype={args.dtype} '
+            f'threads={torch.get_num_threads()} '
+            f'fwd+bwd median of {args.repeat} ({clock_name} time); '
+            'peak = tensor bytes above the inputs'
+        )
+        involution_layers(device, dtype, args.repeat, clock)
         return
     print(
         f'device={device} dtype={args.dtype} '

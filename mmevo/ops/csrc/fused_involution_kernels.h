@@ -1,0 +1,486 @@
+// The fused involution kernels for one instruction set.
+//
+// Included by fused_involution.cpp inside a namespace per `#pragma GCC
+// target`, after evolution_kernels.h, whose input row buffers (RowPhases),
+// register tiles (tile_rows, correlate_tile) and constants they reuse. No
+// #include here on purpose.
+//
+// Layouts (contiguous NCHW): x (B, C, H, W); z (B, Cr, Ho, Wo); S (G*K*K,
+// Cr) and bias (G*K*K), the span convolution's, group-major then row-major
+// taps; y, grad_y (B, C, Ho, Wo). Zero padding p.
+//
+// A task computes its tile's kernel W = S z + bias into a buffer of K*K
+// planes (tap k, then tile row n, then column j; plane stride PL, rows Wv
+// apart, so a plane is one run of pixel vectors) and uses it from cache: the
+// kernel map is never written. The forward aggregates with it as
+// aggregate_forward does. The backward recomputes it and, per tile of kFB
+// output rows, takes the kernel gradient dW = Corr(grad_y, x) into a buffer
+// of the same layout and contracts it at once: grad_S += dW z^T, grad_bias
+// += sum dW, grad_z += S^T dW, while grad_x += the scatter of W * grad_y.
+// The small matrix products run on register tiles of kMK taps (or z
+// channels) by kMP pixel vectors; S and bias are broadcast.
+
+constexpr int64_t kFB = kCRows;  // output rows of a backward tile
+constexpr int64_t kMK = 4;       // taps (or z channels) of a product tile
+constexpr int64_t kMP = kVecBytes == 64 ? 4 : 2;  // pixel vectors of one
+constexpr int64_t kMR = kVecBytes == 64 ? 4 : 2;  // z channels of a grad_S one
+constexpr int64_t kFusedTasks = 32;  // backward tasks wanted: strips x batch
+constexpr int64_t kMaxSlots = 64;    // grad_S partial sums, at most
+
+// out[k][p] = bias[k] + sum_{r < Cr} S[k][r] * z[r][p] for k < nk and
+// pixels p < np (multiples of kMK and of kMP vectors): S rows Cs apart, z
+// rows zs apart, out planes os apart.
+template <typename A, typename vec>
+void span_tile(A* __restrict__ out, int64_t os, const A* __restrict__ S, int64_t Cs,
+               const A* __restrict__ bias, const A* __restrict__ z, int64_t zs, int64_t Cr,
+               int64_t nk, int64_t np) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A), VB = sizeof(vec);
+  for (int64_t k0 = 0; k0 < nk; k0 += kMK)
+    for (int64_t p0 = 0; p0 < np; p0 += kMP * V) {
+      vec acc[kMK][kMP];
+#pragma GCC unroll 4
+      for (int k = 0; k < kMK; ++k)
+        for (int q = 0; q < kMP; ++q) acc[k][q] = vec{} + bias[k0 + k];
+      for (int64_t r = 0; r < Cr; ++r) {
+        vec zv[kMP];
+#pragma GCC unroll 4
+        for (int q = 0; q < kMP; ++q) std::memcpy(&zv[q], z + r * zs + p0 + q * V, VB);
+#pragma GCC unroll 4
+        for (int k = 0; k < kMK; ++k) {
+          const vec sv = vec{} + S[(k0 + k) * Cs + r];
+#pragma GCC unroll 4
+          for (int q = 0; q < kMP; ++q) acc[k][q] += sv * zv[q];
+        }
+      }
+      for (int k = 0; k < kMK; ++k)
+        for (int q = 0; q < kMP; ++q)
+          std::memcpy(out + (k0 + k) * os + p0 + q * V, &acc[k][q], VB);
+    }
+}
+
+// gz[r][p] += sum_{k < nk} S[k][r] * dw[k][p] for r < Cp, p < np (multiples
+// of kMK and of kMP vectors): the transpose of span_tile in z.
+template <typename A, typename vec>
+void span_transpose_tile(A* __restrict__ gz, int64_t gs, const A* __restrict__ S, int64_t Cs,
+                         const A* __restrict__ dw, int64_t ds, int64_t Cp, int64_t nk,
+                         int64_t np) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A), VB = sizeof(vec);
+  for (int64_t r0 = 0; r0 < Cp; r0 += kMK)
+    for (int64_t p0 = 0; p0 < np; p0 += kMP * V) {
+      vec acc[kMK][kMP];
+      for (int r = 0; r < kMK; ++r)
+        for (int q = 0; q < kMP; ++q) std::memcpy(&acc[r][q], gz + (r0 + r) * gs + p0 + q * V, VB);
+      for (int64_t k = 0; k < nk; ++k) {
+        vec dv[kMP];
+#pragma GCC unroll 4
+        for (int q = 0; q < kMP; ++q) std::memcpy(&dv[q], dw + k * ds + p0 + q * V, VB);
+#pragma GCC unroll 4
+        for (int r = 0; r < kMK; ++r) {
+          const vec sv = vec{} + S[k * Cs + r0 + r];
+#pragma GCC unroll 4
+          for (int q = 0; q < kMP; ++q) acc[r][q] += sv * dv[q];
+        }
+      }
+      for (int r = 0; r < kMK; ++r)
+        for (int q = 0; q < kMP; ++q) std::memcpy(gz + (r0 + r) * gs + p0 + q * V, &acc[r][q], VB);
+    }
+}
+
+// Lane sums: the vector gs[k][r] += dw[k][:] * z[r][:] (k < nk, r < Cp,
+// multiples of kMK and kMR) and gb[k] += dw[k][:], over np pixels (whole
+// vectors); gs and gb hold a vector per (k, r) and per k.
+template <typename A, typename vec>
+inline void add_vec(A* dst, const vec& v) {
+  vec t;
+  std::memcpy(&t, dst, sizeof(vec));
+  t += v;
+  std::memcpy(dst, &t, sizeof(vec));
+}
+
+template <typename A, typename vec>
+void weight_grad_tile(A* __restrict__ gs, A* __restrict__ gb, const A* __restrict__ dw,
+                      int64_t ds, const A* __restrict__ z, int64_t zs, int64_t Cp, int64_t nk,
+                      int64_t np) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A), VB = sizeof(vec);
+  for (int64_t k0 = 0; k0 < nk; k0 += kMK) {
+    for (int64_t r0 = 0; r0 < Cp; r0 += kMR) {
+      vec acc[kMK][kMR] = {};
+      for (int64_t p = 0; p < np; p += V) {
+        vec dv[kMK], zv[kMR];
+#pragma GCC unroll 4
+        for (int k = 0; k < kMK; ++k) std::memcpy(&dv[k], dw + (k0 + k) * ds + p, VB);
+#pragma GCC unroll 4
+        for (int r = 0; r < kMR; ++r) std::memcpy(&zv[r], z + (r0 + r) * zs + p, VB);
+#pragma GCC unroll 4
+        for (int k = 0; k < kMK; ++k)
+#pragma GCC unroll 4
+          for (int r = 0; r < kMR; ++r) acc[k][r] += dv[k] * zv[r];
+      }
+      for (int k = 0; k < kMK; ++k)
+        for (int r = 0; r < kMR; ++r) add_vec<A, vec>(gs + ((k0 + k) * Cp + r0 + r) * V, acc[k][r]);
+    }
+    for (int k = 0; k < kMK; ++k) {
+      vec sum = {};
+      for (int64_t p = 0; p < np; p += V) {
+        vec dv;
+        std::memcpy(&dv, dw + (k0 + k) * ds + p, VB);
+        sum += dv;
+      }
+      add_vec<A, vec>(gb + (k0 + k) * V, sum);
+    }
+  }
+}
+
+// a[k] += sum_n b[n] * gv[k][n] over the tile rows n of MASK (a bit each),
+// for the kCh gradient rows a[k]: the transpose of tile_row (one tap),
+// scattering kCh channels' products. The mask known at compile time, no
+// row is tested in the loop.
+template <int MASK, typename A, typename vec>
+__attribute__((always_inline)) inline void scatter_masked(A* const* a, const A* const* b,
+                                                          const vec (&gv)[kCh][kFB]) {
+  constexpr int64_t VB = sizeof(vec);
+  vec wv[kFB] = {};
+#pragma GCC unroll 8
+  for (int n = 0; n < kFB; ++n)
+    if (MASK >> n & 1) std::memcpy(&wv[n], b[n], VB);
+#pragma GCC unroll 4
+  for (int k = 0; k < kCh; ++k) {
+    vec t;
+    std::memcpy(&t, a[k], VB);
+#pragma GCC unroll 8
+    for (int n = 0; n < kFB; ++n)
+      if (MASK >> n & 1) t += wv[n] * gv[k][n];
+    std::memcpy(a[k], &t, VB);
+  }
+}
+
+template <typename A, typename vec>
+__attribute__((always_inline)) inline void scatter_row(A* const* a, const A* const* b,
+                                                       int64_t mask,
+                                                       const vec (&gv)[kCh][kFB]) {
+  static_assert(kFB <= 4, "a mask of at most 4 rows");
+  switch (mask) {
+#define MMEVO_SCATTER(M)                                                      \
+  case M:                                                                     \
+    if constexpr (M < (1 << kFB)) scatter_masked<M, A, vec>(a, b, gv);        \
+    break;
+    MMEVO_SCATTER(1) MMEVO_SCATTER(2) MMEVO_SCATTER(3) MMEVO_SCATTER(4) MMEVO_SCATTER(5)
+    MMEVO_SCATTER(6) MMEVO_SCATTER(7) MMEVO_SCATTER(8) MMEVO_SCATTER(9) MMEVO_SCATTER(10)
+    MMEVO_SCATTER(11) MMEVO_SCATTER(12) MMEVO_SCATTER(13) MMEVO_SCATTER(14)
+    MMEVO_SCATTER(15)
+#undef MMEVO_SCATTER
+    default: break;
+  }
+}
+
+// dst[j] += src[j], j < n.
+template <typename A>
+inline void add_row(A* __restrict__ dst, const A* __restrict__ src, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] += src[j];
+}
+
+// S (and bias, zeros if null) of every group in A, each group's K*K tap rows
+// padded to KKp and its Cr columns to Cp with zeros: sa[(grp*KKp + k)*Cp + r].
+template <typename T, typename A>
+void load_span(std::vector<A>& sa, std::vector<A>& ba, const T* S, const T* bias, int64_t G,
+               int64_t KK, int64_t KKp, int64_t Cr, int64_t Cp) {
+  sa.assign(G * KKp * Cp, A(0));
+  ba.assign(G * KKp, A(0));
+  for (int64_t grp = 0; grp < G; ++grp)
+    for (int64_t k = 0; k < KK; ++k) {
+      for (int64_t r = 0; r < Cr; ++r)
+        sa[(grp * KKp + k) * Cp + r] = static_cast<A>(S[(grp * KK + k) * Cr + r]);
+      if (bias) ba[grp * KKp + k] = static_cast<A>(bias[grp * KK + k]);
+    }
+}
+
+// Rows [i0, i0 + ni) of z into zb (row n of channel r at r*zs + n*Wv), zero
+// past Wo; rows ni.. of the buffer stay as they are (zero from the start).
+template <typename T, typename A>
+void load_z_rows(A* zb, int64_t zs, const T* z, int64_t Cr, int64_t Ho, int64_t Wo,
+                 int64_t Wv, int64_t i0, int64_t ni, int64_t nrows) {
+  for (int64_t r = 0; r < Cr; ++r)
+    for (int64_t n = 0; n < nrows; ++n) {
+      A* dst = zb + r * zs + n * Wv;
+      if (n < ni) load_shifted(dst, z + (r * Ho + i0 + n) * Wo, Wo, 0, Wv);
+      else std::fill(dst, dst + Wv, A(0));
+    }
+}
+
+// Y = the involution of x with the kernel S z + bias, never written. Task:
+// (b, g, kRows output rows), every channel of the group in blocks of <= 16:
+// the tile's kernel is computed once, then aggregate_forward's loop runs on
+// it.
+template <typename T>
+void fused_forward(const T* __restrict__ x, const T* __restrict__ z, const T* __restrict__ S,
+                   const T* __restrict__ bias, T* __restrict__ y, const Geometry& g,
+                   int64_t Cr) {
+  using A = at::opmath_type<T>;
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Cg = g.C / g.G, CB = std::min(Cg, kTileChannels);
+  const int64_t nCB = ceil_div(Cg, CB), nIB = ceil_div(g.Ho, kRows);
+  const int64_t span = (g.K - 1) * g.d, R = (kRows - 1) * g.s + span + 1;
+  const int64_t Wv = round_up(g.Wo, V), L = Wv + span / g.s, Lrow = g.s * L;
+  const int64_t KK = g.K * g.K, KKp = round_up(KK, kMK), PL = round_up(kRows * Wv, kMP * V);
+  const RowPhases phases(g.s, g.p, g.W, L);
+  std::vector<A> sa, ba;
+  load_span(sa, ba, S, bias, g.G, KK, KKp, Cr, Cr);
+  std::vector<int64_t> aoff(g.K), boff(g.K);
+  for (int64_t v = 0; v < g.K; ++v) aoff[v] = phases.offset(v, g.d), boff[v] = v * PL;
+  const int64_t grain = grain_for(kRows * KK * g.Wo * (Cg + Cr));
+  at::parallel_for(0, g.B * g.G * nIB, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> xb(round_up(CB, kCh) * R * Lrow), zb(Cr * PL, A(0)), wb(KKp * PL);
+    std::vector<int64_t> u_of(R * kRows);
+    int64_t taps_rows = 0;  // the tile height u_of was made for
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t ib = t % nIB, bg = t / nIB, b = bg / g.G, grp = bg % g.G;
+      const int64_t i0 = ib * kRows, ni = std::min(kRows, g.Ho - i0);
+      load_z_rows(zb.data(), PL, z + b * Cr * g.Ho * g.Wo, Cr, g.Ho, g.Wo, Wv, i0, ni, kRows);
+      span_tile<A, vec>(wb.data(), PL, sa.data() + grp * KKp * Cr, Cr, ba.data() + grp * KKp,
+                        zb.data(), PL, Cr, KKp, PL);
+      const int64_t r0 = i0 * g.s - g.p;
+      const int64_t rlo = std::max<int64_t>(0, -r0);
+      const int64_t rhi = std::min((ni - 1) * g.s + span + 1, g.H - r0);
+      if (ni != taps_rows) tile_taps(u_of.data(), R, taps_rows = ni, span, g.d, 0, -g.s, -1);
+      for (int64_t cb = 0; cb < nCB; ++cb) {
+        const int64_t c0 = grp * Cg + cb * CB, nc = std::min(CB, Cg - cb * CB);
+        for (int64_t cc = 0; cc < nc; ++cc)
+          for (int64_t rr = rlo; rr < rhi; ++rr)
+            phases.load(xb.data() + (cc * R + rr) * Lrow,
+                        x + ((b * g.C + c0 + cc) * g.H + r0 + rr) * g.W);
+        for (int64_t jv = 0; jv < Wv; jv += V) {
+          const int64_t nj = std::min(V, g.Wo - jv);
+          for (int64_t c4 = 0; c4 < nc; c4 += kCh) {
+            vec acc[kCh][kRows] = {};
+            tile_rows<A, vec>(acc, xb.data() + c4 * R * Lrow + jv, R * Lrow, Lrow,
+                              wb.data() + jv, Wv, g.K * PL, u_of.data(), rlo, rhi, aoff.data(),
+                              boff.data(), g.K);
+            for (int64_t k = 0; k < std::min(kCh, nc - c4); ++k)
+              for (int64_t n = 0; n < ni; ++n)
+                store_lanes<T, A>(y + ((b * g.C + c0 + c4 + k) * g.Ho + i0 + n) * g.Wo + jv,
+                                  acc[k][n], nj);
+          }
+        }
+      }
+    }
+  });
+}
+
+// How the backward splits its work, from the shapes alone (so the sums, and
+// their bits, do not depend on the thread count): each image's output rows
+// in `nstrips` strips of `rows` (a multiple of kFB, and tall enough that an
+// input row is reached from two strips at most), the b-major list of
+// (b, strip) tasks cut into `nslots` runs, each summing its own grad_S:
+// at most kMaxSlots, and their partial sums no larger than x.
+struct FusedPlan {
+  int64_t rows, nstrips, nslots;
+
+  FusedPlan(const Geometry& g, int64_t Cr) {
+    const int64_t span = (g.K - 1) * g.d;
+    const int64_t wanted = ceil_div(g.Ho, ceil_div(kFusedTasks, g.B));
+    rows = round_up(std::max({wanted, ceil_div(span + 1, g.s), kFB}), kFB);
+    nstrips = ceil_div(g.Ho, rows);
+    const int64_t partial = g.G * g.K * g.K * (Cr + 1);
+    const int64_t fit = std::max<int64_t>(1, g.B * g.C * g.H * g.W / partial);
+    nslots = std::min({g.B * nstrips, kMaxSlots, fit});
+  }
+};
+
+// A strip's gradient row src (the phase layout of RowPhases) into the input
+// row dst: added (a row another strip also reaches) or stored. Stored rows
+// get zeros at columns no tap reaches (`uncovered`: very large strides).
+template <typename A>
+inline void flush_row(A* __restrict__ dst, const A* __restrict__ src, const RowPhases& ph,
+                      int64_t W, bool add, bool uncovered) {
+  if (!add && uncovered) std::fill(dst, dst + W, A(0));
+  dst -= ph.p;
+  for (int64_t q = 0; q < ph.s; ++q, src += ph.L) {
+    const int64_t lo = ph.lo[q], hi = ph.hi[q];
+    A* d = dst + q;
+    if (ph.s == 1) {
+      if (add) for (int64_t m = lo; m < hi; ++m) d[m] += src[m];
+      else for (int64_t m = lo; m < hi; ++m) d[m] = src[m];
+    } else if (add) {
+      for (int64_t m = lo; m < hi; ++m) d[m * ph.s] += src[m];
+    } else {
+      for (int64_t m = lo; m < hi; ++m) d[m * ph.s] = src[m];
+    }
+  }
+}
+
+// The backward, see the top of the file. gx (B, C, H, W) in A receives
+// grad_x (no need to zero it); gz (B, Cr, Ho, Wo) grad_z; partial (nslots,
+// G*K*K * Cr + G*K*K) in A, zero on entry, each run's sums of grad_S then
+// grad_bias. A task (b, strip) buffers the strip's z rows once, and per
+// group its x and grad_y rows and its input rows' gradients, then walks its
+// tiles. The even strips write their rows first, the odd ones then add
+// where they share rows with them (strips two apart share none) and store
+// elsewhere; rows no strip reaches are zeroed by the strip above them.
+template <typename T>
+void fused_backward(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ z,
+                    const T* __restrict__ S, const T* __restrict__ bias,
+                    at::opmath_type<T>* __restrict__ gx, T* __restrict__ gz,
+                    at::opmath_type<T>* __restrict__ partial, const Geometry& g, int64_t Cr,
+                    const FusedPlan& plan) {
+  using A = at::opmath_type<T>;
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Cg = g.C / g.G, Cg4 = round_up(Cg, kCh), SR = plan.rows;
+  const int64_t span = (g.K - 1) * g.d, R = (kFB - 1) * g.s + span + 1;
+  const int64_t Wv = round_up(g.Wo, V), L = Wv + span / g.s, Lrow = g.s * L;
+  const int64_t KK = g.K * g.K, KKp = round_up(KK, kMK), Cp = round_up(Cr, kMK);
+  const int64_t PL = round_up(kFB * Wv, kMP * V), P = g.Ho * g.Wo;
+  const int64_t XR = (SR - 1) * g.s + span + 1;  // input rows of a strip
+  const int64_t GZ = SR * Wv + PL;               // a z row of a strip, padded
+  const int64_t ntasks = g.B * plan.nstrips, part = g.G * KK * (Cr + 1);
+  const RowPhases phases(g.s, g.p, g.W, L);
+  bool uncovered = false;  // input columns that no tap reaches
+  for (int64_t q = 0; q < g.s; ++q)
+    uncovered |= phases.hi[q] < std::max<int64_t>(0, ceil_div(g.W + g.p - q, g.s));
+  std::vector<A> sa, ba;
+  load_span(sa, ba, S, bias, g.G, KK, KKp, Cr, Cp);
+  std::vector<int64_t> voff(g.K);
+  for (int64_t v = 0; v < g.K; ++v) voff[v] = phases.offset(v, g.d);
+  const bool unit = g.s == 1 && g.d == 1;
+
+  struct Buffers {
+    std::vector<A> xs, ys, zs, wb, dwb, gxs, gzs, gsv, gbv;
+    std::vector<int64_t> u_of, mask;
+  };
+  const auto strip = [&](int64_t b, int64_t st, A* sums, Buffers& buf) {
+    const int64_t i_a = st * SR, i_b = std::min(g.Ho, i_a + SR), nrows = i_b - i_a;
+    const int64_t h_a = i_a * g.s - g.p;  // the input row of buffer row 0
+    const int64_t reach = (nrows - 1) * g.s + span + 1;  // buffer rows in use
+    A* const zs = buf.zs.data();
+    load_z_rows(zs, GZ, z + b * Cr * P, Cr, g.Ho, g.Wo, Wv, i_a, nrows, SR);
+    std::fill(buf.gzs.begin(), buf.gzs.end(), A(0));
+    for (int64_t grp = 0; grp < g.G; ++grp) {
+      const A* sg = sa.data() + grp * KKp * Cp;
+      const int64_t c0 = grp * Cg;
+      for (int64_t c = 0; c < Cg; ++c) {
+        const int64_t ch = b * g.C + c0 + c;
+        for (int64_t n = 0; n < SR; ++n) {
+          A* dst = buf.ys.data() + (c * SR + n) * Wv;
+          if (n < nrows) load_shifted(dst, gy + (ch * g.Ho + i_a + n) * g.Wo, g.Wo, 0, Wv);
+          else std::fill(dst, dst + Wv, A(0));
+        }
+        for (int64_t rr = 0; rr < XR; ++rr) {
+          A* dst = buf.xs.data() + (c * XR + rr) * Lrow;
+          const int64_t h = h_a + rr;
+          if (rr >= reach || h < 0 || h >= g.H) std::fill(dst, dst + Lrow, A(0));
+          else phases.load(dst, x + (ch * g.H + h) * g.W);
+        }
+      }
+      std::fill(buf.gxs.begin(), buf.gxs.end(), A(0));
+      std::fill(buf.gsv.begin(), buf.gsv.end(), A(0));
+      std::fill(buf.gbv.begin(), buf.gbv.end(), A(0));
+      for (int64_t i0 = i_a; i0 < i_b; i0 += kFB) {
+        const int64_t ni = std::min(kFB, i_b - i0), off = i0 - i_a;
+        const A* zt = zs + off * Wv;
+        span_tile<A, vec>(buf.wb.data(), PL, sg, Cp, ba.data() + grp * KKp, zt, GZ, Cr, KKp, PL);
+        // dW of the tile's kFB rows (zero on rows past the strip, whose
+        // grad_y is zero), every tap summed over the group's channels.
+        const A* xt = buf.xs.data() + off * g.s * Lrow;
+        const A* yt = buf.ys.data() + off * Wv;
+        for (int64_t jv = 0; jv < Wv; jv += V)
+          for (int64_t v = 0; v < g.K; ++v)
+            for (int64_t u0 = 0; u0 < g.K; u0 += kUs) {
+              const int64_t nu = std::min(kUs, g.K - u0);
+              vec acc[kCRows][kUs] = {};
+              const A* xq = xt + u0 * g.d * Lrow + jv + voff[v];
+              const A* yq = yt + jv;
+#define MMEVO_FUSED_TILE(NU)                                                                  \
+  (unit ? correlate_tile<A, vec, NU, true>(acc, yq, Wv, SR * Wv, xq, Lrow, XR * Lrow, Cg, 1, 1) \
+        : correlate_tile<A, vec, NU, false>(acc, yq, Wv, SR * Wv, xq, Lrow, XR * Lrow, Cg, g.s, \
+                                            g.d))
+              switch (nu) {
+                case 4: MMEVO_FUSED_TILE(4); break;
+                case 3: MMEVO_FUSED_TILE(3); break;
+                case 2: MMEVO_FUSED_TILE(2); break;
+                default: MMEVO_FUSED_TILE(1);
+              }
+#undef MMEVO_FUSED_TILE
+              for (int64_t m = 0; m < nu; ++m)
+                for (int64_t n = 0; n < kFB; ++n)
+                  std::memcpy(buf.dwb.data() + ((u0 + m) * g.K + v) * PL + n * Wv + jv,
+                              &acc[n][m], sizeof(vec));
+            }
+        weight_grad_tile<A, vec>(buf.gsv.data(), buf.gbv.data(), buf.dwb.data(), PL, zt, GZ, Cp,
+                                 KKp, PL);
+        span_transpose_tile<A, vec>(buf.gzs.data() + off * Wv, GZ, sg, Cp, buf.dwb.data(), PL,
+                                    Cp, KKp, PL);
+        // grad_x, tap by tap: a gradient row is read again only after many
+        // other stores (an overlapping store just before stalls the load).
+        const int64_t r0 = i0 * g.s - g.p, nr = (ni - 1) * g.s + span + 1;
+        const int64_t rlo = std::max<int64_t>(0, -r0), rhi = std::min(nr, g.H - r0);
+        int64_t* const u_of = buf.u_of.data();
+        tile_taps(u_of, R, ni, span, g.d, 0, -g.s, -1);
+        for (int64_t rr = rlo; rr < rhi; ++rr) {
+          buf.mask[rr] = 0;
+          for (int64_t n = 0; n < kFB; ++n) buf.mask[rr] |= int64_t(u_of[rr * kRows + n] >= 0) << n;
+        }
+        A* const gxt = buf.gxs.data() + off * g.s * Lrow;
+        for (int64_t v = 0; v < g.K; ++v)
+          for (int64_t jv = 0; jv < Wv; jv += V)
+            for (int64_t c4 = 0; c4 < Cg; c4 += kCh) {
+              vec gv[kCh][kFB];
+              for (int k = 0; k < kCh; ++k)
+                for (int n = 0; n < kFB; ++n)
+                  std::memcpy(&gv[k][n], yt + ((c4 + k) * SR + n) * Wv + jv, sizeof(vec));
+              for (int64_t rr = rlo; rr < rhi; ++rr) {
+                A* a[kCh];
+                const A* wr[kFB];
+                for (int k = 0; k < kCh; ++k)
+                  a[k] = gxt + ((c4 + k) * XR + rr) * Lrow + jv + voff[v];
+                for (int n = 0; n < kFB; ++n) {
+                  const int64_t u = std::max<int64_t>(0, u_of[rr * kRows + n]);
+                  wr[n] = buf.wb.data() + (u * g.K + v) * PL + n * Wv + jv;
+                }
+                scatter_row<A, vec>(a, wr, buf.mask[rr], gv);
+              }
+            }
+      }
+      for (int64_t k = 0; k < KK; ++k) {
+        A* srow = sums + (grp * KK + k) * Cr;
+        for (int64_t r = 0; r < Cr; ++r)
+          for (int64_t l = 0; l < V; ++l) srow[r] += buf.gsv[(k * Cp + r) * V + l];
+        for (int64_t l = 0; l < V; ++l) sums[g.G * KK * Cr + grp * KK + k] += buf.gbv[k * V + l];
+      }
+      // The strip's input rows; an odd strip shares its first span + 1 - s
+      // rows with the strip before and those from h_a + SR * s on with the
+      // one after (even strips, which wrote first).
+      const bool odd = st % 2, last = st + 1 == plan.nstrips;
+      const int64_t next = last ? g.H : std::min(g.H, h_a + SR * g.s);
+      for (int64_t c = 0; c < Cg; ++c) {
+        A* plane = gx + (b * g.C + c0 + c) * g.H * g.W;
+        for (int64_t rr = std::max<int64_t>(0, -h_a); rr < reach && h_a + rr < g.H; ++rr) {
+          const bool add = odd && (rr < span + 1 - g.s || (!last && rr >= SR * g.s));
+          flush_row(plane + (h_a + rr) * g.W, buf.gxs.data() + (c * XR + rr) * Lrow, phases, g.W,
+                    add, uncovered);
+        }
+        // Rows between this strip's reach and the next strip's first row.
+        const int64_t gap = std::max<int64_t>(0, h_a + reach);
+        if (gap < next) std::fill(plane + gap * g.W, plane + next * g.W, A(0));
+      }
+    }
+    for (int64_t r = 0; r < Cr; ++r)
+      for (int64_t n = 0; n < nrows; ++n)
+        for (int64_t j = 0; j < g.Wo; ++j)
+          gz[((b * Cr + r) * g.Ho + i_a + n) * g.Wo + j] =
+              static_cast<T>(buf.gzs[r * GZ + n * Wv + j]);
+  };
+
+  for (int64_t parity = 0; parity < 2; ++parity)
+    at::parallel_for(0, plan.nslots, 1, [&](int64_t begin, int64_t end) {
+      Buffers buf{std::vector<A>(Cg * XR * Lrow), std::vector<A>(Cg4 * SR * Wv, A(0)),
+                  std::vector<A>(Cp * GZ, A(0)), std::vector<A>(KKp * PL),
+                  std::vector<A>(KKp * PL, A(0)), std::vector<A>(Cg4 * XR * Lrow),
+                  std::vector<A>(Cp * GZ), std::vector<A>(KKp * Cp * V), std::vector<A>(KKp * V),
+                  std::vector<int64_t>(R * kRows), std::vector<int64_t>(R)};
+      for (int64_t slot = begin; slot < end; ++slot)
+        for (int64_t t = slot * ntasks / plan.nslots; t < (slot + 1) * ntasks / plan.nslots; ++t)
+          if (t % plan.nstrips % 2 == parity)
+            strip(t / plan.nstrips, t % plan.nstrips, partial + slot * part, buf);
+    });
+}
