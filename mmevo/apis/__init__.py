@@ -32,7 +32,7 @@ from .cli import (
     one_line_errors,
 )
 from .convert import convert_swin_checkpoint
-from .outputs import OutputPathError, check_output, local_path
+from .outputs import OutputPathError, check_output
 from .resume import check_resume_fits, optimizer_mismatch
 from .runner import (
     build_model,
@@ -67,7 +67,6 @@ __all__ = [
     'convert_swin_checkpoint',
     'OutputPathError',
     'check_output',
-    'local_path',
     'build_model',
     'build_runner',
     'check_data',

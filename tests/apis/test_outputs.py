@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from mmevo.apis import OutputPathError, check_output, local_path
+from mmevo.apis import OutputPathError, check_output
+from mmevo.apis.outputs import local_path
 
 
 @pytest.fixture

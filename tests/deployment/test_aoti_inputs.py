@@ -6,9 +6,9 @@ of bounds); channels-last and sliced inputs give the results of the
 contiguous input; two threads calling one package get the results of one
 thread and do not hang.
 
-Slow: compiles two AOTInductor packages (static and dynamic sizes) of a
-convolution and an involution, about a minute each on 2 cores; the tests
-share them.
+Slow (about 40 s on 2 cores): compiles two AOTInductor packages (static
+and dynamic sizes) of a convolution and an involution, which the tests
+share.
 """
 
 import os
