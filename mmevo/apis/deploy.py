@@ -54,14 +54,17 @@ def report_parity(model, runtime, inputs, kind, name, dynamic=False):
         try:
             (err,) = check_outputs(model, runtime, [x], kind)
         except ValueError as e:
-            hint = ''
-            if dynamic and i:
-                hint = (
-                    '; --dynamic: the exported graph does not work at every '
-                    'size (the exporter fixed a size): export this model '
-                    'without --dynamic, at the size it runs'
-                )
-            fail(f'{name} {e}{hint}')
+            if not (dynamic and i):
+                fail(f'{name} {e}')
+            detail = str(e)
+            if isinstance(e.__cause__, InputMismatchError):
+                problems = '; '.join(e.__cause__.problems)
+                detail = f'at {tuple(x.shape)}: {problems}'
+            fail(
+                f'--dynamic: the {name} graph does not take another size '
+                f"than the export's: {detail}; the exporter fixed the sizes: "
+                'export this model without --dynamic, at the size it runs'
+            )
         print(
             f'[export] {tuple(x.shape)}: {name} vs PyTorch max relative '
             f'difference {err:.1e}'

@@ -21,7 +21,17 @@ _ONNX_DTYPES = {
 
 
 class InputMismatchError(ValueError):
-    """An input that does not fit an exported graph (one line)."""
+    """An input that does not fit an exported graph (one line).
+
+    Args:
+        message (str): The whole message.
+        problems (Sequence[str]): Each mismatch alone, e.g.
+            ``'height 48, expected 64'``.
+    """
+
+    def __init__(self, message, problems=()):
+        super().__init__(message)
+        self.problems = list(problems)
 
 
 def _bound(value):
@@ -177,9 +187,10 @@ class InputSpec:
         hint = ''
         sizes = any(p.startswith(('height', 'width')) for p in problems)
         if sizes and self.static:
+            h, w = x.shape[2:]
             hint = (
-                '; it was exported for one size: export it at this size, '
-                'or with dynamic sizes (--dynamic)'
+                '; it was exported for one size: export it at this size '
+                f'(--shape {h} {w}), or with dynamic sizes (--dynamic)'
             )
         elif any(p.startswith('batch') for p in problems):
             hint = (
@@ -188,7 +199,8 @@ class InputSpec:
             )
         raise InputMismatchError(
             f'{name} takes {self}, got {given} on {x.device}: '
-            f'{"; ".join(problems)}{hint}'
+            f'{"; ".join(problems)}{hint}',
+            problems,
         )
 
 

@@ -80,10 +80,13 @@ def test_inputs_a_static_package_cannot_take_are_refused(packages):
     package = AotiModel(paths['static'])
     name = f"AOTInductor package '{paths['static']}'"
     takes = f'{name} takes (1, 3, {H}, {W}) float32 on cpu, got'
-    one_size = (
-        'it was exported for one size: export it at this size, or with '
-        'dynamic sizes (--dynamic)'
-    )
+
+    def one_size(h, w):
+        return (
+            f'it was exported for one size: export it at this size '
+            f'(--shape {h} {w}), or with dynamic sizes (--dynamic)'
+        )
+
     cases = [
         (
             torch.randn(2, 3, H, W),
@@ -98,12 +101,13 @@ def test_inputs_a_static_package_cannot_take_are_refused(packages):
         (
             torch.randn(1, 3, 2 * H, W),
             f'(1, 3, {2 * H}, {W}) float32 on cpu: height {2 * H}, expected '
-            f'{H}; {one_size}',
+            f'{H}; {one_size(2 * H, W)}',
         ),
         (
             torch.randn(1, 3, H - 4, W + 4),
             f'(1, 3, {H - 4}, {W + 4}) float32 on cpu: height {H - 4}, '
-            f'expected {H}; width {W + 4}, expected {W}; {one_size}',
+            f'expected {H}; width {W + 4}, expected {W}; '
+            f'{one_size(H - 4, W + 4)}',
         ),
         (
             torch.randn(3, H, W),
