@@ -130,6 +130,12 @@ def test_a_dst_that_cannot_be_written_is_one_line(tmp_path, capsys):
     )
     message = one_line_error(capsys, 'elsa', [str(src), '/dev/full'])
     assert message.startswith("dst '/dev/full' is not a regular file")
+    # /proc takes no new files, whoever runs the test (root included)
+    message = one_line_error(capsys, 'elsa', [str(src), '/proc/x/out.pth'])
+    assert message.startswith(
+        "dst '/proc/x/out.pth': cannot write in the folder '/proc' ("
+    )
+    assert message.endswith('); choose a writable output folder')
     # a missing folder is created
     convert('elsa', [str(src), str(tmp_path / 'a' / 'b' / 'out.pth')])
     assert (tmp_path / 'a' / 'b' / 'out.pth').is_file()
