@@ -129,7 +129,9 @@ def read_checkpoint(path, what='checkpoint', map_location='cpu'):
             f"{what} '{path}' cannot be loaded: refused by the weights-only "
             f'load: {_first_line(e)}'
         ) from None
-    except KeyError as e:  # a zoo scheme's table lookup
+    except KeyError as e:
+        if local is not None:  # only a zoo scheme's table lookup
+            raise
         scheme = path.split('://', 1)[0]
         raise CheckpointError(
             f"{what} '{path}' cannot be loaded: mmengine's {scheme}:// "

@@ -45,10 +45,10 @@ def load_config(path, cfg_options=None, work_dir=None, work_dir_suffix=''):
     as they are (:func:`build_runner` turns them on).
 
     Args:
-        path (str): The config file.
+        path (str | Path): The config file.
         cfg_options (dict, optional): ``--cfg-options`` to merge.
-        work_dir (str, optional): ``--work-dir``; else the config's, else
-            :func:`default_work_dir` (with ``work_dir_suffix``).
+        work_dir (str | Path, optional): ``--work-dir``; else the config's,
+            else :func:`default_work_dir` (with ``work_dir_suffix``).
         work_dir_suffix (str): See above. Default: ''.
 
     Returns:
@@ -57,14 +57,15 @@ def load_config(path, cfg_options=None, work_dir=None, work_dir_suffix=''):
     Raises:
         MissingDataError: The file does not exist.
     """
+    path = os.fspath(path)
     if not osp.isfile(path):
         raise MissingDataError(f"config file '{path}' does not exist")
     mmevo.register_all_modules()
     cfg = Config.fromfile(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    if work_dir is not None:
-        cfg.work_dir = work_dir
+    if work_dir is not None:  # a str: mmengine dumps the config as text
+        cfg.work_dir = os.fspath(work_dir)
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = default_work_dir(path, work_dir_suffix)
     return cfg

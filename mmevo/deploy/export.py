@@ -100,8 +100,8 @@ def export_onnx(
     Args:
         model (nn.Module): in eval mode; returns a tensor or a tuple of them.
         x (Tensor): the example input (B, C, H, W); B stays fixed.
-        path (str): the ``.onnx`` file to write, weights included (a
-            model over ONNX's 2 GB limit gets them in ``path.data``).
+        path (str): the ``.onnx`` file to write, the weights in it (so a
+            model over ONNX's 2 GB file limit cannot be exported).
         dynamic (bool): H and W of the input (and of every 4-d output)
             dynamic, so one export serves every size. Default: True.
         dynamo (bool): the dynamo exporter (torch's default; given

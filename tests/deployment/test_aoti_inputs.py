@@ -142,7 +142,7 @@ def test_a_dynamic_package_takes_sizes_in_its_bounds_only(packages):
     for x, problem in [
         (torch.randn(1, 3, 1, 9), 'height 1, expected 2..inf'),
         (torch.randn(2, 3, 9, 9), 'batch 2, expected 1; its batch is fixed'),
-        (torch.randn(1, 3, 9, 9).half(), 'dtype float16, expected float32'),
+        (torch.randn(1, 3, 9, 9).double(), 'dtype float64, expected float32'),
     ]:
         with pytest.raises(ValueError) as info:
             package(x)
