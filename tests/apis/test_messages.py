@@ -49,7 +49,7 @@ def test_paths_may_be_pathlib(demo, tmp_path):
     path = pathlib.Path(path)
     loaded = apis.load_config(pathlib.Path(DEMO_DET), work_dir=tmp_path)
     assert loaded.work_dir == str(tmp_path)
-    assert loaded.model == cfg.model
+    assert loaded.model == apis.load_config(DEMO_DET).model
     assert set(apis.read_checkpoint(path)) == {'state_dict'}
     assert apis.check_checkpoint_fits(model, path)['state_dict']
     built = apis.build_model(cfg, path)
