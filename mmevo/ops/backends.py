@@ -17,6 +17,7 @@ import warnings
 from typing import Iterator
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import cpp_backend, torch_backend
 
@@ -105,6 +106,7 @@ def backend_name(t):
         name == 'triton'
         and t.device.type != 'cuda'
         and os.environ.get('TRITON_INTERPRET') != '1'
+        and not is_fake(t)  # a trace (of a CUDA export) launches nothing
     ):
         # else Triton fails deep in its launcher ("0 active drivers")
         raise ValueError(
