@@ -5,8 +5,9 @@ another class count; the exporters refuse, before the export, an --out
 that is one of their inputs or cannot be written; pytorch2onnx --dynamic
 checks the graph at a second size and names --dynamic when it fails.
 
-Slow (about 40 s on 2 cores): an AOTInductor compile of a small
-network and two ONNX exports of the demo detector.
+Slow (about 2 minutes on 2 cores): an AOTInductor compile of a small
+network, two ONNX exports of the demo detector and one of a narrow
+ACmix-Swin classifier.
 """
 
 import os
@@ -308,3 +309,49 @@ def test_pytorch2onnx_dynamic_checks_a_second_size(setup, monkeypatch, capsys):
     for shape in ['(1, 3, 64, 64)', '(1, 3, 49, 81)']:
         assert f'[export] {shape}: onnxruntime vs PyTorch' in printed
     assert os.listdir(out.parent) == ['det.onnx']
+
+
+ACMIX_SWIN = """
+_base_ = '{base}'
+model = dict(
+    backbone=dict(
+        embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8),
+        drop_path_rate=0.0),
+    head=dict(in_channels=128, num_classes=10))
+"""
+
+
+def test_pytorch2onnx_dynamic_refuses_an_acmix_swin_graph_of_one_size(
+    tmp_path, capsys
+):
+    """The case of the report: torch.onnx exports a narrow ACmix-Swin
+    classifier with --dynamic through a mode that fixes the window
+    reshapes, which onnxruntime runs at the export size only. Slow (about
+    90 s on 2 cores): torch.export traces the model twice (non-strict
+    fails, strict passes)."""
+    cfg = tmp_path / 'acmix_swin.py'
+    base = osp.join(
+        osp.dirname(DEMO_DET),
+        '..',
+        'acmix_swin',
+        'acmix-swin-tiny_8xb128_in1k.py',
+    )
+    cfg.write_text(ACMIX_SWIN.format(base=osp.abspath(base)))
+    torch.manual_seed(0)
+    ckpt = tmp_path / 'c.pth'
+    state = build_model(load_config(str(cfg))).state_dict()
+    torch.save({'state_dict': state}, ckpt)
+    out = tmp_path / 'c.onnx'
+    argv = [str(cfg), str(ckpt), '--out', str(out), '--shape', '112', '112']
+    message = one_line_error(capsys, 'pytorch2onnx', argv + ['--dynamic'])
+    # 112 x 112 exported and checked; the second size is 85 x 141
+    assert message.startswith(
+        '--dynamic: the onnxruntime graph does not take another size than '
+        "the export's: fails at input (1, 3, 85, 141): "
+    )
+    assert message.endswith(
+        '; the exporter fixed the sizes: export this model without '
+        '--dynamic, at the size it runs'
+    )
+    assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ['acmix_swin.py', 'c.pth']
