@@ -31,6 +31,8 @@ from .cli import (
     launch_rank,
     one_line_errors,
 )
+from .convert import convert_swin_checkpoint
+from .outputs import OutputPathError, check_output
 from .resume import check_resume_fits, optimizer_mismatch
 from .runner import (
     build_model,
@@ -62,6 +64,9 @@ __all__ = [
     'int_in_range',
     'launch_rank',
     'one_line_errors',
+    'convert_swin_checkpoint',
+    'OutputPathError',
+    'check_output',
     'build_model',
     'build_runner',
     'check_data',

@@ -17,6 +17,7 @@ import warnings
 from typing import Iterator
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import cpp_backend, torch_backend
 
@@ -101,6 +102,18 @@ def backend_name(t):
         return _auto(t)
     if name == 'cpp' and t.device.type != 'cpu':
         raise ValueError(f"backend 'cpp' runs CPU tensors, got {t.device}")
+    if (
+        name == 'triton'
+        and t.device.type != 'cuda'
+        and os.environ.get('TRITON_INTERPRET') != '1'
+        and not is_fake(t)  # a trace (of a CUDA export) launches nothing
+    ):
+        # else Triton fails deep in its launcher ("0 active drivers")
+        raise ValueError(
+            f"backend 'triton' (MMEVO_OPS_BACKEND or use_backend) runs CUDA "
+            f"tensors, got {t.device}: use 'auto' or 'cpp' for CPU tensors, "
+            'or set TRITON_INTERPRET=1 to interpret the Triton kernels'
+        )
     return name
 
 

@@ -112,3 +112,17 @@ def test_a_forced_triton_backend_raises_its_errors(monkeypatch):
         pytest.raises(RuntimeError, match='launch failed'),
     ):
         evolution_aggregate(x, w, padding=1)
+
+
+def test_a_forced_triton_backend_on_cpu_tensors_is_one_line(monkeypatch):
+    # without the interpreter Triton would fail deep in its launcher
+    monkeypatch.delenv('TRITON_INTERPRET')
+    x = torch.randn(1, 4, 5, 5)
+    w = torch.randn(1, 1, 3, 3, 5, 5)
+    with use_backend('triton'), pytest.raises(ValueError) as info:
+        evolution_aggregate(x, w, padding=1)
+    assert str(info.value) == (
+        "backend 'triton' (MMEVO_OPS_BACKEND or use_backend) runs CUDA "
+        "tensors, got cpu: use 'auto' or 'cpp' for CPU tensors, or set "
+        'TRITON_INTERPRET=1 to interpret the Triton kernels'
+    )
