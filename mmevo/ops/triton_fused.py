@@ -52,9 +52,9 @@ def _configs(rows, names):
     ]
 
 
-# (BLOCK_C, BLOCK_P, num_warps) of forward and grad_input; (BLOCK_C: the
-# channels unrolled per step, BLOCK_P, num_warps) of grad_span, whose
-# BLOCK_R is C_r's (rounded up to a power of 2, at most MAX_BLOCK_R).
+# (BLOCK_C, BLOCK_P, num_warps) of forward and grad_input; (BLOCK_T: rows
+# of the kernel map per step, BLOCK_P, num_warps) of grad_span, whose
+# BLOCK_R is C_r's (see block_r). tl.dot needs every side >= 16.
 GPU_CONFIGS = {
     'forward': _configs(
         [(16, 64, 4), (16, 128, 4), (32, 64, 4), (8, 256, 4), (32, 128, 8)],
@@ -64,17 +64,14 @@ GPU_CONFIGS = {
         [(16, 64, 4), (16, 128, 4), (32, 64, 4), (8, 256, 4), (32, 128, 8)],
         ('BLOCK_C', 'BLOCK_P'),
     ),
-    'grad_span': _configs(
-        [(4, 32, 4), (4, 64, 4), (8, 64, 4), (4, 128, 8)],
-        ('BLOCK_C', 'BLOCK_P'),
-    ),
+    'grad_span': _configs([(16, 16, 8), (16, 32, 8)], ('BLOCK_T', 'BLOCK_P')),
 }
 # One tile under the interpreter, which is slow; small, so that the tests'
 # tiny maps have several tiles and masked edges.
 INTERPRET_CONFIGS = {
     'forward': _configs([(4, 16, 4)], ('BLOCK_C', 'BLOCK_P')),
     'grad_input': _configs([(4, 16, 4)], ('BLOCK_C', 'BLOCK_P')),
-    'grad_span': _configs([(2, 16, 4)], ('BLOCK_C', 'BLOCK_P')),
+    'grad_span': _configs([(16, 16, 4)], ('BLOCK_T', 'BLOCK_P')),
 }
 CONFIGS = INTERPRET_CONFIGS if _INTERPRET else GPU_CONFIGS
 # Tuned per layer type, not per map size (detection inputs vary in size).
@@ -91,9 +88,9 @@ def _autotune(name, reset_to_zero=None):
 
 
 def block_r(reduced_channels):
-    """grad_span's z-channel block: C_r rounded up to a power of 2, at most
-    :data:`MAX_BLOCK_R`."""
-    return min(triton.next_power_of_2(max(reduced_channels, 1)), MAX_BLOCK_R)
+    """grad_span's z-channel block: C_r rounded up to a power of 2, from 16
+    (``tl.dot``'s least) to :data:`MAX_BLOCK_R`."""
+    return min(max(triton.next_power_of_2(reduced_channels), 16), MAX_BLOCK_R)
 
 
 def span_strips(positions, reduced_channels, block_p):
@@ -295,6 +292,16 @@ def _grad_input_kernel(
     )
 
 
+@triton.jit
+def _dot(a, b, acc, IS_FP64: tl.constexpr):
+    """``acc + a @ b`` to the accumulator's precision: fp64, or fp32 from
+    three tf32 products on the tensor cores (fp32 FMA products spill)."""
+    if IS_FP64:
+        return tl.dot(a, b, acc, input_precision='ieee')
+    else:
+        return tl.dot(a, b, acc, input_precision='tf32x3')
+
+
 # the partials are accumulated: zeroed again before each timed run
 @_autotune('grad_span', reset_to_zero=['gs_ptr', 'gb_ptr'])
 def _grad_span_kernel(
@@ -317,10 +324,9 @@ def _grad_span_kernel(
     padding,
     dilation,
     STRIPS,
-    HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
     BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
     acc_t = tl.float64 if IS_FP64 else tl.float32
@@ -342,6 +348,7 @@ def _grad_span_kernel(
     part = b.to(tl.int64) * STRIPS + strip
     gs_part = gs_ptr + part * G * KK * Cr
     gb_part = gb_ptr + part * G * KK
+    tt = tl.arange(0, BLOCK_T)
     for t in range(
         strip * per_strip, tl.minimum(n_pt, (strip + 1) * per_strip)
     ):
@@ -349,45 +356,56 @@ def _grad_span_kernel(
         p_mask = pos < P
         i = pos // Wo
         j = pos % Wo
+        # z^T of the tile, (BLOCK_P, BLOCK_R)
         zt = tl.load(
-            z_b + rr[:, None] * P + pos[None, :],
-            mask=r_mask[:, None] & p_mask[None, :],
+            z_b + rr[None, :] * P + pos[:, None],
+            mask=p_mask[:, None] & r_mask[None, :],
             other=0.0,
         ).to(acc_t)
         gz = tl.zeros([BLOCK_R, BLOCK_P], dtype=acc_t)
-        for guv in range(G * KK):
-            g = guv // KK
-            uv = guv % KK
-            hh = i * stride - padding + (uv // K) * dilation
-            ww = j * stride - padding + (uv % K) * dilation
-            ok = p_mask & (hh >= 0) & (hh < H) & (ww >= 0) & (ww < W)
+        # BLOCK_T rows of the kernel map (group-major taps) at a time
+        for t0 in range(0, G * KK, BLOCK_T):
+            rows = t0 + tt
+            t_mask = rows < G * KK
+            g = rows // KK
+            uv = rows % KK
+            hh = i[None, :] * stride - padding + (uv // K)[:, None] * dilation
+            ww = j[None, :] * stride - padding + (uv % K)[:, None] * dilation
+            tp_mask = t_mask[:, None] & p_mask[None, :]
+            ok = tp_mask & (hh >= 0) & (hh < H) & (ww >= 0) & (ww < W)
             win = hh * W + ww
-            dw = tl.zeros([BLOCK_P], dtype=acc_t)
-            # channel by channel, BLOCK_C loads in flight (a sum across a
-            # (channels x positions) tile's lanes spills)
-            for c0 in range(0, Cg, BLOCK_C):
-                for cc in tl.static_range(BLOCK_C):
-                    c_ok = c0 + cc < Cg
-                    chan = b.to(tl.int64) * C + g * Cg + c0 + cc
-                    gv = tl.load(
-                        gy_ptr + chan * P + pos, mask=p_mask & c_ok, other=0.0
-                    )
-                    xv = tl.load(
-                        x_ptr + chan * H * W + win, mask=ok & c_ok, other=0.0
-                    )
-                    dw += gv.to(acc_t) * xv.to(acc_t)
-            sv = tl.load(s_ptr + guv * Cr + rr, mask=r_mask, other=0.0)
-            gz += sv.to(acc_t)[:, None] * dw[None, :]
-            off = guv * Cr + rr
-            gs = tl.load(gs_part + off, mask=r_mask)
-            tl.store(
-                gs_part + off, gs + tl.sum(zt * dw[None, :], 1), mask=r_mask
+            chan = b.to(tl.int64) * C + g * Cg
+            # dW of the rows: sum over each row's group channels of
+            # grad_y * x_window (grad_y re-read per row, from cache)
+            dw = tl.zeros([BLOCK_T, BLOCK_P], dtype=acc_t)
+            for cl in range(Cg):
+                gv = tl.load(
+                    gy_ptr + (chan + cl)[:, None] * P + pos[None, :],
+                    mask=tp_mask,
+                    other=0.0,
+                )
+                xv = tl.load(
+                    x_ptr + (chan + cl)[:, None] * H * W + win,
+                    mask=ok,
+                    other=0.0,
+                )
+                dw += gv.to(acc_t) * xv.to(acc_t)
+            # contracted at once: grad_z += S^T dW, grad_S += dW z^T
+            sv = tl.load(
+                s_ptr + rows[None, :] * Cr + rr[:, None],
+                mask=r_mask[:, None] & t_mask[None, :],
+                other=0.0,
             )
-            if HAS_BIAS:
-                if rb == 0:
-                    tl.store(
-                        gb_part + guv, tl.load(gb_part + guv) + tl.sum(dw, 0)
-                    )
+            gz = _dot(sv.to(acc_t), dw, gz, IS_FP64)
+            off = rows[:, None] * Cr + rr[None, :]
+            m = t_mask[:, None] & r_mask[None, :]
+            gs = tl.load(gs_part + off, mask=m, other=0.0)
+            gs = _dot(dw, zt, gs, IS_FP64)
+            tl.store(gs_part + off, gs, mask=m)
+            # grad_b even without a bias, as the op's backward gives it
+            if rb == 0:
+                gb = tl.load(gb_part + rows, mask=t_mask, other=0.0)
+                tl.store(gb_part + rows, gb + tl.sum(dw, 1), mask=t_mask)
         tl.store(
             gz_ptr + z_off + rr[:, None] * P + pos[None, :],
             gz.to(gz_ptr.dtype.element_ty),
@@ -555,8 +573,8 @@ def fused_involution_backward(
         gb,
         *window,
         strips,
+        IS_FP64=consts['IS_FP64'],
         BLOCK_R=br,
-        **consts,
     )
     return gx, gz, *_span_grads(gs, gb, span_weight)
 
@@ -566,3 +584,52 @@ def _span_grads(gs, gb, span_weight):
     partial sums, summed in a fixed order."""
     dtype = span_weight.dtype
     return gs.sum(0).to(dtype).reshape(span_weight.shape), gb.sum(0).to(dtype)
+
+
+# grad_span's z-channel blocks that the AOT matrix compiles: RedNet's C_r
+# (C / 4 of 64 to 512 channels) rounded up, and the widest.
+AOT_BLOCK_R = (16, 32, 64)
+_POINTERS = {'forward': 5, 'grad_input': 5, 'grad_span': 7}
+# Pointers in the dtype of the tensors (the rest: the grad_span partials,
+# in fp32 at least).
+_DTYPED = {'forward': 5, 'grad_input': 5, 'grad_span': 5}
+
+
+def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
+    """What ``triton.compile`` takes for one compile of a kernel on CUDA:
+    ``(ASTSource, options)``, for the AOT matrix (no GPU needed).
+
+    Args:
+        kernel (str): a key of :data:`KERNELS`.
+        dtype (str): 'fp32', 'fp16', 'bf16' or 'fp64'.
+        config (int): position in ``GPU_CONFIGS[kernel]``.
+        has_bias (bool): the span convolution has a bias (forward and
+            grad_input).
+        block_r (int, optional): grad_span's ``BLOCK_R``, one of
+            :data:`AOT_BLOCK_R` (default the widest).
+
+    Example:
+        >>> src, options = aot_source('forward', 'fp16', 0)
+        >>> options['num_warps']
+        4
+    """
+    from triton.compiler import ASTSource
+
+    if kernel not in KERNELS:
+        raise ValueError(
+            f'kernel must be one of {list(KERNELS)}, got {kernel}'
+        )
+    fn = KERNELS[kernel].fn
+    conf = GPU_CONFIGS[kernel][config]
+    consts = dict(IS_FP64=dtype == 'fp64', **conf.kwargs)
+    if kernel == 'grad_span':
+        consts['BLOCK_R'] = block_r or MAX_BLOCK_R
+    else:
+        consts['HAS_BIAS'] = has_bias
+    acc = 'fp64' if dtype == 'fp64' else 'fp32'
+    names = fn.arg_names
+    sig = {n: 'constexpr' if n in consts else 'i32' for n in names}
+    for k, n in enumerate(names[: _POINTERS[kernel]]):
+        sig[n] = f'*{dtype if k < _DTYPED[kernel] else acc}'
+    options = dict(num_warps=conf.num_warps, num_stages=conf.num_stages)
+    return ASTSource(fn, sig, consts), options
