@@ -14,14 +14,18 @@ Three kernels, each deterministic (no atomics; a fixed loop order):
   the output position that reads it, the kernel value there recomputed
   from z, times grad_y.
 * ``grad_span``: a program owns ``BLOCK_R`` channels of z of one batch
-  over a strip of ``tiles`` tiles of ``BLOCK_P`` output positions. Per
-  tile, every group and tap, it forms ``dW = sum_c grad_y x_window`` (a
-  ``BLOCK_P`` vector) and contracts it at once: ``grad_z += S^T dW`` in
-  registers (stored once per tile), and the program's own partial sums of
-  ``grad_S += dW z^T`` and ``grad_b += sum dW``, summed over programs
-  afterwards (:func:`fused_involution_backward`). The partials are
-  ``strips * C_r`` per (batch, group, tap) against the kernel map's
-  ``H_out * W_out``: :func:`span_strips` keeps them at most 1/16 of it.
+  over a strip of tiles of ``BLOCK_P`` output positions. Per tile it forms
+  ``dW = sum_c grad_y x_window`` for ``BLOCK_T`` rows of the kernel map
+  (group-major taps, across groups) at a time, and contracts it at once
+  with two ``tl.dot``: ``grad_z += S^T dW`` in registers (stored once per
+  tile) and the program's own partial sums of ``grad_S += dW z^T`` (and
+  ``grad_b += sum dW``), summed over programs afterwards
+  (:func:`fused_involution_backward`). The partials are ``strips * C_r``
+  per (batch, kernel row) against the kernel map's ``H_out * W_out``:
+  :func:`span_strips` keeps them at most 1/:data:`PARTIAL_FRACTION` of
+  it. fp32 products are three tf32 tensor-core products (``tf32x3``, fp32
+  accuracy; fp32 FMA dots spill); C_r over :data:`MAX_BLOCK_R` takes
+  several z-channel blocks, each recomputing dW.
 
 Loads are converted to fp32 (fp64 stays fp64), and results are stored in
 the input dtype. Offsets that can pass 2**31 (batch and channel bases, the
@@ -100,7 +104,7 @@ def span_strips(positions, reduced_channels, block_p):
 
     Example:
         >>> span_strips(56 * 56, 16, 64)
-        13
+        12
     """
     tiles = triton.cdiv(positions, block_p)
     most = max(1, positions // (PARTIAL_FRACTION * max(reduced_channels, 1)))
