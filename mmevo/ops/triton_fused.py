@@ -45,6 +45,8 @@ _INTERPRET = os.environ.get('TRITON_INTERPRET', '0') == '1'
 # Widest z-channel block of grad_span (wider C_r: several blocks, each
 # recomputing dW).
 MAX_BLOCK_R = 64
+# grad_span's widest tile, BLOCK_P x BLOCK_R (see span_configs).
+MAX_SPAN_TILE = 1024
 # grad_span's partials: at most this fraction of the kernel map's size.
 PARTIAL_FRACTION = 16
 
@@ -82,11 +84,35 @@ CONFIGS = INTERPRET_CONFIGS if _INTERPRET else GPU_CONFIGS
 _KEY = ['C', 'Cr', 'G', 'K', 'stride', 'dilation']
 
 
-def _autotune(name, reset_to_zero=None):
+def span_configs(block_r, configs=None):
+    """Positions in ``configs`` (default ``GPU_CONFIGS['grad_span']``) of
+    the grad_span tiles run with z-channel block ``block_r``: those of at
+    most :data:`MAX_SPAN_TILE` (BLOCK_P x BLOCK_R) elements, which compile
+    without spills (wider ones spill on sm_100).
+
+    Example:
+        >>> span_configs(64)
+        [0]
+    """
+    configs = GPU_CONFIGS['grad_span'] if configs is None else configs
+    return [
+        k
+        for k, c in enumerate(configs)
+        if c.kwargs['BLOCK_P'] * block_r <= MAX_SPAN_TILE
+    ]
+
+
+def _prune_span(configs, named_args, **kwargs):
+    block = {**named_args, **kwargs}['BLOCK_R']
+    kept = [configs[k] for k in span_configs(block, configs)]
+    return kept or configs[:1]
+
+
+def _autotune(name, **kwargs):
     def wrap(fn):
-        return triton.autotune(
-            configs=CONFIGS[name], key=_KEY, reset_to_zero=reset_to_zero
-        )(triton.jit(fn))
+        return triton.autotune(configs=CONFIGS[name], key=_KEY, **kwargs)(
+            triton.jit(fn)
+        )
 
     return wrap
 
@@ -307,7 +333,11 @@ def _dot(a, b, acc, IS_FP64: tl.constexpr):
 
 
 # the partials are accumulated: zeroed again before each timed run
-@_autotune('grad_span', reset_to_zero=['gs_ptr', 'gb_ptr'])
+@_autotune(
+    'grad_span',
+    reset_to_zero=['gs_ptr', 'gb_ptr'],
+    prune_configs_by={'early_config_prune': _prune_span},
+)
 def _grad_span_kernel(
     gy_ptr,
     x_ptr,
@@ -599,6 +629,32 @@ _POINTERS = {'forward': 5, 'grad_input': 5, 'grad_span': 7}
 _DTYPED = {'forward': 5, 'grad_input': 5, 'grad_span': 5}
 
 
+def aot_jobs(dtypes=('fp32', 'fp16', 'bf16', 'fp64')):
+    """Every (kernel, dtype, config, block_r) compiled on CUDA: the rows
+    the AOT matrix lists (times its targets), arguments of
+    :func:`aot_source`.
+
+    Example:
+        >>> len(aot_jobs(['fp16']))
+        15
+    """
+    jobs = []
+    for kernel in KERNELS:
+        for dtype in dtypes:
+            if kernel != 'grad_span':
+                jobs += [
+                    dict(kernel=kernel, dtype=dtype, config=k, block_r=None)
+                    for k in range(len(GPU_CONFIGS[kernel]))
+                ]
+                continue
+            jobs += [
+                dict(kernel=kernel, dtype=dtype, config=k, block_r=br)
+                for br in AOT_BLOCK_R
+                for k in span_configs(br)
+            ]
+    return jobs
+
+
 def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
     """What ``triton.compile`` takes for one compile of a kernel on CUDA:
     ``(ASTSource, options)``, for the AOT matrix (no GPU needed).
@@ -606,7 +662,8 @@ def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
     Args:
         kernel (str): a key of :data:`KERNELS`.
         dtype (str): 'fp32', 'fp16', 'bf16' or 'fp64'.
-        config (int): position in ``GPU_CONFIGS[kernel]``.
+        config (int): position in ``GPU_CONFIGS[kernel]`` (for grad_span,
+            one of ``span_configs(block_r)``).
         has_bias (bool): the span convolution has a bias (forward and
             grad_input).
         block_r (int, optional): grad_span's ``BLOCK_R``, one of
@@ -628,6 +685,11 @@ def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
     consts = dict(IS_FP64=dtype == 'fp64', **conf.kwargs)
     if kernel == 'grad_span':
         consts['BLOCK_R'] = block_r or MAX_BLOCK_R
+        if config not in span_configs(consts['BLOCK_R']):
+            raise ValueError(
+                f'grad_span config {config} is not run with block_r='
+                f'{consts["BLOCK_R"]} (see span_configs)'
+            )
     else:
         consts['HAS_BIAS'] = has_bias
     acc = 'fp64' if dtype == 'fp64' else 'fp32'
