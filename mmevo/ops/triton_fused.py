@@ -70,7 +70,9 @@ GPU_CONFIGS = {
         [(16, 64, 4), (16, 128, 4), (32, 64, 4), (8, 256, 4), (32, 128, 8)],
         ('BLOCK_C', 'BLOCK_P'),
     ),
-    'grad_span': _configs([(16, 16, 8), (16, 32, 8)], ('BLOCK_T', 'BLOCK_P')),
+    'grad_span': _configs(
+        [(16, 16, 8), (16, 32, 8), (16, 16, 4)], ('BLOCK_T', 'BLOCK_P')
+    ),
 }
 # One tile under the interpreter, which is slow; small, so that the tests'
 # tiny maps have several tiles and masked edges.
@@ -84,28 +86,31 @@ CONFIGS = INTERPRET_CONFIGS if _INTERPRET else GPU_CONFIGS
 _KEY = ['C', 'Cr', 'G', 'K', 'stride', 'dilation']
 
 
-def span_configs(block_r, configs=None):
+def span_configs(block_r, fp64=False, configs=None):
     """Positions in ``configs`` (default ``GPU_CONFIGS['grad_span']``) of
     the grad_span tiles run with z-channel block ``block_r``: those of at
-    most :data:`MAX_SPAN_TILE` (BLOCK_P x BLOCK_R) elements, which compile
-    without spills (wider ones spill on sm_100).
+    most :data:`MAX_SPAN_TILE` (BLOCK_P x BLOCK_R) elements (wider ones
+    spill on sm_100), on 4 warps for fp64 and 8 for the other dtypes
+    (each spills on sm_80 / sm_90 on the other count).
 
     Example:
-        >>> span_configs(64)
-        [0]
+        >>> span_configs(64), span_configs(16, fp64=True)
+        ([0], [2])
     """
     configs = GPU_CONFIGS['grad_span'] if configs is None else configs
     return [
         k
         for k, c in enumerate(configs)
         if c.kwargs['BLOCK_P'] * block_r <= MAX_SPAN_TILE
+        and (c.num_warps == 4) == fp64
     ]
 
 
 def _prune_span(configs, named_args, **kwargs):
-    block = {**named_args, **kwargs}['BLOCK_R']
-    kept = [configs[k] for k in span_configs(block, configs)]
-    return kept or configs[:1]
+    args = {**named_args, **kwargs}
+    kept = span_configs(args['BLOCK_R'], args['IS_FP64'], configs)
+    # the interpreter's one config, whatever it is
+    return [configs[k] for k in kept] or configs[:1]
 
 
 def _autotune(name, **kwargs):
@@ -650,7 +655,7 @@ def aot_jobs(dtypes=('fp32', 'fp16', 'bf16', 'fp64')):
             jobs += [
                 dict(kernel=kernel, dtype=dtype, config=k, block_r=br)
                 for br in AOT_BLOCK_R
-                for k in span_configs(br)
+                for k in span_configs(br, dtype == 'fp64')
             ]
     return jobs
 
@@ -663,7 +668,7 @@ def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
         kernel (str): a key of :data:`KERNELS`.
         dtype (str): 'fp32', 'fp16', 'bf16' or 'fp64'.
         config (int): position in ``GPU_CONFIGS[kernel]`` (for grad_span,
-            one of ``span_configs(block_r)``).
+            one of ``span_configs(block_r, dtype == 'fp64')``).
         has_bias (bool): the span convolution has a bias (forward and
             grad_input).
         block_r (int, optional): grad_span's ``BLOCK_R``, one of
@@ -685,7 +690,7 @@ def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
     consts = dict(IS_FP64=dtype == 'fp64', **conf.kwargs)
     if kernel == 'grad_span':
         consts['BLOCK_R'] = block_r or MAX_BLOCK_R
-        if config not in span_configs(consts['BLOCK_R']):
+        if config not in span_configs(consts['BLOCK_R'], dtype == 'fp64'):
             raise ValueError(
                 f'grad_span config {config} is not run with block_r='
                 f'{consts["BLOCK_R"]} (see span_configs)'
