@@ -106,16 +106,17 @@ SCRIPT = """
 import json
 import torch
 from mmevo.ops import triton_backend as tb, triton_kernels as tk
+from mmevo.ops.checks import Window
 configs = tk.GPU_CONFIGS
 before = list(configs)
 x = torch.zeros(1, 4, 5, 5)
 out = []
 for index in (None, 3):
     if index is None:
-        args = tb.launch_args(x, 1, 3, (5, 5), (5, 5), 1, 1, 1)[0]
+        args = tb.launch_args(x, 1, Window(3, 1, 1), (5, 5), (5, 5))[0]
     else:
         with tb.fixed_config(index):
-            args = tb.launch_args(x, 1, 3, (5, 5), (5, 5), 1, 1, 1)[0]
+            args = tb.launch_args(x, 1, Window(3, 1, 1), (5, 5), (5, 5))[0]
     tile = args[-1]
     out.append([tile, [configs.index(c) for c in tk._prune(configs,
                                                            {'TILE': tile})]])

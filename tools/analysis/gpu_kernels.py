@@ -20,6 +20,7 @@ import argparse
 import json
 
 from mmevo.ops import triton_aot, triton_traffic
+from mmevo.ops.checks import Window
 
 # (name, B, C, G, H, K, dtype bytes, bytes of the correlation's output)
 SHAPES = [
@@ -88,7 +89,7 @@ def traffic_table():
         for kernel, model in triton_traffic.KERNELS.items():
             extra = {} if kernel != 'correlate' else {'out_itemsize': out_size}
             runs = [
-                model(B, C, G, (H, H), K, 1, K // 2, 1, bp, size, **extra)
+                model(B, C, G, (H, H), Window(K, 1, K // 2), bp, size, **extra)
                 for bp in tiles
             ]
             worst = max(
