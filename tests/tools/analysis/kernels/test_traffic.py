@@ -4,7 +4,7 @@ Under ``TRITON_INTERPRET=1`` (in a subprocess: Triton reads it when
 imported) each kernel runs with the tiles of the CUDA configs; the
 interpreter's masked loads and stores are wrapped (here only) to collect
 the distinct addresses each program touches per tensor, summed over the
-programs. That sum must equal :mod:`mmevo.ops.triton_traffic`'s
+programs. That sum must equal :mod:`tools.analysis.kernels.traffic`'s
 ``requested`` bytes, and the results must match the float64 reference.
 """
 
@@ -15,14 +15,12 @@ import sys
 
 import pytest
 
-from mmevo.ops import triton_traffic
 from mmevo.ops.checks import Window
+from tools.analysis.kernels import traffic
 
 pytestmark = pytest.mark.slow
 
-REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
+REPO = os.path.abspath(os.path.join(__file__, *['..'] * 5))
 
 # (B, C, G, H, W, K, stride, padding, dilation, BLOCK_C, BLOCK_P)
 CASES = [
@@ -141,7 +139,7 @@ def test_requested_bytes_match_the_loads(case):
     for name, err in got['err'].items():  # the tile computes the op
         assert err <= 1e-4, (name, err)
     for kernel, names in NAMES.items():
-        model = triton_traffic.KERNELS[kernel](
+        model = traffic.KERNELS[kernel](
             B, C, G, (H, W), Window(K, s, p, d), block_p=bp, itemsize=4
         )
         for arg, name in zip(('a', 'b', 'out'), names):
@@ -165,7 +163,7 @@ def test_rednet_and_attention_shapes_within_2_5x():
     ]
     for B, C, G, H in shapes:
         for bp in (64, 128, 256, 512):
-            for kernel, model in triton_traffic.KERNELS.items():
+            for kernel, model in traffic.KERNELS.items():
                 t = model(B, C, G, (H, H), Window(7, 1, 3, 1), bp, 2)
                 for name, v in t.items():
                     assert v.l2 <= v.requested

@@ -1,15 +1,16 @@
 """DRAM traffic of the Triton kernels, modelled from their tiling.
 
 One function per kernel of :mod:`mmevo.ops.triton_kernels`, using its own
-tiling helpers (:func:`~.triton_kernels.block_w`,
-:func:`~.triton_kernels.strip_rows`), so the model changes with the kernels.
+tiling helpers (:func:`~mmevo.ops.triton_kernels.block_w`,
+:func:`~mmevo.ops.triton_kernels.strip_rows`), so the model changes with the
+kernels.
 Each gives, per operand, three byte counts of one launch:
 
 * ``minimal``: the operand read (or written) once, whole;
 * ``requested``: the distinct elements each program loads (or stores),
   summed over the programs: reuse inside a program is free, none across
-  programs. ``tests/ops/test_triton_traffic.py`` checks it against the
-  addresses the kernels load under ``TRITON_INTERPRET=1``;
+  programs. ``tests/tools/analysis/kernels/test_traffic.py`` checks it
+  against the addresses the kernels load under ``TRITON_INTERPRET=1``;
 * ``l2``: an L2-aware estimate. Programs sharing data are neighbours in the
   grid order (column blocks, then strips, of one (batch, group)), so a halo
   re-read is a hit when the programs launched between the two reads
@@ -19,6 +20,7 @@ Each gives, per operand, three byte counts of one launch:
 These are estimates, for the GPU check's measurements to replace.
 
 Example:
+    >>> from mmevo.ops.checks import Window
     >>> t = aggregate(64, 64, 4, (56, 56), Window(7, 1, 3, 1), block_p=128,
     ...               itemsize=2)
     >>> round(t['x'].requested / t['x'].minimal, 2)
@@ -27,7 +29,7 @@ Example:
 
 from typing import NamedTuple
 
-from .triton_kernels import block_w, strip_rows
+from mmevo.ops.triton_kernels import block_w, strip_rows
 
 # The H200's L2 and DRAM bandwidth (the roofline of docs/benchmarks.md).
 L2_BYTES = 50 * 2**20
