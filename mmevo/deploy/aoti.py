@@ -7,7 +7,7 @@ Unlike the ONNX graph, the package keeps mmevo's operators
 everything else (convolutions with their batch norms folded into the
 frozen weights, the kernel generation's elementwise ops) into one C++
 program that calls them. With ``inline_ops`` the package holds their
-formulation in standard operators instead (:mod:`mmevo.ops.export`): it
+formulation in standard operators instead (:mod:`mmevo.ops.decompositions`): it
 then runs where mmevo's op library is not loaded.
 
 On CUDA the package holds mmevo's Triton kernels themselves: the ops are
@@ -30,7 +30,7 @@ from torch._inductor.custom_graph_pass import (
 )
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-from mmevo.ops import export as ops_export
+from mmevo.ops import decompositions
 
 from .export import naming_failing_layer
 from .rewrites import AOTI_REWRITES, export_rewrites
@@ -41,15 +41,7 @@ INPUT_SPEC_KEY = 'mmevo.input_spec'
 
 #: the decompositions of ``inline_ops``: the ops' standard-operator
 #: formulation (arguments resolved, as the operators take them)
-INLINE_OPS = {
-    torch.ops.mmevo.evolution_aggregate.default: ops_export.aggregate,
-    torch.ops.mmevo.local_correlation.default: functools.partial(
-        ops_export.correlation, softmax=False
-    ),
-    torch.ops.mmevo.local_attention_weights.default: functools.partial(
-        ops_export.correlation, softmax=True
-    ),
-}
+INLINE_OPS = decompositions.DECOMPOSITIONS
 
 
 def export_program(

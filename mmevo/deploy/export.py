@@ -2,7 +2,7 @@
 
 The evolution ops need no special argument to export (while
 ``torch.onnx.export`` runs they are standard ONNX operators, see
-:mod:`mmevo.ops.export`); :func:`export_onnx` only chooses the dynamic
+:mod:`mmevo.ops.decompositions`); :func:`export_onnx` only chooses the dynamic
 axes, registers what the exporters need for :mod:`mmevo.deploy.ops`'s NMS
 and RoIAlign, and runs the model under :func:`export_rewrites`.
 :class:`TensorOutputs` flattens the nested outputs of OpenMMLab models,

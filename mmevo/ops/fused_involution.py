@@ -34,13 +34,15 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import backends, cpp_backend, library
+from . import backends, cpp_backend, dispatch, library
 from .checks import (
-    INT64_MAX,
+    Window,
     check_int,
     check_pair,
+    check_span,
     check_tensor,
     map_size,
+    size_of,
 )
 from .evolution import _autocast
 
@@ -56,14 +58,9 @@ SCHEMAS = {
     ),
 }
 
-_lib = torch.library.Library('mmevo', 'FRAGMENT')  # noqa: TOR901
 if not cpp_backend.available():  # else the extension defined them
     for _name, _schema in SCHEMAS.items():
-        _lib.define(_name + _schema)
-
-
-def _dim(n):
-    return int(n) if isinstance(n, torch.Tensor) else n
+        library.LIB.define(_name + _schema)
 
 
 def check_fused_involution(
@@ -106,18 +103,13 @@ def check_fused_involution(
     check_int('stride', stride, 1)
     check_int('dilation', dilation, 1)
     check_int('groups', groups, 1)
-    span = (kernel_size - 1) * dilation
-    if span > INT64_MAX:
-        raise ValueError(
-            f'dilation={dilation} with kernel_size={kernel_size}: the window '
-            f'span (kernel_size - 1) * dilation does not fit in int64'
-        )
-    B, C = _dim(input.shape[0]), _dim(input.shape[1])
+    check_span(kernel_size, dilation)
+    B, C = size_of(input.shape[0]), size_of(input.shape[1])
     if C % groups:
         raise ValueError(
             f'input channels ({C}) must be divisible by groups={groups}'
         )
-    rows, Cr = groups * kernel_size**2, _dim(z.shape[1])
+    rows, Cr = groups * kernel_size**2, size_of(z.shape[1])
     expected = (rows, Cr, 1, 1)
     if tuple(span_weight.shape) != expected:
         raise ValueError(
@@ -130,9 +122,9 @@ def check_fused_involution(
             f'span_bias must be (G*K*K,) = ({rows},), got '
             f'{tuple(span_bias.shape)}'
         )
-    padding = span // 2
+    window = same_window(kernel_size, stride, dilation)
     Ho, Wo = (
-        map_size(name, _dim(n), kernel_size, stride, padding, dilation)
+        map_size(name, size_of(n), window)
         for name, n in zip(('input height', 'input width'), input.shape[2:])
     )
     if tuple(z.shape) != (B, Cr, Ho, Wo):
@@ -158,6 +150,13 @@ def _check_backward(grad, input, *args):
 
 
 # ------------------------------------------------ the unfused composition
+def same_window(kernel_size, stride, dilation):
+    """The fused involution's window: zero "same" padding."""
+    return Window(
+        kernel_size, stride, dilation * (kernel_size - 1) // 2, dilation
+    )
+
+
 def span_kernel(z, span_weight, span_bias, kernel_size, groups):
     """The involution kernel ``S z + b`` (B, G, K, K, H_out, W_out): the
     span convolution's output in Involution's layout (group-major, then
@@ -174,24 +173,24 @@ def fused_involution_reference(
     order: the span convolution, then :func:`mmevo.ops.evolution_aggregate`
     (its registered autograd)."""
     w = span_kernel(z, span_weight, span_bias, kernel_size, groups)
-    padding = dilation * (kernel_size - 1) // 2
-    return library._aggregate(input, w, stride, padding, dilation, 'zeros')
+    window = same_window(kernel_size, stride, dilation)
+    return library.OPS['evolution_aggregate'](input, w, *window.scalars())
 
 
 def _unfused_forward(input, z, span_weight, span_bias, K, s, d, G):
     w = span_kernel(z, span_weight, span_bias, K, G)
-    return backends.run(input, 'aggregate', input, w, s, d * (K - 1) // 2, d)
+    return backends.run(input, 'aggregate', input, w, same_window(K, s, d))
 
 
 def _unfused_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
     w = span_kernel(z, span_weight, span_bias, K, G)
-    p = d * (K - 1) // 2
+    window = same_window(K, s, d)
     B, Cr, Ho, Wo = z.shape
     grad_x = backends.run(
-        input, 'aggregate_transpose', grad, w, tuple(input.shape[-2:]), s, p, d
+        input, 'aggregate_transpose', grad, w, tuple(input.shape[-2:]), window
     )
     acc = torch.promote_types(grad.dtype, torch.float32)
-    dw = backends.run(input, 'correlate', grad, input, G, K, s, p, d)
+    dw = backends.run(input, 'correlate', grad, input, G, window)
     dw = dw.reshape(B, -1, Ho * Wo).to(acc)
     z3 = z.reshape(B, Cr, Ho * Wo).to(acc)
     grad_w = torch.einsum('bkp,brp->kr', dw, z3)
@@ -231,10 +230,10 @@ def _python_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
     )
 
 
-_fused = library._register(
+_fused = dispatch.register(
     'fused_involution', check_fused_involution, _python_forward
 )
-_fused_backward = library._register(
+_fused_backward = dispatch.register(
     'fused_involution_backward', _check_backward, _python_backward
 )
 
@@ -297,14 +296,14 @@ def _differentiable_backward(ctx, grad):
     a path from ``z`` back to ``input`` is not counted twice."""
     input, z, span_weight, span_bias = ctx.saved_tensors
     K, s, d, G = ctx.window
-    p = d * (K - 1) // 2
+    window = same_window(K, s, d).scalars()
     B, Cr, Ho, Wo = z.shape
     with backends.use_backend(ctx.backend):
         w = span_kernel(z, span_weight, span_bias, K, G)
-        grad_x = library._aggregate_transpose(
-            grad, w, *input.shape[-2:], s, p, d, 'zeros'
+        grad_x = library.OPS['evolution_aggregate_transpose'](
+            grad, w, *input.shape[-2:], *window
         )
-        dw = library._correlation(grad, input, G, K, s, p, d, 'zeros')
+        dw = library.OPS['local_correlation'](grad, input, G, K, *window)
     dw = dw.reshape(B, G * K * K, Ho * Wo)
     grad_s = torch.einsum('bkp,brp->kr', dw, z.reshape(B, Cr, Ho * Wo))
     grad_z = torch.einsum('kr,bkp->brp', span_weight.flatten(1), dw)
@@ -321,7 +320,7 @@ def _differentiable_backward(ctx, grad):
 
 
 torch.library.register_autograd(
-    _fused, _backward, setup_context=_setup, lib=_lib
+    _fused, _backward, setup_context=_setup, lib=library.LIB
 )
 
 

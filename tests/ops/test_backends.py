@@ -18,6 +18,7 @@ from mmevo.ops import (
     triton_backend,
     use_backend,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import aggregate_reference
 
 ROOT = os.path.dirname(
@@ -73,7 +74,7 @@ def test_a_failing_triton_kernel_falls_back_once_with_one_warning(monkeypatch):
     torch.manual_seed(0)
     x = torch.randn(2, 8, 7, 9, dtype=torch.float64)
     w = torch.randn(2, 2, 3, 3, 7, 9, dtype=torch.float64)
-    expected = aggregate_reference(x, w, 1, 1, 1, 'zeros')
+    expected = aggregate_reference(x, w, Window(3, 1, 1, 1, 'zeros'))
     with pytest.warns(RuntimeWarning) as record:
         y = evolution_aggregate(x, w, padding=1)
     torch.testing.assert_close(y, expected)

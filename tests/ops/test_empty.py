@@ -19,6 +19,7 @@ from mmevo.ops import (
     local_correlation,
     output_size,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import (
     aggregate_reference,
     attention_weights_reference,
@@ -89,19 +90,21 @@ def test_empty_matches_reference(backend, mode, geom):
     cases = [
         (
             lambda x, w: evolution_aggregate(x, w, *window),
-            lambda x, w: aggregate_reference(x, w, *window),
+            lambda x, w: aggregate_reference(x, w, Window(K, *window)),
             (t['x'], t['w']),
             t['gy'],
         ),
         (
             lambda q, x: local_correlation(q, x, G, K, *window),
-            lambda q, x: correlation_reference(q, x, G, K, *window),
+            lambda q, x: correlation_reference(q, x, G, Window(K, *window)),
             (t['q'], t['x']),
             t['go'],
         ),
         (
             lambda q, x: local_attention_weights(q, x, G, K, *window),
-            lambda q, x: attention_weights_reference(q, x, G, K, *window),
+            lambda q, x: attention_weights_reference(
+                q, x, G, Window(K, *window)
+            ),
             (t['q'], t['x']),
             t['go'],
         ),
@@ -134,7 +137,7 @@ def test_empty_transpose_and_double_backward(backend, mode, geom):
         x = torch.zeros(
             B, C, H, W, dtype=gy.dtype, device=gy.device, requires_grad=True
         )
-        y = aggregate_reference(x, w, *window)
+        y = aggregate_reference(x, w, Window(K, *window))
         return torch.autograd.grad(y, x, gy, create_graph=True)[0]
 
     args, grad = (t['gy'], t['w']), t['x']

@@ -23,6 +23,7 @@ from mmevo.ops import (
     local_correlation,
     output_size,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.library import use_backend
 from mmevo.ops.reference import (
     aggregate_reference,
@@ -82,20 +83,22 @@ def op_cases(cfg):
     return {
         'aggregate': (
             lambda x, w: evolution_aggregate(x, w, s, p, d, mode),
-            lambda x, w: aggregate_reference(x, w, s, pad, d, mode),
+            lambda x, w: aggregate_reference(x, w, Window(K, s, pad, d, mode)),
             ('x', 'w'),
             'gy',
         ),
         'correlation': (
             lambda q, x: local_correlation(q, x, G, K, s, p, d, mode),
-            lambda q, x: correlation_reference(q, x, G, K, s, pad, d, mode),
+            lambda q, x: correlation_reference(
+                q, x, G, Window(K, s, pad, d, mode)
+            ),
             ('q', 'x'),
             'go',
         ),
         'attention': (
             lambda q, x: local_attention_weights(q, x, G, K, s, p, d, mode),
             lambda q, x: attention_weights_reference(
-                q, x, G, K, s, pad, d, mode
+                q, x, G, Window(K, s, pad, d, mode)
             ),
             ('q', 'x'),
             'go',
@@ -249,7 +252,7 @@ def test_more_than_2_31_elements(device):
         (gx,) = torch.autograd.grad(y, x, gy)
     # The last channels: offsets above 2**31.
     xs = x.detach()[:, -2:].double().requires_grad_()
-    ys = aggregate_reference(xs, w.double(), 1, 1, 1, 'zeros')
+    ys = aggregate_reference(xs, w.double(), Window(K, 1, 1, 1, 'zeros'))
     (gxs,) = torch.autograd.grad(ys, xs, gy[:, -2:].double())
     assert rel_err(y[:, -2:], ys) <= TOL[torch.float16]
     assert rel_err(gx[:, -2:], gxs) <= TOL[torch.float16]
