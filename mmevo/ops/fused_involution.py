@@ -21,18 +21,19 @@ adds the fake kernels and autograd):
 * ``mmevo::fused_involution_backward(grad, <the same>) -> (grad_input,
   grad_z, grad_span_weight, grad_span_bias)``.
 
-Backends: the C++ kernel (CPU); elsewhere (CUDA, or a forced backend) the
-unfused composition on the backend's window primitives (Triton on CUDA,
-PyTorch otherwise), which writes the kernel map: a fused Triton kernel is
-not written yet.
+Backends: the C++ kernel (CPU); on the Triton backend, with
+``MMEVO_FUSED_TRITON=1``, the fused Triton kernels (:mod:`.triton_fused`;
+off by default until a GPU run of ``make gpu-check`` measures a win);
+elsewhere the unfused composition on the backend's window primitives,
+which writes the kernel map.
 A backward with ``create_graph=True`` runs that unfused composition's
 differentiable ops, so derivatives of every order exist.
 """
 
+import os
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from . import backends, cpp_backend, dispatch, library
 from .checks import (
@@ -45,6 +46,7 @@ from .checks import (
     size_of,
 )
 from .evolution import _autocast
+from .reference import span_kernel
 
 SCHEMAS = {
     'fused_involution': (
@@ -157,15 +159,6 @@ def same_window(kernel_size, stride, dilation):
     )
 
 
-def span_kernel(z, span_weight, span_bias, kernel_size, groups):
-    """The involution kernel ``S z + b`` (B, G, K, K, H_out, W_out): the
-    span convolution's output in Involution's layout (group-major, then
-    row-major taps)."""
-    w = F.conv2d(z, span_weight, span_bias)
-    K = kernel_size
-    return w.view(w.shape[0], groups, K, K, *w.shape[-2:])
-
-
 def fused_involution_reference(
     input, z, span_weight, span_bias, kernel_size, stride, dilation, groups
 ):
@@ -203,6 +196,13 @@ def _unfused_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
     )
 
 
+def _fused_triton(input):
+    return (
+        os.environ.get('MMEVO_FUSED_TRITON') == '1'
+        and backends.backend_name(input) == 'triton'
+    )
+
+
 def _empty(input):
     return input.shape[0] == 0 or input.shape[1] == 0
 
@@ -213,7 +213,14 @@ def _python_forward(input, z, span_weight, span_bias, K, s, d, G):
         return input.new_zeros(*input.shape[:2], Ho, Wo).contiguous(
             memory_format=library.output_layout(input)
         )
-    y = _unfused_forward(input, z, span_weight, span_bias, K, s, d, G)
+    if _fused_triton(input):
+        from . import triton_fused
+
+        y = triton_fused.fused_involution_forward(
+            input, z, span_weight, span_bias, K, s, d, G
+        )
+    else:
+        y = _unfused_forward(input, z, span_weight, span_bias, K, s, d, G)
     return y.contiguous(memory_format=library.output_layout(input))
 
 
@@ -225,9 +232,13 @@ def _python_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
             span_weight.new_zeros(span_weight.shape),
             span_weight.new_zeros(span_weight.shape[0]),
         )
-    return _unfused_backward(
-        grad, input, z, span_weight, span_bias, K, s, d, G
-    )
+    if _fused_triton(input):
+        from . import triton_fused
+
+        backward = triton_fused.fused_involution_backward
+    else:
+        backward = _unfused_backward
+    return backward(grad, input, z, span_weight, span_bias, K, s, d, G)
 
 
 _fused = dispatch.register(
@@ -374,25 +385,13 @@ def fused_involution(
     check_tensor('input', input, 4, '(B, C, H, W)')
     check_tensor('z', z, 4, '(B, C_r, H_out, W_out)')
     check_tensor('span_weight', span_weight, 4, '(G*K*K, C_r, 1, 1)')
-    for name, value in (
-        ('kernel_size', kernel_size),
-        ('stride', stride),
-        ('dilation', dilation),
-        ('groups', groups),
-    ):
+    ints = dict(kernel_size=kernel_size, stride=stride, dilation=dilation)
+    ints['groups'] = groups
+    for name, value in ints.items():
         check_int(name, value, 1)  # before the schema's int64 cast
     input, z = _autocast(input, z)
     input, span_weight = _autocast(input, span_weight)
     if span_bias is not None:
         check_tensor('span_bias', span_bias, 1, '(G*K*K,)')
         input, span_bias = _autocast(input, span_bias)
-    return _fused(
-        input,
-        z,
-        span_weight,
-        span_bias,
-        kernel_size,
-        stride,
-        dilation,
-        groups,
-    )
+    return _fused(input, z, span_weight, span_bias, *ints.values())

@@ -10,6 +10,7 @@ Written for clarity, not speed: one gather per window offset, any dtype
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 if TYPE_CHECKING:  # no import: C++ tests load this file alone
     from .checks import Window
@@ -93,3 +94,12 @@ def attention_weights_reference(query, key, groups, window: 'Window'):
     return torch.softmax(
         logits.reshape(B, G, K * K, H_out, W_out), dim=2
     ).reshape(logits.shape)
+
+
+def span_kernel(z, span_weight, span_bias, kernel_size, groups):
+    """The involution kernel ``S z + b`` (B, G, K, K, H_out, W_out): the
+    span convolution's output in Involution's layout (group-major, then
+    row-major taps)."""
+    w = F.conv2d(z, span_weight, span_bias)
+    K = kernel_size
+    return w.view(w.shape[0], groups, K, K, *w.shape[-2:])

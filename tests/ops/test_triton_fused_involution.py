@@ -15,8 +15,9 @@ import sys
 import pytest
 import torch
 
-from mmevo.ops.fused_involution import span_kernel
-from mmevo.ops.reference import aggregate_reference
+from mmevo.ops import fused_involution, triton_fused, use_backend
+from mmevo.ops.checks import Window
+from mmevo.ops.reference import aggregate_reference, span_kernel
 from mmevo.ops.triton_fused import (
     fused_involution_backward,
     fused_involution_forward,
@@ -64,7 +65,7 @@ def reference(inputs, grad, geom):
     ]
     x, z, S, b = leaves
     w = span_kernel(z, S, b, K, G)
-    y = aggregate_reference(x, w, s, d * (K - 1) // 2, d, 'zeros')
+    y = aggregate_reference(x, w, Window(K, s, d * (K - 1) // 2, d))
     wanted = [t for t in leaves if t is not None]
     grads = torch.autograd.grad(y, wanted, grad.double(), allow_unused=True)
     grads = [
@@ -129,6 +130,35 @@ def test_empty_batch():
     assert gx.shape == inputs[0].shape and gz.shape == inputs[1].shape
     assert gs.shape == inputs[2].shape and gb.shape == inputs[3].shape
     assert not gs.any() and not gb.any()
+
+
+@pytest.mark.parametrize('enabled', [True, False])
+def test_the_op_takes_the_kernels_behind_its_switch(enabled, monkeypatch):
+    """``mmevo.ops.fused_involution`` on the Triton backend runs these
+    kernels with ``MMEVO_FUSED_TRITON=1`` only; either way its values and
+    gradients are the unfused composition's in float64."""
+    monkeypatch.setenv('MMEVO_FUSED_TRITON', '1' if enabled else '0')
+    calls = []
+    for name in ('fused_involution_forward', 'fused_involution_backward'):
+        real = getattr(triton_fused, name)
+        monkeypatch.setattr(
+            triton_fused,
+            name,
+            lambda *a, real=real, name=name: calls.append(name) or real(*a),
+        )
+    geom = GEOMETRIES[1]
+    _, _, G, _, _, _, K, s, d = geom
+    inputs, grad = make_inputs(geom, torch.float64, 4)
+    leaves = [t.requires_grad_() for t in inputs]
+    with use_backend('triton'):
+        y = fused_involution(*leaves, K, s, d, G)
+        grads = torch.autograd.grad(y, leaves, grad)
+    y_ref, grads_ref = reference(inputs, grad, geom)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for got, want in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    expected = ['fused_involution_forward', 'fused_involution_backward']
+    assert calls == (expected if enabled else [])
 
 
 COMPILE = """
