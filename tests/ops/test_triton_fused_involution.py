@@ -1,16 +1,12 @@
 """The fused involution's Triton kernels against the unfused composition:
 interpreted on CPU tensors (``TRITON_INTERPRET=1``, set by
-``tests/conftest.py`` before triton is imported), compiled on CUDA; and
-compiled for sm_90 without a GPU, with no spills.
+``tests/conftest.py`` before triton is imported), compiled on CUDA. Their
+compiles for sm_80 / sm_90 / sm_100 without a GPU are rows of the AOT
+matrix (``tests/tools/analysis/kernels/test_aot.py``).
 
 The reference is the span convolution then the reference aggregation,
 differentiated by autograd, in float64.
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -159,59 +155,6 @@ def test_the_op_takes_the_kernels_behind_its_switch(enabled, monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     expected = ['fused_involution_forward', 'fused_involution_backward']
     assert calls == (expected if enabled else [])
-
-
-COMPILE = """
-import contextlib, io, json, re
-import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
-from mmevo.ops import triton_fused as tf
-rows = []
-for job in tf.aot_jobs(['fp32', 'fp16', 'bf16']):
-    src, options = tf.aot_source(**job)
-    log = io.StringIO()
-    with knobs.nvidia.scope(), contextlib.redirect_stdout(log):
-        knobs.nvidia.dump_ptxas_log = True
-        triton.compile(src, target=GPUTarget('cuda', 90, 32),
-                       options=options)
-    spills = re.findall(r'(\\d+) bytes spill', log.getvalue())
-    regs = re.findall(r'Used (\\d+) registers', log.getvalue())
-    rows.append(dict(job, regs=regs,
-                     spill_bytes=sum(map(int, spills))))
-print(json.dumps(rows))
-"""
-
-
-@pytest.mark.slow
-def test_every_kernel_compiles_for_sm90_without_spills(tmp_path):
-    """Every launch the CUDA path compiles (:func:`aot_jobs`) in fp32,
-    fp16 and bf16 (fp64, for tests only, spills 8 bytes in one sm_100
-    grad_span compile).
-    Slow: 45 compiles with ptxas (about 25 s on 2 cores), in a process
-    without TRITON_INTERPRET (this one interprets)."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    env['PYTHONPATH'] = os.path.abspath(repo)
-    # a fresh Triton cache: a cached kernel is not compiled (no ptxas log)
-    env['TRITON_CACHE_DIR'] = str(tmp_path)
-    out = subprocess.run(
-        [sys.executable, '-c', COMPILE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    rows = json.loads(out.stdout)
-    assert {r['kernel'] for r in rows} == {
-        'forward',
-        'grad_input',
-        'grad_span',
-    }
-    assert all(r['regs'] and 0 < int(r['regs'][0]) <= 255 for r in rows)
-    spills = [r for r in rows if r['spill_bytes']]
-    assert not spills, spills
 
 
 def test_backward_is_deterministic_and_takes_any_layout():

@@ -71,7 +71,8 @@ def variants():
 
 def matrix(targets_=None):
     """Every (kernel, in dtype, out dtype, config index, target) to
-    compile: the configs the kernels autotune over on CUDA."""
+    compile: the configs the kernels autotune over on CUDA, then those of
+    the fused involution's kernels (:func:`fused_matrix`)."""
     from mmevo.ops.triton_kernels import GPU_CONFIGS
 
     ccs = targets() if targets_ is None else list(targets_)
@@ -79,6 +80,24 @@ def matrix(targets_=None):
         dict(kernel=k, dtype=dt, out_dtype=odt, config=i, target=cc)
         for k, dt, odt in variants()
         for i in range(len(GPU_CONFIGS))
+        for cc in ccs
+    ] + fused_matrix(ccs)
+
+
+# The dtypes the fused involution's kernels compile in here: those models
+# train in. fp64 (the float64 tests', interpreted) is left out: its
+# grad_span spills 8 bytes on sm_100.
+FUSED_DTYPES = ('fp32', 'fp16', 'bf16')
+
+
+def fused_matrix(ccs):
+    """The compiles of :mod:`mmevo.ops.triton_fused`'s kernels (kernel
+    ``'fused_<name>'``, its ``aot_jobs`` rows) for targets ``ccs``."""
+    from mmevo.ops.triton_fused import aot_jobs
+
+    return [
+        dict(job, kernel='fused_' + job['kernel'], target=cc)
+        for job in aot_jobs(FUSED_DTYPES)
         for cc in ccs
     ]
 

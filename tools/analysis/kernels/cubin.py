@@ -34,6 +34,14 @@ def _source(job):
     """Triton's ASTSource of a job: the kernel's own JITFunction."""
     from triton.compiler import ASTSource
 
+    if job['kernel'].startswith('fused_'):
+        from mmevo.ops import triton_fused
+
+        name = job['kernel'][len('fused_') :]
+        src, options = triton_fused.aot_source(
+            name, job['dtype'], job['config'], block_r=job['block_r']
+        )
+        return src, options, triton_fused.GPU_CONFIGS[name][job['config']]
     from mmevo.ops.triton_kernels import GPU_CONFIGS, KERNELS, MAX_BLOCK_W
 
     kernel = KERNELS[job['kernel']]

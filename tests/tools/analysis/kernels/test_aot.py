@@ -43,7 +43,8 @@ def python(*args, stdin=None):
 # that keep both cores busy
 @pytest.mark.xdist_group('two_cores')
 def test_every_kernel_config_dtype_target_compiles_without_spills():
-    """336 compiles, about 150 s of CPU in two processes, unless cached
+    """336 compiles of the evolution ops' kernels and 45 per target of the
+    fused involution's, about 200 s of CPU in two processes, unless cached
     (see the module's docstring)."""
     rows = json.loads(
         python(
@@ -55,15 +56,20 @@ def test_every_kernel_config_dtype_target_compiles_without_spills():
             '-c',
             'import json; from tools.analysis.kernels import aot as a; '
             'from mmevo.ops import triton_kernels as tk; '
+            'from mmevo.ops.triton_fused import aot_jobs; '
             'print(json.dumps([a.targets(), '
-            'len(tk.GPU_CONFIGS), list(tk.KERNELS)]))',
+            'len(tk.GPU_CONFIGS), list(tk.KERNELS), '
+            'len(aot_jobs(a.FUSED_DTYPES))]))',
         )
     )
-    targets, n_configs, kernels = meta
+    targets, n_configs, kernels, n_fused = meta
     assert {80, 90} <= set(targets)
     # 3 kernels x 4 dtypes, and the correlation's fp32 logits of fp16 / bf16
-    assert len(rows) == (len(kernels) * 4 + 2) * n_configs * len(targets)
-    assert {r['kernel'] for r in rows} == set(kernels)
+    unfused = (len(kernels) * 4 + 2) * n_configs * len(targets)
+    # the fused involution's forward, grad_input and grad_span
+    assert len(rows) == unfused + n_fused * len(targets)
+    fused = {'fused_forward', 'fused_grad_input', 'fused_grad_span'}
+    assert {r['kernel'] for r in rows} == set(kernels) | fused
     errors = [r for r in rows if r['error']]
     assert not errors, errors[:3]
     spills = [r for r in rows if r['spill_bytes'] or r['local']]
