@@ -14,7 +14,7 @@ import importlib
 import os
 import threading
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
@@ -142,11 +142,13 @@ def run(t, primitive, *args, **kwargs):
     if name != 'triton' or _forced.name != 'auto':
         return getattr(_module(name), primitive)(*args, **kwargs)
     key = (
-        (primitive, t.device.type, t.dtype)
-        + tuple(
+        primitive,
+        t.device.type,
+        t.dtype,
+        *tuple(
             tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args
-        )
-        + tuple(sorted(kwargs.items()))
+        ),
+        *tuple(sorted(kwargs.items())),
     )
     if key not in _triton_failed:
         try:

@@ -10,7 +10,6 @@ in the same order, with the same messages, for callers without Python.
 """
 
 import dataclasses
-from typing import Optional, Tuple
 
 import torch
 
@@ -95,7 +94,7 @@ class Window:
         cls,
         kernel_size: int,
         stride: int,
-        padding: Optional[int],
+        padding: int | None,
         dilation: int,
         padding_mode: str,
     ) -> 'Window':
@@ -111,7 +110,7 @@ class Window:
         """Whether any tap reads reflect padding."""
         return self.padding_mode == 'reflect' and self.padding > 0
 
-    def zero_padded(self, padding: Optional[int] = None) -> 'Window':
+    def zero_padded(self, padding: int | None = None) -> 'Window':
         """This window with zero padding (``padding``, default its own): the
         window of a map padded explicitly."""
         return dataclasses.replace(
@@ -126,7 +125,7 @@ class Window:
             size, self.kernel_size, self.stride, self.padding, self.dilation
         )
 
-    def scalars(self) -> Tuple[int, int, int, str]:
+    def scalars(self) -> tuple[int, int, int, str]:
         """(stride, padding, dilation, padding_mode): the window's
         arguments of the operator schemas, after their sizes."""
         return self.stride, self.padding, self.dilation, self.padding_mode
@@ -135,7 +134,7 @@ class Window:
 def resolve_window(
     kernel_size: int,
     stride: int,
-    padding: Optional[int],
+    padding: int | None,
     dilation: int,
     padding_mode: str,
 ) -> int:
@@ -284,7 +283,7 @@ def check_aggregate(
     padding_mode: str,
     *,
     maps: bool = True,
-) -> Optional[Tuple[int, int]]:
+) -> tuple[int, int] | None:
     """Every relation of ``mmevo::evolution_aggregate``'s arguments;
     returns (H_out, W_out). With ``maps=False`` (ONNX export, where the
     map sizes stay symbolic), only those that do not read the map sizes,
@@ -323,7 +322,7 @@ def check_correlation(
     padding_mode: str,
     *,
     maps: bool = True,
-) -> Optional[Tuple[int, int]]:
+) -> tuple[int, int] | None:
     """Every relation of ``mmevo::local_correlation``'s (and
     ``local_attention_weights``') arguments; returns (H_out, W_out), or
     None with ``maps=False`` (as :func:`check_aggregate`)."""
@@ -361,7 +360,7 @@ def check_transpose(
     padding: int,
     dilation: int,
     padding_mode: str,
-) -> Tuple[int, int]:
+) -> tuple[int, int]:
     """Every relation of ``mmevo::evolution_aggregate_transpose``'s
     arguments; returns (H_out, W_out)."""
     check_tensor('grad', grad, 4, '(B, C, H_out, W_out)')

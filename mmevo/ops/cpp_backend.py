@@ -17,14 +17,13 @@ to run every variant on one machine.
 """
 
 import importlib.util
-from typing import Optional, Tuple
 
 import torch
 
 from .checks import Window
 
 
-def _find() -> Optional[str]:
+def _find() -> str | None:
     try:
         spec = importlib.util.find_spec('mmevo._ext')
     except ImportError:  # a finder that says it is not there
@@ -70,7 +69,7 @@ def aggregate(
 def aggregate_transpose(
     gy: torch.Tensor,
     w: torch.Tensor,
-    in_hw: Tuple[int, int],
+    in_hw: tuple[int, int],
     window: Window,
 ) -> torch.Tensor:
     """grad_x = At(gy, w), see

@@ -11,8 +11,6 @@ cannot handle; then the ``torch.ops.mmevo`` operator runs (defined in
 sizes are skipped).
 """
 
-from typing import Optional
-
 import torch
 
 # autograd and dispatch: the kernels and gradients of torch.ops.mmevo.*
@@ -50,7 +48,7 @@ def evolution_aggregate(
     input: torch.Tensor,
     kernel: torch.Tensor,
     stride: int = 1,
-    padding: Optional[int] = None,
+    padding: int | None = None,
     dilation: int = 1,
     padding_mode: str = 'zeros',
 ) -> torch.Tensor:
@@ -104,7 +102,7 @@ def local_correlation(
     groups: int,
     kernel_size: int,
     stride: int = 1,
-    padding: Optional[int] = None,
+    padding: int | None = None,
     dilation: int = 1,
     padding_mode: str = 'zeros',
 ) -> torch.Tensor:
@@ -148,7 +146,7 @@ def local_attention_weights(
     groups: int,
     kernel_size: int,
     stride: int = 1,
-    padding: Optional[int] = None,
+    padding: int | None = None,
     dilation: int = 1,
     padding_mode: str = 'zeros',
 ) -> torch.Tensor:

@@ -31,7 +31,6 @@ differentiable ops, so derivatives of every order exist.
 """
 
 import os
-from typing import Optional, Tuple
 
 import torch
 
@@ -69,12 +68,12 @@ def check_fused_involution(
     input: torch.Tensor,
     z: torch.Tensor,
     span_weight: torch.Tensor,
-    span_bias: Optional[torch.Tensor],
+    span_bias: torch.Tensor | None,
     kernel_size: int,
     stride: int,
     dilation: int,
     groups: int,
-) -> Tuple[int, int]:
+) -> tuple[int, int]:
     """Every relation of the fused involution's arguments; returns
     (H_out, W_out).
 
@@ -127,7 +126,9 @@ def check_fused_involution(
     window = same_window(kernel_size, stride, dilation)
     Ho, Wo = (
         map_size(name, size_of(n), window)
-        for name, n in zip(('input height', 'input width'), input.shape[2:])
+        for name, n in zip(
+            ('input height', 'input width'), input.shape[2:], strict=True
+        )
     )
     if tuple(z.shape) != (B, Cr, Ho, Wo):
         raise ValueError(
@@ -293,7 +294,8 @@ def _backward(ctx, grad):
             grad, input, z, span_weight, span_bias, *ctx.window
         )
     grads = [
-        g if need else None for g, need in zip(grads, ctx.needs_input_grad)
+        g if need else None
+        for g, need in zip(grads, ctx.needs_input_grad, strict=False)
     ]
     if span_bias is None:
         grads[3] = None
@@ -325,7 +327,8 @@ def _differentiable_backward(ctx, grad):
         dw.sum((0, 2)) if span_bias is not None else None,
     ]
     grads = [
-        g if need else None for g, need in zip(grads, ctx.needs_input_grad)
+        g if need else None
+        for g, need in zip(grads, ctx.needs_input_grad, strict=False)
     ]
     return (*grads, None, None, None, None)
 
@@ -339,7 +342,7 @@ def fused_involution(
     input: torch.Tensor,
     z: torch.Tensor,
     span_weight: torch.Tensor,
-    span_bias: Optional[torch.Tensor],
+    span_bias: torch.Tensor | None,
     kernel_size: int,
     stride: int = 1,
     dilation: int = 1,

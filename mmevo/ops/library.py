@@ -51,7 +51,7 @@ SCHEMAS = {
 FLEXIBLE_LAYOUT = ('evolution_aggregate',)
 
 #: the library fragment the Python kernels of mmevo's operators go into
-LIB = torch.library.Library('mmevo', 'FRAGMENT')  # noqa: TOR901
+LIB = torch.library.Library('mmevo', 'FRAGMENT')
 if not cpp_backend.available():  # else the extension defined them
     for _name, _schema in SCHEMAS.items():
         _tags = (

@@ -15,13 +15,11 @@ or ``'reflect'``, numpy-style reflect padding read through reflected indices
 map is small). fp16/bf16 are computed in fp32.
 """
 
-from typing import Optional, Tuple, Union
-
 import torch
 
 from .checks import Window
 
-_Reader = Union[slice, torch.Tensor]
+_Reader = slice | torch.Tensor
 
 
 def reflect_positions(pos: torch.Tensor, size: int) -> torch.Tensor:
@@ -36,7 +34,7 @@ def reflect_positions(pos: torch.Tensor, size: int) -> torch.Tensor:
 
 def _tap(
     size, out_size, stride, offset, reflect, device
-) -> Optional[Tuple[slice, _Reader]]:
+) -> tuple[slice, _Reader] | None:
     """The outputs one window tap reaches along one map dimension, and how
     to read the input under them, or None if it reaches none.
 
@@ -116,7 +114,7 @@ def aggregate(
 def aggregate_transpose(
     gy: torch.Tensor,
     w: torch.Tensor,
-    in_hw: Tuple[int, int],
+    in_hw: tuple[int, int],
     window: Window,
 ) -> torch.Tensor:
     """grad_x = At(gy, w): the transpose of :func:`aggregate` in ``x``.

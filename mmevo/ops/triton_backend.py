@@ -156,7 +156,7 @@ def correlate(q, x, groups, window, softmax=False):
     """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
     softmax (if asked) runs after the kernel, in fp32 at least."""
     q, x = q.contiguous(), x.contiguous()
-    B, C, Ho, Wo = q.shape
+    B, _C, Ho, Wo = q.shape
     K = window.kernel_size
     # Logits for the softmax stay in fp32: rounded to bf16 (fp16), a logit
     # of 8 is off by up to 0.03 (0.004), and so is its weight, relatively.

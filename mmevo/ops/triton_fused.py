@@ -31,7 +31,9 @@ PARTIAL_FRACTION = 16
 
 def _configs(rows, names):
     return [
-        triton.Config(dict(zip(names, row[:-1])), num_warps=row[-1])
+        triton.Config(
+            dict(zip(names, row[:-1], strict=True)), num_warps=row[-1]
+        )
         for row in rows
     ]
 
@@ -130,7 +132,7 @@ KERNELS = {
 
 def _window(input, z, kernel_size, stride, dilation, groups):
     """The scalar arguments shared by the three kernels."""
-    B, C, H, W = input.shape
+    _B, C, H, W = input.shape
     Cr, Ho, Wo = z.shape[1:]
     padding = dilation * (kernel_size - 1) // 2
     return (

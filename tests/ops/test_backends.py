@@ -51,7 +51,7 @@ def test_an_unknown_backend_is_a_value_error():
 
 def test_cpp_without_the_extension_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(cpp_backend, 'available', lambda: False)
-    with pytest.raises(ValueError, match='needs the C.. extension'):
+    with pytest.raises(ValueError, match=r'needs the C\+\+ extension'):
         with use_backend('cpp'):
             pass
 

@@ -69,12 +69,13 @@ def value_and_grads(fn, args, grad):
     out = fn(*args)
     grads = torch.autograd.grad(out, args, grad, allow_unused=True)
     return [out] + [
-        torch.zeros_like(a) if g is None else g for a, g in zip(args, grads)
+        torch.zeros_like(a) if g is None else g
+        for a, g in zip(args, grads, strict=True)
     ]
 
 
 def assert_same(got, want):
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
@@ -83,7 +84,7 @@ def assert_same(got, want):
 @pytest.mark.parametrize('mode', ['zeros', 'reflect'])
 @pytest.mark.parametrize('geom', GEOMETRIES)
 def test_empty_matches_reference(backend, mode, geom):
-    B, C, G, H, W, K, s, p, d = geom
+    B, C, G, _H, _W, K, s, p, d = geom
     t = inputs(geom)
     window = (s, p, d, mode)
     # (op, reference, inputs, output gradient)
@@ -124,7 +125,7 @@ def test_empty_matches_reference(backend, mode, geom):
 @pytest.mark.parametrize('geom', GEOMETRIES[:2])
 def test_empty_transpose_and_double_backward(backend, mode, geom):
     """The transpose op (the input gradient), and its own gradients."""
-    B, C, G, H, W, K, s, p, d = geom
+    B, C, _G, H, W, K, s, p, d = geom
     t = inputs(geom)
     window = (s, p, d, mode)
 

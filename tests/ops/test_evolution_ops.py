@@ -191,7 +191,7 @@ def test_wide_maps_match_reference(geom, mode):
         outs.append(
             (y, o, a, xa.grad, wa.grad, qa.grad, xc.grad, qs.grad, xs.grad)
         )
-    for got, want in zip(*outs):
+    for got, want in zip(*outs, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
@@ -391,7 +391,7 @@ def test_backends_agree_bitwise_across_threads():
             results.append((y, xl.grad, wl.grad))
     finally:
         torch.set_num_threads(threads)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
 
 
@@ -416,7 +416,7 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(out, ref)
     out.sum().backward()
     ref.sum().backward()
-    for ta, tb in zip(a, b):
+    for ta, tb in zip(a, b, strict=True):
         torch.testing.assert_close(ta.grad, tb.grad)
 
 

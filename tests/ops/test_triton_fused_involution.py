@@ -48,7 +48,7 @@ def make_inputs(geom, dtype, seed, bias=True):
     tensors = [torch.randn(*sh, generator=gen) for sh in shapes]
     grad = torch.randn(B, C, Ho, Wo, generator=gen)
     tensors = [t.to(DEVICE, dtype) for t in tensors]
-    return tensors if bias else tensors + [None], grad.to(DEVICE, dtype)
+    return tensors if bias else [*tensors, None], grad.to(DEVICE, dtype)
 
 
 def reference(inputs, grad, geom):
@@ -65,7 +65,8 @@ def reference(inputs, grad, geom):
     wanted = [t for t in leaves if t is not None]
     grads = torch.autograd.grad(y, wanted, grad.double(), allow_unused=True)
     grads = [
-        torch.zeros_like(t) if g is None else g for g, t in zip(grads, wanted)
+        torch.zeros_like(t) if g is None else g
+        for g, t in zip(grads, wanted, strict=True)
     ]
     return y.detach(), grads
 
@@ -83,7 +84,9 @@ def test_float64_values_and_gradients(geom):
     y, grads = fused(inputs, grad, geom)
     y_ref, grads_ref = reference(inputs, grad, geom)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
-    for name, got, want in zip(('x', 'z', 'S', 'b'), grads, grads_ref):
+    for name, got, want in zip(
+        ('x', 'z', 'S', 'b'), grads, grads_ref, strict=True
+    ):
         assert got.shape == want.shape, name
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=name)
 
@@ -96,7 +99,7 @@ def test_without_bias():
     y, (gx, gz, gs, gb) = fused(inputs, grad, geom)
     y_ref, grads_ref = reference(inputs, grad, geom)
     torch.testing.assert_close(y, y_ref)
-    for got, want in zip((gx, gz, gs), grads_ref):
+    for got, want in zip((gx, gz, gs), grads_ref, strict=True):
         torch.testing.assert_close(got, want)
     x, z, S, _ = inputs
     with_zero_bias = [x, z, S, S.new_zeros(S.shape[0])]
@@ -112,7 +115,7 @@ def test_half_precision_within_rounding(dtype):
     y, grads = fused(inputs, grad, geom)
     y_ref, grads_ref = reference(inputs, grad, geom)
     tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
-    for got, want in zip((y, *grads), (y_ref, *grads_ref)):
+    for got, want in zip((y, *grads), (y_ref, *grads_ref), strict=True):
         assert got.dtype == dtype
         err = (got.double() - want).abs().max()
         assert err <= tol * want.abs().max() + 1e-6
@@ -171,8 +174,8 @@ def test_backward_is_deterministic_and_takes_any_layout():
         last, grad.contiguous(memory_format=torch.channels_last), geom
     )
     assert torch.equal(y, y2)
-    for a, b in zip(grads, grads2):
+    for a, b in zip(grads, grads2, strict=True):
         assert torch.equal(a, b)
-    y_ref, grads_ref = reference(inputs, grad, geom)
-    for got, want in zip(grads, grads_ref):
+    _y_ref, grads_ref = reference(inputs, grad, geom)
+    for got, want in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

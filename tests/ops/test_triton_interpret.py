@@ -93,7 +93,7 @@ def run_primitives(x, w, q, gy, go, geom):
 
 def reference_products(x, w, q, gy, go, geom):
     """The same six tensors from the reference formula and autograd."""
-    _, _, G, H, W, K, s, p, d = geom
+    _, _, G, _H, _W, K, s, p, d = geom
     xr, wr = leaf(x), leaf(w)
     y = aggregate_reference(xr, wr, Window(K, s, p, d, 'zeros'))
     y.backward(gy)
@@ -183,5 +183,5 @@ def test_triton_through_the_ops(mode):
                 a.square().sum()
             ).backward()
         results.append([y, o, a, xa.grad, wa.grad, qa.grad])
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)

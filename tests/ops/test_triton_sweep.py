@@ -130,7 +130,7 @@ def forward_backward(fn, tensors, grad_out):
     """[output, grad of every input]."""
     leaves = [t.detach().clone().requires_grad_() for t in tensors]
     out = fn(*leaves)
-    return [out.detach()] + list(torch.autograd.grad(out, leaves, grad_out))
+    return [out.detach(), *list(torch.autograd.grad(out, leaves, grad_out))]
 
 
 def sweep_config(seed):
@@ -151,7 +151,9 @@ def test_triton_matches_float64(seed, dtype, device):
             want = forward_backward(
                 ref, [t[a].double() for a in args], t[gout].double()
             )
-            for what, a, b in zip(['out'] + list(args), got, want):
+            for what, a, b in zip(
+                ['out', *list(args)], got, want, strict=True
+            ):
                 assert a.dtype == dtype, (name, what)
                 err = rel_err(a, b)
                 assert err <= TOL[dtype], (name, what, err, cfg)
@@ -195,7 +197,7 @@ def test_second_derivatives_match_reference(device):
                     for g in grads
                 )
                 results.append(torch.autograd.grad(total, leaves))
-        for a, got, want in zip(args, *results):
+        for a, got, want in zip(args, *results, strict=True):
             assert rel_err(got, want) <= TOL[torch.float64], (name, a)
 
 
@@ -278,5 +280,5 @@ def test_autotuned_rednet50_stages(C, H, dtype, device):
         want = forward_backward(
             evolution_aggregate, [x.double(), w.double()], gy.double()
         )
-    for what, a, b in zip(('out', 'x', 'w'), got, want):
+    for what, a, b in zip(('out', 'x', 'w'), got, want, strict=True):
         assert rel_err(a, b) <= TOL[dtype], what

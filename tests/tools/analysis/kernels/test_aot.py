@@ -101,7 +101,8 @@ def test_cache_reuses_the_rows_of_the_same_compiles(tmp_path):
     first, again = json.loads(python('-c', CACHED, str(tmp_path)))
     assert [r['cached'] for r in first] == [False, False]
     assert [r['cached'] for r in again] == [True, True, True, False, False]
-    for fresh, cached in zip(first, again):
+    # the first two compiles of each run are the same jobs
+    for fresh, cached in zip(first, again[:2], strict=True):
         assert cached == dict(fresh, cached=True)
     assert again[2] == dict(first[0], block_w=64, cached=True)
     assert all(r['error'] is None and r['regs'] for r in first + again)

@@ -134,7 +134,7 @@ def measure(case):
 
 @pytest.mark.parametrize('case', CASES)
 def test_requested_bytes_match_the_loads(case):
-    B, C, G, H, W, K, s, p, d, bc, bp = case
+    B, C, G, H, W, K, s, p, d, _bc, bp = case
     got = measure(case)
     for name, err in got['err'].items():  # the tile computes the op
         assert err <= 1e-4, (name, err)
@@ -142,7 +142,7 @@ def test_requested_bytes_match_the_loads(case):
         model = traffic.KERNELS[kernel](
             B, C, G, (H, W), Window(K, s, p, d), block_p=bp, itemsize=4
         )
-        for arg, name in zip(('a', 'b', 'out'), names):
+        for arg, name in zip(('a', 'b', 'out'), names, strict=True):
             # one address per fp32 element
             assert (
                 4 * got['bytes'].get(f'{kernel}.{arg}', 0)
