@@ -34,6 +34,7 @@ import torch
 import mmevo
 from mmevo.ops import cpp_backend, evolution_aggregate
 from mmevo.ops.library import use_backend
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import aggregate_reference
 assert mmevo.__file__.startswith(sys.argv[1]), mmevo.__file__
 assert cpp_backend.available(), 'the C++ extension was not built'
@@ -42,7 +43,8 @@ x = torch.randn(2, 4, 5, 7, generator=gen, dtype=torch.float64)
 w = torch.randn(2, 2, 3, 3, 3, 4, generator=gen, dtype=torch.float64)
 with use_backend('cpp'):
     y = evolution_aggregate(x, w, 2, 1, 1, 'reflect')
-torch.testing.assert_close(y, aggregate_reference(x, w, 2, 1, 1, 'reflect'))
+ref = aggregate_reference(x, w, Window(3, 2, 1, 1, 'reflect'))
+torch.testing.assert_close(y, ref)
 print(mmevo.__file__)
 """
 

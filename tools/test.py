@@ -4,7 +4,9 @@ The config's ``default_scope`` ('mmdet' or 'mmseg') decides which library's
 registries build it; the metric is the config's ``test_evaluator``. A
 checkpoint that cannot be loaded, or whose entries do not fit the model
 (every key, a tensor of the same shape), is refused in one line (exit
-status 1) unless ``--allow-partial`` is given.
+status 1) unless ``--allow-partial`` is given. So is an ``--out`` that is
+one of the inputs or cannot be written, before the evaluation; the
+predictions are written to it atomically.
 
 Example:
     python tools/test.py CONFIG work_dirs/demo/epoch_20.pth --out preds.pkl
@@ -43,11 +45,12 @@ def main(argv=None):
     with apis.one_line_errors():
         cfg = apis.load_config(args.config, args.cfg_options, args.work_dir)
         cfg.launcher = args.launcher
+        if args.out is not None:  # before the evaluation, not after it
+            inputs = {'checkpoint': args.checkpoint, 'config': args.config}
+            apis.dump_results(cfg, args.out, inputs)
         state = apis.read_checkpoint(args.checkpoint)
         cfg.load_from = args.checkpoint
-        if args.out is not None:
-            apis.dump_results(cfg, args.out)
-        apis.check_data(cfg, ['test_dataloader'])
+        apis.check_data(cfg, 'test_dataloader')
         fixes.setup_cpu_distributed(cfg, args.launcher)
         runner = apis.build_runner(cfg)
         if not args.allow_partial:

@@ -18,7 +18,9 @@ from .checkpoint import (
     read_checkpoint,
     state_dict_mismatch,
 )
+from .convert import convert_swin_checkpoint
 from .errors import USAGE, fail, launch_rank, one_line_errors
+from .outputs import OutputPathError, check_output
 from .resume import check_resume_fits, optimizer_mismatch
 from .runner import (
     build_model,
@@ -43,6 +45,9 @@ __all__ = [
     'fail',
     'launch_rank',
     'one_line_errors',
+    'convert_swin_checkpoint',
+    'OutputPathError',
+    'check_output',
     'build_model',
     'build_runner',
     'check_data',

@@ -19,6 +19,8 @@ import torch
 from mmengine.model import is_model_wrapper
 from mmengine.runner import CheckpointLoader
 
+from .outputs import local_path
+
 # keys listed per kind in a mismatch message (then: "... and N more")
 _MAX_KEYS = 10
 
@@ -92,7 +94,8 @@ def read_checkpoint(path, what='checkpoint', map_location='cpu'):
     """The checkpoint at ``path`` (a file or a URL), loaded weights-only.
 
     Args:
-        path (str): A local file, a URL or an ``open-mmlab://`` name.
+        path (str | Path): A local file (or its ``file://`` URL), a URL or
+            a model zoo name (``open-mmlab://``, ``torchvision://``).
         what (str): What the messages call it. Default: 'checkpoint'.
         map_location (str): As ``torch.load``'s. Default: 'cpu'.
 
@@ -101,12 +104,15 @@ def read_checkpoint(path, what='checkpoint', map_location='cpu'):
 
     Raises:
         CheckpointError: It does not exist, is not sound, holds pickled
-            code, or is not a dict.
+            code, or is not a dict; a zoo name that mmengine does not know.
 
     Example:
         >>> state = read_checkpoint('work_dirs/demo/epoch_20.pth')
     """
-    if '://' not in path:
+    path = os.fspath(path)
+    local = local_path(path)
+    if local is not None:
+        path = local
         reason = checkpoint_error(path)
         if reason == 'no such file':
             raise CheckpointError(f"{what} '{path}' does not exist")
@@ -122,6 +128,14 @@ def read_checkpoint(path, what='checkpoint', map_location='cpu'):
         raise CheckpointError(
             f"{what} '{path}' cannot be loaded: refused by the weights-only "
             f'load: {_first_line(e)}'
+        ) from None
+    except KeyError as e:
+        if local is not None:  # only a zoo scheme's table lookup
+            raise
+        scheme = path.split('://', 1)[0]
+        raise CheckpointError(
+            f"{what} '{path}' cannot be loaded: mmengine's {scheme}:// "
+            f'model zoo has no model {e.args[0]!r}; give a file or a URL'
         ) from None
     except (OSError, RuntimeError, EOFError) as e:
         raise CheckpointError(
@@ -139,6 +153,25 @@ def _checkpoint_step(name):
     """The epoch or iteration number of 'epoch_N.pth' / 'iter_N.pth'."""
     match = re.fullmatch(r'(?:epoch|iter)_(\d+)\.pth', name)
     return int(match.group(1)) if match else None
+
+
+def _read_pointer(pointer):
+    """The path ``last_checkpoint`` names, or '' (with a warning) when it
+    is not a text file naming one (a torn or overwritten pointer)."""
+    with open(pointer, 'rb') as f:
+        data = f.read()
+    try:
+        last = data.decode('utf-8').strip()
+    except UnicodeDecodeError:
+        last = None
+    if last is None or '\x00' in last or '\n' in last:
+        warnings.warn(
+            f"'{pointer}' does not name a checkpoint (binary or several "
+            'lines); skipped, trying the checkpoints of the work dir',
+            stacklevel=3,
+        )
+        return ''
+    return last
 
 
 def find_resumable_checkpoint(work_dir):
@@ -162,8 +195,7 @@ def find_resumable_checkpoint(work_dir):
     candidates = []
     pointer = osp.join(work_dir, 'last_checkpoint')
     if osp.isfile(pointer):
-        with open(pointer) as f:
-            last = f.read().strip()
+        last = _read_pointer(pointer)
         if last:
             candidates.append(last)
     names = os.listdir(work_dir) if osp.isdir(work_dir) else []
@@ -279,7 +311,7 @@ def check_checkpoint_fits(model, checkpoint, hint='', name=None):
 
     Args:
         model (nn.Module): The model (wrapped or not).
-        checkpoint (str | dict): The checkpoint's path or URL (read with
+        checkpoint (str | Path | dict): The checkpoint's path or URL (read with
             :func:`read_checkpoint`), or the checkpoint itself.
         hint (str): What the user can do about a misfit, for the message.
         name (str, optional): The checkpoint's name in the message; default:
@@ -295,8 +327,8 @@ def check_checkpoint_fits(model, checkpoint, hint='', name=None):
     Example:
         >>> check_checkpoint_fits(model, 'epoch_20.pth', 'use --allow-partial')
     """
-    if isinstance(checkpoint, str):
-        name = name or checkpoint
+    if isinstance(checkpoint, (str, os.PathLike)):
+        name = name or os.fspath(checkpoint)
         checkpoint = read_checkpoint(checkpoint)
     problems = _model_problems(model, checkpoint)
     if problems:

@@ -14,6 +14,7 @@ import sys
 from mmevo.datasets import MissingDataError
 
 from .checkpoint import CheckpointError
+from .outputs import OutputPathError
 from .workdir import WorkDirBusyError
 
 #: Exit status of a usage error (as argparse's): missing config or data.
@@ -45,7 +46,7 @@ def fail(message, status=1):
 def one_line_errors():
     """Turn mmevo's expected errors into :func:`fail`: a missing data set
     (status 2), a checkpoint that cannot be loaded or does not fit, a work
-    dir in use (status 1).
+    dir in use, an output path that cannot be written (status 1).
 
     Example:
         >>> with one_line_errors():
@@ -55,5 +56,5 @@ def one_line_errors():
         yield
     except MissingDataError as e:
         fail(str(e), USAGE)
-    except (CheckpointError, WorkDirBusyError) as e:
+    except (CheckpointError, OutputPathError, WorkDirBusyError) as e:
         fail(str(e))

@@ -7,7 +7,7 @@ Unlike the ONNX graph, the package keeps mmevo's operators
 everything else (convolutions with their batch norms folded into the
 frozen weights, the kernel generation's elementwise ops) into one C++
 program that calls them. With ``inline_ops`` the package holds their
-formulation in standard operators instead (:mod:`mmevo.ops.export`): it
+formulation in standard operators instead (:mod:`mmevo.ops.decompositions`): it
 then runs where mmevo's op library is not loaded.
 
 On CUDA the package holds mmevo's Triton kernels themselves: the ops are
@@ -18,6 +18,9 @@ kernels, so it runs without Python and without mmevo's op library.
 
 import copy
 import functools
+import json
+import os
+import threading
 import warnings
 
 import torch
@@ -27,22 +30,18 @@ from torch._inductor.custom_graph_pass import (
 )
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-from mmevo.ops import export as ops_export
+from mmevo.ops import decompositions
 
 from .export import naming_failing_layer
 from .rewrites import AOTI_REWRITES, export_rewrites
+from .runtime import InputSpec
+
+#: the package metadata entry that holds the input's :class:`InputSpec`
+INPUT_SPEC_KEY = 'mmevo.input_spec'
 
 #: the decompositions of ``inline_ops``: the ops' standard-operator
 #: formulation (arguments resolved, as the operators take them)
-INLINE_OPS = {
-    torch.ops.mmevo.evolution_aggregate.default: ops_export.aggregate,
-    torch.ops.mmevo.local_correlation.default: functools.partial(
-        ops_export.correlation, softmax=False
-    ),
-    torch.ops.mmevo.local_attention_weights.default: functools.partial(
-        ops_export.correlation, softmax=True
-    ),
-}
+INLINE_OPS = decompositions.DECOMPOSITIONS
 
 
 def export_program(
@@ -192,7 +191,10 @@ def compile_program(program, path, freeze=True, prepack=True):
 
     Where Inductor's freezing fails (e.g. on a two-stage detector's
     graph: its constant folding loses a lifted tensor constant), warns
-    and compiles without freezing.
+    and compiles without freezing. The package records what its input
+    is (:class:`mmevo.deploy.runtime.InputSpec`: the sizes, or a dynamic
+    size's bounds, the dtype, the device), which :class:`AotiModel`
+    checks every input against.
 
     Args:
         program (torch.export.ExportedProgram): e.g. of
@@ -206,8 +208,10 @@ def compile_program(program, path, freeze=True, prepack=True):
     Returns:
         str: ``path``.
     """
+    specs = InputSpec.of_program(program)
+    metadata = {INPUT_SPEC_KEY: json.dumps([s.to_dict() for s in specs])}
     if not freeze:
-        return _compile(program, path, {'freezing': False})
+        return _compile(program, path, {'freezing': False}, metadata)
     configs = {'freezing': True}
     if prepack:
         configs['post_grad_custom_pre_pass'] = PrepackConvWeights()
@@ -217,17 +221,18 @@ def compile_program(program, path, freeze=True, prepack=True):
         # package silently keeps the weights as inputs of generic
         # convolutions (batch norms unfolded, no weight prepacking).
         with torch.no_grad():
-            return _compile(frozen, path, configs)
+            return _compile(frozen, path, configs, metadata)
     except Exception as e:  # noqa: BLE001  (Inductor's own errors)
         first = str(e).splitlines()[0] if str(e) else ''
         warnings.warn(
             f'AOTInductor freezing failed ({type(e).__name__}: {first}); '
             'compiling without it (slower)'
         )
-    return _compile(program, path, {'freezing': False})
+    return _compile(program, path, {'freezing': False}, metadata)
 
 
-def _compile(program, path, configs):
+def _compile(program, path, configs, metadata):
+    configs = dict(configs, **{'aot_inductor.metadata': metadata})
     return torch._inductor.aoti_compile_and_package(
         program, package_path=path, inductor_configs=configs
     )
@@ -240,17 +245,59 @@ class AotiModel:
     mmevo's operators that the package calls are registered by the import
     of :mod:`mmevo.deploy` (the evolution ops and NMS / RoIAlign).
 
+    Every input is checked against what the package recorded
+    (:attr:`input_spec`, see :func:`compile_program`): a wrong rank,
+    batch, dtype or device, another size than a static package's or one
+    outside a dynamic package's bounds is a ``ValueError`` naming the
+    expected and the given (the package itself would read out of bounds
+    or return garbage). A non-contiguous or channels-last input is made
+    contiguous, as the export saw it.
+
+    One call runs at a time: calls from several threads wait for each
+    other (a lock), with the results of one thread. Without it two
+    threads hang: the package's runner (one model) is entered holding the
+    GIL, and the running call needs the GIL for mmevo's Python-registered
+    operator kernels, while the second call holds it waiting for the
+    model.
+
     Args:
         path (str): the ``.pt2`` file.
+        name (str, optional): the package in messages; default:
+            ``"AOTInductor package '<path>'"``.
 
     Example:
         >>> outputs = AotiModel('model.pt2')(torch.randn(1, 3, 64, 64))
     """
 
-    def __init__(self, path):
-        self.runner = torch._inductor.aoti_load_package(path)
+    def __init__(self, path, name=None):
+        self.path = os.fspath(path)
+        self.name = name or f"AOTInductor package '{self.path}'"
+        self.runner = torch._inductor.aoti_load_package(self.path)
+        recorded = self.runner.get_metadata().get(INPUT_SPEC_KEY)
+        #: what a call takes (:class:`mmevo.deploy.runtime.InputSpec`);
+        #: None for a package compiled without mmevo's record
+        self.input_spec = None
+        if recorded is not None:
+            specs = [InputSpec.from_dict(d) for d in json.loads(recorded)]
+            if len(specs) != 1:
+                raise ValueError(
+                    f'AotiModel runs packages of one input tensor, '
+                    f"'{self.path}' takes {len(specs)}"
+                )
+            self.input_spec = specs[0]
+        self._lock = threading.Lock()
 
     def __call__(self, x):
-        """Tuple of output tensors for the input ``x`` (a tensor)."""
-        with torch.no_grad():
+        """Tuple of output tensors for the input ``x`` (a tensor).
+
+        Raises:
+            TypeError: ``x`` is no tensor.
+            ValueError: ``x`` does not fit the package (:attr:`input_spec`).
+        """
+        if self.input_spec is not None:
+            self.input_spec.check(x, self.name)
+        elif not isinstance(x, torch.Tensor):
+            raise TypeError(f'input must be a tensor, got {type(x).__name__}')
+        x = x.contiguous()
+        with self._lock, torch.no_grad():
             return tuple(self.runner(x))

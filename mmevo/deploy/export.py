@@ -2,7 +2,7 @@
 
 The evolution ops need no special argument to export (while
 ``torch.onnx.export`` runs they are standard ONNX operators, see
-:mod:`mmevo.ops.export`); :func:`export_onnx` only chooses the dynamic
+:mod:`mmevo.ops.decompositions`); :func:`export_onnx` only chooses the dynamic
 axes, registers what the exporters need for the NMS and RoIAlign of
 :mod:`mmevo.deploy.detection_ops`, and runs the model under
 :func:`export_rewrites`. :class:`TensorOutputs` flattens the nested
@@ -104,7 +104,8 @@ def export_onnx(
     Args:
         model (nn.Module): in eval mode; returns a tensor or a tuple of them.
         x (Tensor): the example input (B, C, H, W); B stays fixed.
-        path (str): the ``.onnx`` file to write.
+        path (str): the ``.onnx`` file to write, the weights in it (so a
+            model over ONNX's 2 GB file limit cannot be exported).
         dynamic (bool): H and W of the input (and of every 4-d output)
             dynamic, so one export serves every size. Default: True.
         dynamo (bool): the dynamo exporter (torch's default; given
@@ -127,6 +128,9 @@ def export_onnx(
         kwargs = {}
         if dynamo:
             kwargs['custom_translation_table'] = ONNX_TRANSLATIONS
+            # one file with its weights (not beside it in path.data), which
+            # a writer can write atomically and a user copy alone
+            kwargs['external_data'] = False
             if dynamic:
                 dim = torch.export.Dim.DYNAMIC
                 kwargs['dynamic_shapes'] = ({2: dim, 3: dim},)

@@ -75,7 +75,8 @@ def check_outputs(model, runtime, inputs, kind):
         list[float]: the largest difference on each input.
 
     Raises:
-        ValueError: naming the input and the output that differ.
+        ValueError: naming the input and the output that differ, or the
+            runtime's error at that input.
 
     Example:
         >>> check_outputs(model, AotiModel(path), [x, other_x], 'det')
@@ -86,8 +87,15 @@ def check_outputs(model, runtime, inputs, kind):
         with torch.no_grad():
             expected = model(x)
         try:
+            outputs = runtime(x)
+        except Exception as e:  # noqa: BLE001  (the runtime's own errors)
+            lines = str(e).strip().splitlines() or [type(e).__name__]
+            raise ValueError(
+                f'fails at input {tuple(x.shape)}: {lines[0]}'
+            ) from e
+        try:
             err, i = max_difference(
-                runtime(x), expected, rows=kind == 'two-stage'
+                outputs, expected, rows=kind == 'two-stage'
             )
         except ValueError as e:
             raise ValueError(f'gives {e} at input {tuple(x.shape)}') from e

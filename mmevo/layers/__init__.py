@@ -16,12 +16,12 @@ from .involution import Involution
 from .local_self_attention import LocalSelfAttention
 
 __all__ = [
-    'EvolutionLayer',
-    'EvolutionConv',
-    'Involution',
-    'DynamicFilter',
-    'LocalSelfAttention',
     'ELSA',
     'ACmix',
+    'DynamicFilter',
+    'EvolutionConv',
+    'EvolutionLayer',
+    'Involution',
+    'LocalSelfAttention',
     'set_cpu_fastpath',
 ]

@@ -1,7 +1,5 @@
 """ACmix (Pan et al., CVPR 2022): attention + shift-conv on shared q/k/v."""
 
-from typing import Tuple
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -242,7 +240,7 @@ class ACmix(EvolutionLayer):
         axis; the mix of each (channel, pixel) is reshaped to kernel_conv**2
         channels of ``dep_conv``'s group for that channel (published).
         """
-        B, C, H, W = q.shape
+        B, _C, H, W = q.shape
         heads = [t.view(B, self.head, self.head_dim, H * W) for t in (q, k, v)]
         f_all = self.fc(torch.cat(heads, 1))
         f_conv = f_all.permute(0, 2, 1, 3).reshape(
@@ -250,7 +248,7 @@ class ACmix(EvolutionLayer):
         )
         return self.dep_conv(f_conv)
 
-    def window_input(self, x: torch.Tensor) -> Tuple[torch.Tensor, int, str]:
+    def window_input(self, x: torch.Tensor) -> tuple[torch.Tensor, int, str]:
         """Reflection made explicit here (padding 0 for the ops), so the
         backward of the window ops reuses this padded map instead of padding
         again. Maps not larger than the padding (repeated reflection) are
@@ -285,7 +283,7 @@ class ACmix(EvolutionLayer):
         query, key = self._query_key(q, k, self.conv_p(self._positions(x)))
         return self._attention(query, key)
 
-    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, attention)``; attention (B, head, K, K, Ho, Wo)."""
         self.check_input(x, self.in_planes)
         q, k, v = self.conv1(x), self.conv2(x), self.conv3(x)

@@ -11,7 +11,7 @@ validates it once at build time, and routes every generated kernel through
 
 import inspect
 from collections import OrderedDict
-from typing import Callable, List, Optional, Tuple, Union
+from collections.abc import Callable
 
 import torch
 from mmengine.model import BaseModule
@@ -20,7 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from mmevo.ops import evolution_aggregate, output_size, resolve_window
 
-InitCfg = Optional[Union[dict, List[dict]]]
+InitCfg = dict | list[dict] | None
 KernelHook = Callable[['EvolutionLayer', torch.Tensor], None]
 
 
@@ -33,7 +33,7 @@ def check_divisible(name, value, divisor_name, divisor):
 
 
 def check_layer_cfg(
-    name: str, cfg: Optional[dict], example: str, allow_none: bool = True
+    name: str, cfg: dict | None, example: str, allow_none: bool = True
 ) -> None:
     """Raise a one-line error unless ``cfg`` can build a layer.
 
@@ -119,7 +119,7 @@ class EvolutionLayer(BaseModule):
         self,
         kernel_size: int,
         stride: int = 1,
-        padding: Optional[int] = None,
+        padding: int | None = None,
         dilation: int = 1,
         padding_mode: str = 'zeros',
         init_cfg: InitCfg = None,
@@ -136,7 +136,7 @@ class EvolutionLayer(BaseModule):
         self.padding_mode = padding_mode
         self._kernel_hooks = OrderedDict()
 
-    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(features, kernel)`` for :meth:`aggregate`.
 
         Args:
@@ -154,7 +154,7 @@ class EvolutionLayer(BaseModule):
 
     def window_input(
         self, features: torch.Tensor
-    ) -> Tuple[torch.Tensor, int, str]:
+    ) -> tuple[torch.Tensor, int, str]:
         """``(features, padding, padding_mode)`` for the window ops.
 
         The layer's own padding; a layer that pads a map once for several

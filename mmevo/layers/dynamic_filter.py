@@ -1,7 +1,5 @@
 """Decoupled dynamic filter (DDF, Zhou et al., CVPR 2021)."""
 
-from typing import Tuple
-
 import torch
 import torch.nn as nn
 from torch.nn.init import calculate_gain
@@ -153,7 +151,7 @@ class DynamicFilter(EvolutionLayer):
             FilterNorm(channels, kernel_size, nonlinearity, running_std=True),
         )
 
-    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, C, K, K, H_out, W_out)."""
         self.check_input(x, self.channels)
         B, C = x.shape[:2]

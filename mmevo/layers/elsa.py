@@ -1,7 +1,6 @@
 """ELSA (Zhou et al., 2021): Hadamard attention expanded by a ghost head."""
 
 import math
-from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -73,13 +72,13 @@ class ELSA(EvolutionLayer):
         self,
         dim: int,
         num_heads: int,
-        dim_qk: Optional[int] = None,
-        dim_v: Optional[int] = None,
+        dim_qk: int | None = None,
+        dim_v: int | None = None,
         kernel_size: int = 5,
         stride: int = 1,
         dilation: int = 1,
         qkv_bias: bool = False,
-        qk_scale: Optional[float] = None,
+        qk_scale: float | None = None,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         group_width: int = 8,
@@ -163,7 +162,7 @@ class ELSA(EvolutionLayer):
 
     def ghost_terms(
         self,
-    ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(M ** lam, gamma * A), each (dim_v, K, K) or None when absent."""
         if self.ghost_head is None:
             return None, None
@@ -175,7 +174,7 @@ class ELSA(EvolutionLayer):
             return None, self.ghost_head[0] * self.gamma
         return self.ghost_head[0] ** self.lam, None
 
-    def _heads(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(v, attn)``: the per-head maps (B, num_heads, K, K, H, W)."""
         self.check_input(x, self.dim)
         q, k, v = torch.split(
@@ -190,7 +189,7 @@ class ELSA(EvolutionLayer):
         attn = window_softmax(logits.view(B, G, K, K, H, W))
         return v, self.attn_drop(attn)
 
-    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, kernel)``: kernel (B, dim_v, K, K, H_out, W_out), or
         (B, num_heads, ...) without a ghost head."""
         v, attn = self._heads(x)

@@ -1,7 +1,6 @@
 """Static convolution as the constant-kernel case of the evolution formula."""
 
 import math
-from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -46,9 +45,9 @@ class EvolutionConv(EvolutionLayer):
         self,
         channels: int,
         kernel_size: int = 3,
-        groups: Optional[int] = None,
+        groups: int | None = None,
         stride: int = 1,
-        padding: Optional[int] = None,
+        padding: int | None = None,
         dilation: int = 1,
         padding_mode: str = 'zeros',
         bias: bool = True,
@@ -77,7 +76,7 @@ class EvolutionConv(EvolutionLayer):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``: the weight as (B, G, K, K, Ho, Wo)."""
         self.check_input(x, self.channels)
         B, _, H, W = x.shape

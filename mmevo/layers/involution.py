@@ -1,7 +1,5 @@
 """Involution (Li et al., CVPR 2021): a kernel generated per pixel from it."""
 
-from typing import Optional, Tuple
-
 import torch
 import torch.nn as nn
 from mmcv.cnn import ConvModule
@@ -76,8 +74,8 @@ class Involution(EvolutionLayer):
         reduction_ratio: int = 4,
         group_channels: int = 16,
         dilation: int = 1,
-        norm_cfg: Optional[dict] = dict(type='BN'),
-        act_cfg: Optional[dict] = dict(type='ReLU'),
+        norm_cfg: dict | None = dict(type='BN'),
+        act_cfg: dict | None = dict(type='ReLU'),
         init_cfg: InitCfg = None,
     ) -> None:
         super().__init__(
@@ -175,7 +173,7 @@ class Involution(EvolutionLayer):
             self.groups,
         )
 
-    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, G, K, K, H_out, W_out)."""
         self.check_input(x, self.channels)
         x_gen = self.avgpool(x) if self.stride > 1 else x

@@ -1,7 +1,5 @@
 """Local (SASA-style) multi-head self-attention as an evolution layer."""
 
-from typing import Optional, Tuple
-
 import torch
 import torch.nn as nn
 
@@ -53,14 +51,14 @@ class LocalSelfAttention(EvolutionLayer):
     def __init__(
         self,
         in_channels: int,
-        out_channels: Optional[int] = None,
+        out_channels: int | None = None,
         kernel_size: int = 7,
         num_heads: int = 8,
         stride: int = 1,
         dilation: int = 1,
         padding_mode: str = 'zeros',
         qkv_bias: bool = False,
-        qk_scale: Optional[float] = None,
+        qk_scale: float | None = None,
         rel_pos_embed: bool = True,
         rel_pos_bias: bool = False,
         init_cfg: InitCfg = None,
@@ -107,7 +105,7 @@ class LocalSelfAttention(EvolutionLayer):
             ]
         )
 
-    def generate(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(v, attention)``; attention (B, heads, K, K, Ho, Wo)."""
         self.check_input(x, self.in_channels)
         s = self.stride

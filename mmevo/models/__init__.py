@@ -14,8 +14,8 @@ __all__ = [
     'ACmixResNet',
     'ACmixSwinTransformer',
     'ELSASwinTransformer',
-    'RedNet',
+    'InvolutionFCNMaskHead',
     'InvolutionFPN',
     'InvolutionRPNHead',
-    'InvolutionFCNMaskHead',
+    'RedNet',
 ]

@@ -14,9 +14,10 @@ import importlib
 import os
 import threading
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import cpp_backend, torch_backend
 
@@ -101,6 +102,18 @@ def backend_name(t):
         return _auto(t)
     if name == 'cpp' and t.device.type != 'cpu':
         raise ValueError(f"backend 'cpp' runs CPU tensors, got {t.device}")
+    if (
+        name == 'triton'
+        and t.device.type != 'cuda'
+        and os.environ.get('TRITON_INTERPRET') != '1'
+        and not is_fake(t)  # a trace (of a CUDA export) launches nothing
+    ):
+        # else Triton fails deep in its launcher ("0 active drivers")
+        raise ValueError(
+            f"backend 'triton' (MMEVO_OPS_BACKEND or use_backend) runs CUDA "
+            f"tensors, got {t.device}: use 'auto' or 'cpp' for CPU tensors, "
+            'or set TRITON_INTERPRET=1 to interpret the Triton kernels'
+        )
     return name
 
 
@@ -129,11 +142,13 @@ def run(t, primitive, *args, **kwargs):
     if name != 'triton' or _forced.name != 'auto':
         return getattr(_module(name), primitive)(*args, **kwargs)
     key = (
-        (primitive, t.device.type, t.dtype)
-        + tuple(
+        primitive,
+        t.device.type,
+        t.dtype,
+        *tuple(
             tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args
-        )
-        + tuple(sorted(kwargs.items()))
+        ),
+        *tuple(sorted(kwargs.items())),
     )
     if key not in _triton_failed:
         try:

@@ -1,14 +1,15 @@
-"""Argument checks of the evolution ops, shared by every entry.
+"""Argument checks of the evolution ops, shared by every entry, and the
+window they resolve.
 
 The public functions (:mod:`mmevo.ops.evolution`) resolve their defaults
-with :func:`resolve_window`; every ``torch.ops.mmevo`` operator then checks
-its resolved arguments with :func:`check_aggregate`,
+into a :class:`Window` with :meth:`Window.resolve`; every ``torch.ops.mmevo``
+operator then checks its resolved arguments with :func:`check_aggregate`,
 :func:`check_correlation` or :func:`check_transpose`, on every backend and
 in its fake kernel. The C++ operators (``csrc/ops.cpp``) make the same checks
 in the same order, with the same messages, for callers without Python.
 """
 
-from typing import Optional, Tuple
+import dataclasses
 
 import torch
 
@@ -42,7 +43,8 @@ def check_int(name: str, value: int, minimum: int = 1) -> None:
         raise ValueError(f'{name} must be < 2**63 (an int64), got {value}')
 
 
-def _check_span(kernel_size, dilation):
+def check_span(kernel_size: int, dilation: int) -> None:
+    """The window span (kernel_size - 1) * dilation must fit in int64."""
     if (kernel_size - 1) * dilation > INT64_MAX:
         raise ValueError(
             f'dilation={dilation} with kernel_size={kernel_size}: the window '
@@ -59,13 +61,80 @@ def _check_window(kernel_size, stride, dilation, padding_mode):
             f'padding_mode must be one of {PADDING_MODES}, '
             f'got {padding_mode!r}'
         )
-    _check_span(kernel_size, dilation)
+    check_span(kernel_size, dilation)
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """The window of an evolution op, resolved: what every backend, the
+    reference and the decompositions take (the operator schemas keep the
+    scalars, :meth:`scalars`).
+
+    Args:
+        kernel_size (int): K.
+        stride (int): the step between windows.
+        padding (int): on every side.
+        dilation (int): the spacing of the window taps.
+        padding_mode (str): one of :data:`PADDING_MODES`.
+
+    Example:
+        >>> w = Window.resolve(7, 1, None, 2, 'zeros')
+        >>> w.padding, w.output_size(56)
+        (6, 56)
+    """
+
+    kernel_size: int
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    padding_mode: str = 'zeros'
+
+    @classmethod
+    def resolve(
+        cls,
+        kernel_size: int,
+        stride: int,
+        padding: int | None,
+        dilation: int,
+        padding_mode: str,
+    ) -> 'Window':
+        """The window of the public arguments, checked, padding None
+        ("same") resolved as :func:`resolve_window` says."""
+        padding = resolve_window(
+            kernel_size, stride, padding, dilation, padding_mode
+        )
+        return cls(kernel_size, stride, padding, dilation, padding_mode)
+
+    @property
+    def reflects(self) -> bool:
+        """Whether any tap reads reflect padding."""
+        return self.padding_mode == 'reflect' and self.padding > 0
+
+    def zero_padded(self, padding: int | None = None) -> 'Window':
+        """This window with zero padding (``padding``, default its own): the
+        window of a map padded explicitly."""
+        return dataclasses.replace(
+            self,
+            padding=self.padding if padding is None else padding,
+            padding_mode='zeros',
+        )
+
+    def output_size(self, size: int) -> int:
+        """The output size along a map dimension of ``size``."""
+        return output_size(
+            size, self.kernel_size, self.stride, self.padding, self.dilation
+        )
+
+    def scalars(self) -> tuple[int, int, int, str]:
+        """(stride, padding, dilation, padding_mode): the window's
+        arguments of the operator schemas, after their sizes."""
+        return self.stride, self.padding, self.dilation, self.padding_mode
 
 
 def resolve_window(
     kernel_size: int,
     stride: int,
-    padding: Optional[int],
+    padding: int | None,
     dilation: int,
     padding_mode: str,
 ) -> int:
@@ -142,29 +211,24 @@ def check_pair(
         )
 
 
-def map_size(
-    name: str,
-    size: int,
-    kernel_size: int,
-    stride: int,
-    padding: int,
-    dilation: int,
-) -> int:
+def map_size(name: str, size: int, window: Window) -> int:
     """The output size along one map dimension of ``size``, checked: the
     map is not empty, its padded size fits in int64, the output is not
     empty."""
     if size < 1:  # B = 0 and C = 0 are fine, an empty map has no windows
         raise ValueError(f'{name} must be >= 1, got {size}')
+    padding = window.padding
     if size + 2 * padding > INT64_MAX:
         raise ValueError(
             f'padding={padding} with {name} {size}: {name} + 2 '
             f'* padding does not fit in int64'
         )
-    out = output_size(size, kernel_size, stride, padding, dilation)
+    out = window.output_size(size)
     if out < 1:
         raise ValueError(
-            f'{name} of {size} is too small for kernel_size={kernel_size}, '
-            f'dilation={dilation}, padding={padding}: output would be empty'
+            f'{name} of {size} is too small for kernel_size='
+            f'{window.kernel_size}, dilation={window.dilation}, '
+            f'padding={padding}: output would be empty'
         )
     return out
 
@@ -180,7 +244,7 @@ def kernel_size_of(kernel: torch.Tensor) -> int:
     return K
 
 
-def _dim(n):
+def size_of(n):
     """A size as an int: under torch.jit.trace (FLOP counting) sizes come
     back as tensors. A SymInt stays symbolic: int() would freeze a dynamic
     size of torch.export (AOTInductor) to the example's."""
@@ -203,12 +267,10 @@ def _check_shape(name, t, expected, layout, context):
         )
 
 
-def _maps(name, shape, K, stride, padding, dilation):
+def _maps(name, shape, window):
     return (
-        map_size(
-            f'{name}height', _dim(shape[0]), K, stride, padding, dilation
-        ),
-        map_size(f'{name}width', _dim(shape[1]), K, stride, padding, dilation),
+        map_size(f'{name}height', size_of(shape[0]), window),
+        map_size(f'{name}width', size_of(shape[1]), window),
     )
 
 
@@ -219,19 +281,26 @@ def check_aggregate(
     padding: int,
     dilation: int,
     padding_mode: str,
-) -> Tuple[int, int]:
+    *,
+    maps: bool = True,
+) -> tuple[int, int] | None:
     """Every relation of ``mmevo::evolution_aggregate``'s arguments;
-    returns (H_out, W_out)."""
+    returns (H_out, W_out). With ``maps=False`` (ONNX export, where the
+    map sizes stay symbolic), only those that do not read the map sizes,
+    returning None."""
     check_tensor('input', input, 4, '(B, C, H, W)')
     check_tensor('kernel', kernel, 6, '(B, G, K, K, H_out, W_out)')
     check_pair('input', input, 'kernel', kernel)
     K = kernel_size_of(kernel)
     _check_window(K, stride, dilation, padding_mode)
     check_int('padding', padding, 0)
-    B, C = _dim(input.shape[0]), _dim(input.shape[1])
-    G = _dim(kernel.shape[1])
+    B, C = size_of(input.shape[0]), size_of(input.shape[1])
+    G = size_of(kernel.shape[1])
     _check_groups('input', C, G, kernel)
-    Ho, Wo = _maps('input ', input.shape[2:], K, stride, padding, dilation)
+    if not maps:
+        return None
+    window = Window(K, stride, padding, dilation, padding_mode)
+    Ho, Wo = _maps('input ', input.shape[2:], window)
     _check_shape(
         'kernel',
         kernel,
@@ -251,23 +320,27 @@ def check_correlation(
     padding: int,
     dilation: int,
     padding_mode: str,
-) -> Tuple[int, int]:
+    *,
+    maps: bool = True,
+) -> tuple[int, int] | None:
     """Every relation of ``mmevo::local_correlation``'s (and
-    ``local_attention_weights``') arguments; returns (H_out, W_out)."""
+    ``local_attention_weights``') arguments; returns (H_out, W_out), or
+    None with ``maps=False`` (as :func:`check_aggregate`)."""
     check_tensor('query', query, 4, '(B, C, H_out, W_out)')
     check_tensor('key', key, 4, '(B, C, H, W)')
     check_pair('query', query, 'key', key)
     check_int('groups', groups, 1)
     _check_window(kernel_size, stride, dilation, padding_mode)
     check_int('padding', padding, 0)
-    B, C = _dim(key.shape[0]), _dim(key.shape[1])
+    B, C = size_of(key.shape[0]), size_of(key.shape[1])
     if C % groups:
         raise ValueError(
             f'key channels ({C}) must be divisible by groups={groups}'
         )
-    Ho, Wo = _maps(
-        'key ', key.shape[2:], kernel_size, stride, padding, dilation
-    )
+    if not maps:
+        return None
+    window = Window(kernel_size, stride, padding, dilation, padding_mode)
+    Ho, Wo = _maps('key ', key.shape[2:], window)
     _check_shape(
         'query',
         query,
@@ -287,7 +360,7 @@ def check_transpose(
     padding: int,
     dilation: int,
     padding_mode: str,
-) -> Tuple[int, int]:
+) -> tuple[int, int]:
     """Every relation of ``mmevo::evolution_aggregate_transpose``'s
     arguments; returns (H_out, W_out)."""
     check_tensor('grad', grad, 4, '(B, C, H_out, W_out)')
@@ -296,10 +369,11 @@ def check_transpose(
     K = kernel_size_of(kernel)
     _check_window(K, stride, dilation, padding_mode)
     check_int('padding', padding, 0)
-    B, C = _dim(grad.shape[0]), _dim(grad.shape[1])
-    G = _dim(kernel.shape[1])
+    B, C = size_of(grad.shape[0]), size_of(grad.shape[1])
+    G = size_of(kernel.shape[1])
     _check_groups('grad', C, G, kernel)
-    Ho, Wo = _maps('', (height, width), K, stride, padding, dilation)
+    window = Window(K, stride, padding, dilation, padding_mode)
+    Ho, Wo = _maps('', (height, width), window)
     _check_shape(
         'grad',
         grad,

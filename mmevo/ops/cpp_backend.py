@@ -17,12 +17,13 @@ to run every variant on one machine.
 """
 
 import importlib.util
-from typing import Optional, Tuple
 
 import torch
 
+from .checks import Window
 
-def _find() -> Optional[str]:
+
+def _find() -> str | None:
     try:
         spec = importlib.util.find_spec('mmevo._ext')
     except ImportError:  # a finder that says it is not there
@@ -54,29 +55,22 @@ def call(op: torch._ops.OpOverload, *args):
     return op.redispatch(_CPU, *args)
 
 
-# The backend primitives (zero padding), as the other backends'.
+# The backend primitives, as the other backends' (their window's padding
+# mode is the kernels', which make reflect padding themselves).
 def aggregate(
-    x: torch.Tensor, w: torch.Tensor, stride: int, padding: int, dilation: int
+    x: torch.Tensor, w: torch.Tensor, window: Window
 ) -> torch.Tensor:
     """Y = A(x, w), see :func:`mmevo.ops.torch_backend.aggregate`."""
     return call(
-        torch.ops.mmevo.evolution_aggregate.default,
-        x,
-        w,
-        stride,
-        padding,
-        dilation,
-        'zeros',
+        torch.ops.mmevo.evolution_aggregate.default, x, w, *window.scalars()
     )
 
 
 def aggregate_transpose(
     gy: torch.Tensor,
     w: torch.Tensor,
-    in_hw: Tuple[int, int],
-    stride: int,
-    padding: int,
-    dilation: int,
+    in_hw: tuple[int, int],
+    window: Window,
 ) -> torch.Tensor:
     """grad_x = At(gy, w), see
     :func:`mmevo.ops.torch_backend.aggregate_transpose`."""
@@ -84,12 +78,8 @@ def aggregate_transpose(
         torch.ops.mmevo.evolution_aggregate_transpose.default,
         gy,
         w,
-        in_hw[0],
-        in_hw[1],
-        stride,
-        padding,
-        dilation,
-        'zeros',
+        *in_hw,
+        *window.scalars(),
     )
 
 
@@ -97,10 +87,7 @@ def correlate(
     q: torch.Tensor,
     x: torch.Tensor,
     groups: int,
-    kernel_size: int,
-    stride: int,
-    padding: int,
-    dilation: int,
+    window: Window,
     softmax: bool = False,
 ) -> torch.Tensor:
     """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
@@ -112,13 +99,5 @@ def correlate(
         else torch.ops.mmevo.local_correlation
     )
     return call(
-        op.default,
-        q,
-        x,
-        groups,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        'zeros',
+        op.default, q, x, groups, window.kernel_size, *window.scalars()
     )

@@ -1,20 +1,25 @@
 """Public entry points of the evolution ops: validation and dispatch.
 
 Every argument is checked here, once, so that no kernel ever sees a shape it
-cannot handle; then the ``torch.ops.mmevo`` operator runs (registered in
-``library.py``; backends ``cpp_backend.py`` (the C++ kernels of ``csrc/``),
-``triton_backend.py`` and ``torch_backend.py``). ``reference.py`` is the
-formula in plain PyTorch. While ``torch.onnx.export`` runs, the ops are
-standard ONNX operators instead (``export.py``, sizes kept symbolic).
+cannot handle; then the ``torch.ops.mmevo`` operator runs (defined in
+``library.py``, dispatched in ``dispatch.py``, differentiated in
+``autograd.py``; backends ``cpp_backend.py`` (the C++ kernels of
+``csrc/``), ``triton_backend.py`` and ``torch_backend.py``).
+``reference.py`` is the formula in plain PyTorch. While
+``torch.onnx.export`` runs, the ops are standard ONNX operators instead
+(``decompositions.py``, sizes kept symbolic: the checks that read the map
+sizes are skipped).
 """
-
-from typing import Optional
 
 import torch
 
-from . import export, library  # noqa: F401  (library: torch.ops.mmevo.*)
+# autograd and dispatch: the kernels and gradients of torch.ops.mmevo.*
+from . import autograd, decompositions, dispatch  # noqa: F401
 from .checks import (  # noqa: F401
     PADDING_MODES,
+    Window,
+    check_aggregate,
+    check_correlation,
     check_int,
     check_pair,
     check_tensor,
@@ -43,7 +48,7 @@ def evolution_aggregate(
     input: torch.Tensor,
     kernel: torch.Tensor,
     stride: int = 1,
-    padding: Optional[int] = None,
+    padding: int | None = None,
     dilation: int = 1,
     padding_mode: str = 'zeros',
 ) -> torch.Tensor:
@@ -79,16 +84,15 @@ def evolution_aggregate(
     check_tensor('kernel', kernel, 6, '(B, G, K, K, H_out, W_out)')
     input, kernel = _autocast(input, kernel)
     check_pair('input', input, 'kernel', kernel)
-    if torch.onnx.is_in_onnx_export():
-        return _export_aggregate(
-            input, kernel, stride, padding, dilation, padding_mode
-        )
-    # The operator checks the shapes (on every backend, and in C++).
-    padding = resolve_window(
+    window = Window.resolve(
         kernel_size_of(kernel), stride, padding, dilation, padding_mode
     )
+    if torch.onnx.is_in_onnx_export():
+        check_aggregate(input, kernel, *window.scalars(), maps=False)
+        return decompositions.aggregate(input, kernel, window)
+    # The operator checks the shapes (on every backend, and in C++).
     return torch.ops.mmevo.evolution_aggregate(
-        input, kernel, stride, padding, dilation, padding_mode
+        input, kernel, *window.scalars()
     )
 
 
@@ -98,7 +102,7 @@ def local_correlation(
     groups: int,
     kernel_size: int,
     stride: int = 1,
-    padding: Optional[int] = None,
+    padding: int | None = None,
     dilation: int = 1,
     padding_mode: str = 'zeros',
 ) -> torch.Tensor:
@@ -127,29 +131,12 @@ def local_correlation(
         >>> local_correlation(q, k, groups=4, kernel_size=3, stride=2).shape
         torch.Size([2, 4, 3, 3, 5, 6])
     """
-    if torch.onnx.is_in_onnx_export():
-        return _export_correlation(
-            query,
-            key,
-            groups,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            padding_mode,
-            False,
-        )
-    return torch.ops.mmevo.local_correlation(
-        *_correlation_args(
-            query,
-            key,
-            groups,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            padding_mode,
-        )
+    return _correlation(
+        query,
+        key,
+        groups,
+        (kernel_size, stride, padding, dilation, padding_mode),
+        softmax=False,
     )
 
 
@@ -159,7 +146,7 @@ def local_attention_weights(
     groups: int,
     kernel_size: int,
     stride: int = 1,
-    padding: Optional[int] = None,
+    padding: int | None = None,
     dilation: int = 1,
     padding_mode: str = 'zeros',
 ) -> torch.Tensor:
@@ -183,105 +170,33 @@ def local_attention_weights(
         >>> torch.allclose(w.sum((2, 3)), torch.ones(2, 4, 9, 11))
         True
     """
-    if torch.onnx.is_in_onnx_export():
-        return _export_correlation(
-            query,
-            key,
-            groups,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            padding_mode,
-            True,
-        )
-    return torch.ops.mmevo.local_attention_weights(
-        *_correlation_args(
-            query,
-            key,
-            groups,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            padding_mode,
-        )
+    return _correlation(
+        query,
+        key,
+        groups,
+        (kernel_size, stride, padding, dilation, padding_mode),
+        softmax=True,
     )
 
 
-def _correlation_args(
-    query, key, groups, kernel_size, stride, padding, dilation, padding_mode
-):
-    """The correlation ops' arguments, padding resolved (the operator checks
-    the shapes)."""
+def _correlation(query, key, groups, window, softmax):
+    """A correlation op (``softmax``: the attention weights) on the checked
+    arguments, ``window`` the public ones; under ONNX export, its
+    decomposition."""
     check_tensor('query', query, 4, '(B, C, H_out, W_out)')
     check_tensor('key', key, 4, '(B, C, H, W)')
     query, key = _autocast(query, key)
     check_pair('query', query, 'key', key)
     check_int('groups', groups, 1)
-    padding = resolve_window(
-        kernel_size, stride, padding, dilation, padding_mode
+    window = Window.resolve(*window)
+    args = (query, key, groups, window.kernel_size, *window.scalars())
+    if torch.onnx.is_in_onnx_export():
+        check_correlation(*args, maps=False)
+        return decompositions.correlation(query, key, groups, window, softmax)
+    # The operator checks the shapes (on every backend, and in C++).
+    op = (
+        torch.ops.mmevo.local_attention_weights
+        if softmax
+        else torch.ops.mmevo.local_correlation
     )
-    return (
-        query,
-        key,
-        groups,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        padding_mode,
-    )
-
-
-# ONNX export: only the checks that do not read H and W, which stay symbolic
-# (an int() or a comparison would freeze them into the graph).
-def _export_aggregate(input, kernel, stride, padding, dilation, padding_mode):
-    K, G, C = kernel.shape[2], kernel.shape[1], input.shape[1]
-    if isinstance(K, torch.Tensor):  # TorchScript tracing: constants here
-        K, G, C = int(K), int(G), int(C)
-    if kernel.shape[3] != K or C % G:
-        raise ValueError(
-            f'kernel must be (B, G, K, K, H_out, W_out) with '
-            f'C={C} divisible by G, got {tuple(kernel.shape)}'
-        )
-    padding = resolve_window(K, stride, padding, dilation, padding_mode)
-    return export.aggregate(
-        input, kernel, stride, padding, dilation, padding_mode
-    )
-
-
-def _export_correlation(
-    query,
-    key,
-    groups,
-    kernel_size,
-    stride,
-    padding,
-    dilation,
-    padding_mode,
-    softmax,
-):
-    check_tensor('query', query, 4, '(B, C, H_out, W_out)')
-    check_tensor('key', key, 4, '(B, C, H, W)')
-    check_pair('query', query, 'key', key)
-    check_int('groups', groups, 1)
-    padding = resolve_window(
-        kernel_size, stride, padding, dilation, padding_mode
-    )
-    if int(key.shape[1]) % groups:
-        raise ValueError(
-            f'key channels ({int(key.shape[1])}) must be '
-            f'divisible by groups={groups}'
-        )
-    return export.correlation(
-        query,
-        key,
-        groups,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        padding_mode,
-        softmax,
-    )
+    return op(*args)

@@ -21,28 +21,31 @@ adds the fake kernels and autograd):
 * ``mmevo::fused_involution_backward(grad, <the same>) -> (grad_input,
   grad_z, grad_span_weight, grad_span_bias)``.
 
-Backends: the C++ kernel (CPU); elsewhere (CUDA, or a forced backend) the
-unfused composition on the backend's window primitives (Triton on CUDA,
-PyTorch otherwise), which writes the kernel map: a fused Triton kernel is
-not written yet.
+Backends: the C++ kernel (CPU); on the Triton backend, with
+``MMEVO_FUSED_TRITON=1``, the fused Triton kernels (:mod:`.triton_fused`;
+off by default until a GPU run of ``make gpu-check`` measures a win);
+elsewhere the unfused composition on the backend's window primitives,
+which writes the kernel map.
 A backward with ``create_graph=True`` runs that unfused composition's
 differentiable ops, so derivatives of every order exist.
 """
 
-from typing import Optional, Tuple
+import os
 
 import torch
-import torch.nn.functional as F
 
-from . import backends, cpp_backend, library
+from . import backends, cpp_backend, dispatch, library
 from .checks import (
-    INT64_MAX,
+    Window,
     check_int,
     check_pair,
+    check_span,
     check_tensor,
     map_size,
+    size_of,
 )
 from .evolution import _autocast
+from .reference import span_kernel
 
 SCHEMAS = {
     'fused_involution': (
@@ -56,26 +59,21 @@ SCHEMAS = {
     ),
 }
 
-_lib = torch.library.Library('mmevo', 'FRAGMENT')  # noqa: TOR901
 if not cpp_backend.available():  # else the extension defined them
     for _name, _schema in SCHEMAS.items():
-        _lib.define(_name + _schema)
-
-
-def _dim(n):
-    return int(n) if isinstance(n, torch.Tensor) else n
+        library.LIB.define(_name + _schema)
 
 
 def check_fused_involution(
     input: torch.Tensor,
     z: torch.Tensor,
     span_weight: torch.Tensor,
-    span_bias: Optional[torch.Tensor],
+    span_bias: torch.Tensor | None,
     kernel_size: int,
     stride: int,
     dilation: int,
     groups: int,
-) -> Tuple[int, int]:
+) -> tuple[int, int]:
     """Every relation of the fused involution's arguments; returns
     (H_out, W_out).
 
@@ -106,18 +104,13 @@ def check_fused_involution(
     check_int('stride', stride, 1)
     check_int('dilation', dilation, 1)
     check_int('groups', groups, 1)
-    span = (kernel_size - 1) * dilation
-    if span > INT64_MAX:
-        raise ValueError(
-            f'dilation={dilation} with kernel_size={kernel_size}: the window '
-            f'span (kernel_size - 1) * dilation does not fit in int64'
-        )
-    B, C = _dim(input.shape[0]), _dim(input.shape[1])
+    check_span(kernel_size, dilation)
+    B, C = size_of(input.shape[0]), size_of(input.shape[1])
     if C % groups:
         raise ValueError(
             f'input channels ({C}) must be divisible by groups={groups}'
         )
-    rows, Cr = groups * kernel_size**2, _dim(z.shape[1])
+    rows, Cr = groups * kernel_size**2, size_of(z.shape[1])
     expected = (rows, Cr, 1, 1)
     if tuple(span_weight.shape) != expected:
         raise ValueError(
@@ -130,10 +123,12 @@ def check_fused_involution(
             f'span_bias must be (G*K*K,) = ({rows},), got '
             f'{tuple(span_bias.shape)}'
         )
-    padding = span // 2
+    window = same_window(kernel_size, stride, dilation)
     Ho, Wo = (
-        map_size(name, _dim(n), kernel_size, stride, padding, dilation)
-        for name, n in zip(('input height', 'input width'), input.shape[2:])
+        map_size(name, size_of(n), window)
+        for name, n in zip(
+            ('input height', 'input width'), input.shape[2:], strict=True
+        )
     )
     if tuple(z.shape) != (B, Cr, Ho, Wo):
         raise ValueError(
@@ -158,13 +153,11 @@ def _check_backward(grad, input, *args):
 
 
 # ------------------------------------------------ the unfused composition
-def span_kernel(z, span_weight, span_bias, kernel_size, groups):
-    """The involution kernel ``S z + b`` (B, G, K, K, H_out, W_out): the
-    span convolution's output in Involution's layout (group-major, then
-    row-major taps)."""
-    w = F.conv2d(z, span_weight, span_bias)
-    K = kernel_size
-    return w.view(w.shape[0], groups, K, K, *w.shape[-2:])
+def same_window(kernel_size, stride, dilation):
+    """The fused involution's window: zero "same" padding."""
+    return Window(
+        kernel_size, stride, dilation * (kernel_size - 1) // 2, dilation
+    )
 
 
 def fused_involution_reference(
@@ -174,24 +167,24 @@ def fused_involution_reference(
     order: the span convolution, then :func:`mmevo.ops.evolution_aggregate`
     (its registered autograd)."""
     w = span_kernel(z, span_weight, span_bias, kernel_size, groups)
-    padding = dilation * (kernel_size - 1) // 2
-    return library._aggregate(input, w, stride, padding, dilation, 'zeros')
+    window = same_window(kernel_size, stride, dilation)
+    return library.OPS['evolution_aggregate'](input, w, *window.scalars())
 
 
 def _unfused_forward(input, z, span_weight, span_bias, K, s, d, G):
     w = span_kernel(z, span_weight, span_bias, K, G)
-    return backends.run(input, 'aggregate', input, w, s, d * (K - 1) // 2, d)
+    return backends.run(input, 'aggregate', input, w, same_window(K, s, d))
 
 
 def _unfused_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
     w = span_kernel(z, span_weight, span_bias, K, G)
-    p = d * (K - 1) // 2
+    window = same_window(K, s, d)
     B, Cr, Ho, Wo = z.shape
     grad_x = backends.run(
-        input, 'aggregate_transpose', grad, w, tuple(input.shape[-2:]), s, p, d
+        input, 'aggregate_transpose', grad, w, tuple(input.shape[-2:]), window
     )
     acc = torch.promote_types(grad.dtype, torch.float32)
-    dw = backends.run(input, 'correlate', grad, input, G, K, s, p, d)
+    dw = backends.run(input, 'correlate', grad, input, G, window)
     dw = dw.reshape(B, -1, Ho * Wo).to(acc)
     z3 = z.reshape(B, Cr, Ho * Wo).to(acc)
     grad_w = torch.einsum('bkp,brp->kr', dw, z3)
@@ -201,6 +194,13 @@ def _unfused_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
         grad_z.reshape(z.shape).to(z.dtype),
         grad_w.reshape(span_weight.shape).to(z.dtype),
         dw.sum((0, 2)).to(z.dtype),
+    )
+
+
+def _fused_triton(input):
+    return (
+        os.environ.get('MMEVO_FUSED_TRITON') == '1'
+        and backends.backend_name(input) == 'triton'
     )
 
 
@@ -214,7 +214,14 @@ def _python_forward(input, z, span_weight, span_bias, K, s, d, G):
         return input.new_zeros(*input.shape[:2], Ho, Wo).contiguous(
             memory_format=library.output_layout(input)
         )
-    y = _unfused_forward(input, z, span_weight, span_bias, K, s, d, G)
+    if _fused_triton(input):
+        from . import triton_fused
+
+        y = triton_fused.fused_involution_forward(
+            input, z, span_weight, span_bias, K, s, d, G
+        )
+    else:
+        y = _unfused_forward(input, z, span_weight, span_bias, K, s, d, G)
     return y.contiguous(memory_format=library.output_layout(input))
 
 
@@ -226,15 +233,19 @@ def _python_backward(grad, input, z, span_weight, span_bias, K, s, d, G):
             span_weight.new_zeros(span_weight.shape),
             span_weight.new_zeros(span_weight.shape[0]),
         )
-    return _unfused_backward(
-        grad, input, z, span_weight, span_bias, K, s, d, G
-    )
+    if _fused_triton(input):
+        from . import triton_fused
+
+        backward = triton_fused.fused_involution_backward
+    else:
+        backward = _unfused_backward
+    return backward(grad, input, z, span_weight, span_bias, K, s, d, G)
 
 
-_fused = library._register(
+_fused = dispatch.register(
     'fused_involution', check_fused_involution, _python_forward
 )
-_fused_backward = library._register(
+_fused_backward = dispatch.register(
     'fused_involution_backward', _check_backward, _python_backward
 )
 
@@ -283,7 +294,8 @@ def _backward(ctx, grad):
             grad, input, z, span_weight, span_bias, *ctx.window
         )
     grads = [
-        g if need else None for g, need in zip(grads, ctx.needs_input_grad)
+        g if need else None
+        for g, need in zip(grads, ctx.needs_input_grad, strict=False)
     ]
     if span_bias is None:
         grads[3] = None
@@ -297,14 +309,14 @@ def _differentiable_backward(ctx, grad):
     a path from ``z`` back to ``input`` is not counted twice."""
     input, z, span_weight, span_bias = ctx.saved_tensors
     K, s, d, G = ctx.window
-    p = d * (K - 1) // 2
+    window = same_window(K, s, d).scalars()
     B, Cr, Ho, Wo = z.shape
     with backends.use_backend(ctx.backend):
         w = span_kernel(z, span_weight, span_bias, K, G)
-        grad_x = library._aggregate_transpose(
-            grad, w, *input.shape[-2:], s, p, d, 'zeros'
+        grad_x = library.OPS['evolution_aggregate_transpose'](
+            grad, w, *input.shape[-2:], *window
         )
-        dw = library._correlation(grad, input, G, K, s, p, d, 'zeros')
+        dw = library.OPS['local_correlation'](grad, input, G, K, *window)
     dw = dw.reshape(B, G * K * K, Ho * Wo)
     grad_s = torch.einsum('bkp,brp->kr', dw, z.reshape(B, Cr, Ho * Wo))
     grad_z = torch.einsum('kr,bkp->brp', span_weight.flatten(1), dw)
@@ -315,13 +327,14 @@ def _differentiable_backward(ctx, grad):
         dw.sum((0, 2)) if span_bias is not None else None,
     ]
     grads = [
-        g if need else None for g, need in zip(grads, ctx.needs_input_grad)
+        g if need else None
+        for g, need in zip(grads, ctx.needs_input_grad, strict=False)
     ]
     return (*grads, None, None, None, None)
 
 
 torch.library.register_autograd(
-    _fused, _backward, setup_context=_setup, lib=_lib
+    _fused, _backward, setup_context=_setup, lib=library.LIB
 )
 
 
@@ -329,7 +342,7 @@ def fused_involution(
     input: torch.Tensor,
     z: torch.Tensor,
     span_weight: torch.Tensor,
-    span_bias: Optional[torch.Tensor],
+    span_bias: torch.Tensor | None,
     kernel_size: int,
     stride: int = 1,
     dilation: int = 1,
@@ -375,25 +388,13 @@ def fused_involution(
     check_tensor('input', input, 4, '(B, C, H, W)')
     check_tensor('z', z, 4, '(B, C_r, H_out, W_out)')
     check_tensor('span_weight', span_weight, 4, '(G*K*K, C_r, 1, 1)')
-    for name, value in (
-        ('kernel_size', kernel_size),
-        ('stride', stride),
-        ('dilation', dilation),
-        ('groups', groups),
-    ):
+    ints = dict(kernel_size=kernel_size, stride=stride, dilation=dilation)
+    ints['groups'] = groups
+    for name, value in ints.items():
         check_int(name, value, 1)  # before the schema's int64 cast
     input, z = _autocast(input, z)
     input, span_weight = _autocast(input, span_weight)
     if span_bias is not None:
         check_tensor('span_bias', span_bias, 1, '(G*K*K,)')
         input, span_bias = _autocast(input, span_bias)
-    return _fused(
-        input,
-        z,
-        span_weight,
-        span_bias,
-        kernel_size,
-        stride,
-        dilation,
-        groups,
-    )
+    return _fused(input, z, span_weight, span_bias, *ints.values())

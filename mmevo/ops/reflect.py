@@ -1,15 +1,16 @@
 """Reflect padding made explicit for the zero-padding kernels of the Triton
-and PyTorch backends, and its transpose (see :mod:`mmevo.ops.library`)."""
+and PyTorch backends, and its transpose (see :mod:`mmevo.ops.dispatch`)."""
 
 import torch
 
 from . import torch_backend
 
 
-def reflect_index(
+def concrete_reflect_index(
     size: int, padding: int, device: torch.device
 ) -> torch.Tensor:
-    """Source index of each of the ``size + 2 * padding`` padded positions.
+    """Source index of each of the ``size + 2 * padding`` padded positions
+    of a map of a known ``size`` (the decompositions' is symbolic).
 
     numpy-style 'reflect' (the edge is not repeated), folded again as often as
     needed, so any padding works on any size, 1 included.
@@ -38,8 +39,8 @@ def explicit_padding(x, padding):
         # faster than two index_select gathers.
         return torch.nn.functional.pad(x, (padding,) * 4, mode='reflect')
     # Padding >= size reflects repeatedly, which aten rejects: gather.
-    rows = reflect_index(H, padding, x.device)
-    cols = reflect_index(W, padding, x.device)
+    rows = concrete_reflect_index(H, padding, x.device)
+    cols = concrete_reflect_index(W, padding, x.device)
     return x.index_select(2, rows).index_select(3, cols)
 
 
@@ -58,8 +59,8 @@ def fold_reflect(gxp, padding, H, W):
         )
     dtype = gxp.dtype
     gxp = gxp.to(torch.promote_types(dtype, torch.float32))
-    rows = reflect_index(H, padding, gxp.device)
-    cols = reflect_index(W, padding, gxp.device)
+    rows = concrete_reflect_index(H, padding, gxp.device)
+    cols = concrete_reflect_index(W, padding, gxp.device)
     if gxp.device.type == 'cpu':
         out = gxp.new_zeros(*gxp.shape[:2], H, gxp.shape[3]).index_add_(
             2, rows, gxp

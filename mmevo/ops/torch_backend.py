@@ -9,17 +9,17 @@ the fallback backend on devices that have neither the C++ nor the Triton
 kernels, and as the "best pure PyTorch" baseline of
 ``tools/analysis/benchmark_ops.py``.
 
-All three take resolved arguments; zero padding, or with ``reflect``
-numpy-style reflect padding read through reflected indices (the caller
-usually pads explicitly instead, which is faster when the padded map is
-small). fp16/bf16 are computed in fp32.
+All three take a resolved :class:`~mmevo.ops.checks.Window`: zero padding,
+or ``'reflect'``, numpy-style reflect padding read through reflected indices
+(the caller usually pads explicitly instead, which is faster when the padded
+map is small). fp16/bf16 are computed in fp32.
 """
-
-from typing import Optional, Tuple, Union
 
 import torch
 
-_Reader = Union[slice, torch.Tensor]
+from .checks import Window
+
+_Reader = slice | torch.Tensor
 
 
 def reflect_positions(pos: torch.Tensor, size: int) -> torch.Tensor:
@@ -34,7 +34,7 @@ def reflect_positions(pos: torch.Tensor, size: int) -> torch.Tensor:
 
 def _tap(
     size, out_size, stride, offset, reflect, device
-) -> Optional[Tuple[slice, _Reader]]:
+) -> tuple[slice, _Reader] | None:
     """The outputs one window tap reaches along one map dimension, and how
     to read the input under them, or None if it reaches none.
 
@@ -61,29 +61,22 @@ def _read(t, dim, reader):
     return t.index_select(dim, reader)
 
 
-def _taps(K, in_hw, out_hw, stride, padding, dilation, reflect, device):
+def _taps(window, in_hw, out_hw, device):
     """Yield ``(u, v, rows, cols)``: the (output slice, input reader) of
     each dimension, for every window tap that reaches an output."""
+    K, s, d, p = (
+        window.kernel_size,
+        window.stride,
+        window.dilation,
+        window.padding,
+    )
+    reflect = window.padding_mode == 'reflect'
     for u in range(K):
-        rows = _tap(
-            in_hw[0],
-            out_hw[0],
-            stride,
-            u * dilation - padding,
-            reflect,
-            device,
-        )
+        rows = _tap(in_hw[0], out_hw[0], s, u * d - p, reflect, device)
         if rows is None:
             continue
         for v in range(K):
-            cols = _tap(
-                in_hw[1],
-                out_hw[1],
-                stride,
-                v * dilation - padding,
-                reflect,
-                device,
-            )
+            cols = _tap(in_hw[1], out_hw[1], s, v * d - p, reflect, device)
             if cols is not None:
                 yield u, v, rows, cols
 
@@ -97,29 +90,22 @@ def _acc_dtype(t):
 
 
 def aggregate(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    stride: int,
-    padding: int,
-    dilation: int,
-    reflect: bool = False,
+    x: torch.Tensor, w: torch.Tensor, window: Window
 ) -> torch.Tensor:
     """Y = A(x, w): (B, C, H, W), (B, G, K, K, Ho, Wo) -> (B, C, Ho, Wo).
 
     Example:
         >>> x, w = torch.randn(1, 4, 5, 5), torch.randn(1, 2, 3, 3, 5, 5)
-        >>> aggregate(x, w, 1, 1, 1).shape
+        >>> aggregate(x, w, Window(3, padding=1)).shape
         torch.Size([1, 4, 5, 5])
     """
     B, C, H, W = x.shape
-    G, K, _, Ho, Wo = w.shape[1:]
+    G, _, _, Ho, Wo = w.shape[1:]
     acc = _acc_dtype(x)
     x5 = x.to(acc).reshape(B, G, C // G, H, W)
     wa = w.to(acc)
     out = x5.new_zeros(B, G, C // G, Ho, Wo)
-    for u, v, (ro, ri), (co, ci) in _taps(
-        K, (H, W), (Ho, Wo), stride, padding, dilation, reflect, x.device
-    ):
+    for u, v, (ro, ri), (co, ci) in _taps(window, (H, W), (Ho, Wo), x.device):
         win = _read(_read(x5, 3, ri), 4, ci)
         out[..., ro, co].addcmul_(win, wa[:, :, u, v, ro, co].unsqueeze(2))
     return out.view(B, C, Ho, Wo).to(x.dtype)
@@ -128,29 +114,25 @@ def aggregate(
 def aggregate_transpose(
     gy: torch.Tensor,
     w: torch.Tensor,
-    in_hw: Tuple[int, int],
-    stride: int,
-    padding: int,
-    dilation: int,
-    reflect: bool = False,
+    in_hw: tuple[int, int],
+    window: Window,
 ) -> torch.Tensor:
     """grad_x = At(gy, w): the transpose of :func:`aggregate` in ``x``.
 
     Example:
         >>> gy, w = torch.randn(1, 4, 3, 3), torch.randn(1, 2, 3, 3, 3, 3)
-        >>> aggregate_transpose(gy, w, (5, 5), 2, 1, 1).shape
+        >>> aggregate_transpose(gy, w, (5, 5), Window(3, 2, 1)).shape
         torch.Size([1, 4, 5, 5])
     """
     B, C, Ho, Wo = gy.shape
-    G, K = w.shape[1:3]
+    G = w.shape[1]
     H, W = in_hw
+    reflect = window.padding_mode == 'reflect'
     acc = _acc_dtype(gy)
     g = gy.to(acc).reshape(B, G, C // G, Ho, Wo)
     wa = w.to(acc)
     gx = g.new_zeros(B, G, C // G, H, W)
-    for u, v, (ro, ri), (co, ci) in _taps(
-        K, (H, W), (Ho, Wo), stride, padding, dilation, reflect, gy.device
-    ):
+    for u, v, (ro, ri), (co, ci) in _taps(window, (H, W), (Ho, Wo), gy.device):
         part = g[..., ro, co] * wa[:, :, u, v, ro, co].unsqueeze(2)
         if not reflect:
             gx[..., ri, ci].add_(part)
@@ -182,12 +164,8 @@ def correlate(
     q: torch.Tensor,
     x: torch.Tensor,
     groups: int,
-    kernel_size: int,
-    stride: int,
-    padding: int,
-    dilation: int,
+    window: Window,
     softmax: bool = False,
-    reflect: bool = False,
 ) -> torch.Tensor:
     """out = Corr(q, x): (B, C, Ho, Wo), (B, C, H, W) -> (B, G, K, K, Ho, Wo).
 
@@ -196,19 +174,17 @@ def correlate(
 
     Example:
         >>> q, x = torch.randn(1, 4, 5, 5), torch.randn(1, 4, 5, 5)
-        >>> correlate(q, x, 2, 3, 1, 1, 1).shape
+        >>> correlate(q, x, 2, Window(3, padding=1)).shape
         torch.Size([1, 2, 3, 3, 5, 5])
     """
     B, C, Ho, Wo = q.shape
     H, W = x.shape[-2:]
-    K = kernel_size
+    K = window.kernel_size
     acc = _acc_dtype(q)
     x5 = x.to(acc).reshape(B, groups, C // groups, H, W)
     q5 = q.to(acc).reshape(B, groups, C // groups, Ho, Wo)
     out = q5.new_zeros(B, groups, K, K, Ho, Wo)
-    for u, v, (ro, ri), (co, ci) in _taps(
-        K, (H, W), (Ho, Wo), stride, padding, dilation, reflect, q.device
-    ):
+    for u, v, (ro, ri), (co, ci) in _taps(window, (H, W), (Ho, Wo), q.device):
         win = _read(_read(x5, 3, ri), 4, ci)
         out[:, :, u, v, ro, co] = (q5[..., ro, co] * win).sum(2)
     if softmax:

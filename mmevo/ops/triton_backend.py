@@ -34,7 +34,7 @@ def fixed_config(index):
     Example:
         >>> x, w = torch.randn(1, 4, 5, 5), torch.randn(1, 1, 3, 3, 5, 5)
         >>> with fixed_config(0):  # CUDA tensors, or TRITON_INTERPRET=1
-        ...     y = aggregate(x, w, 1, 1, 1)
+        ...     y = aggregate(x, w, Window(3, padding=1))
     """
     if isinstance(index, bool) or not isinstance(index, int):
         raise TypeError(f'index must be an int, got {index!r}')
@@ -47,25 +47,22 @@ def fixed_config(index):
         _fixed['index'] = saved
 
 
-def launch_args(
-    a,
-    groups,
-    kernel_size,
-    in_hw,
-    out_hw,
-    stride,
-    padding,
-    dilation,
-    transpose=False,
-):
+def launch_args(a, groups, window, in_hw, out_hw, transpose=False):
     """The scalar arguments of a kernel launch after its three tensors, and
-    its constexprs but the config's; shared with :mod:`.triton_aot`.
+    its constexprs but the config's; shared with the AOT harness
+    (``tools/analysis/kernels``).
 
     Traced with a symbolic map width (a dynamic-size export), the column
     block is the example's: a constexpr is fixed when the kernel compiles,
     and the kernel is correct for every width (it masks and splits
     columns), only tuned for the example's.
     """
+    K, s, p, d = (
+        window.kernel_size,
+        window.stride,
+        window.padding,
+        window.dilation,
+    )
     width = optimization_hint(in_hw[1] if transpose else out_hw[1])
     scalars = (
         a.shape[1],
@@ -74,11 +71,11 @@ def launch_args(
         groups,
         out_hw[0],
         out_hw[1],
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        strip_rows(kernel_size, stride, dilation, transpose),
+        K,
+        s,
+        p,
+        d,
+        strip_rows(K, s, d, transpose),
         _fixed['index'],
     )
     return scalars, dict(
@@ -98,31 +95,9 @@ def num_programs(batch, groups, map_hw, rows, bw, block_p):
     )
 
 
-def _launch(
-    kernel,
-    a,
-    b,
-    out,
-    groups,
-    kernel_size,
-    in_hw,
-    out_hw,
-    stride,
-    padding,
-    dilation,
-):
+def _launch(kernel, a, b, out, groups, window, in_hw, out_hw):
     transpose = kernel is KERNELS['aggregate_transpose']
-    scalars, consts = launch_args(
-        a,
-        groups,
-        kernel_size,
-        in_hw,
-        out_hw,
-        stride,
-        padding,
-        dilation,
-        transpose,
-    )
+    scalars, consts = launch_args(a, groups, window, in_hw, out_hw, transpose)
     map_hw = in_hw if transpose else out_hw
 
     def grid(meta):
@@ -148,33 +123,22 @@ def launcher(kernel, a):
     return wrap_triton(kernel) if is_fake(a) else kernel
 
 
-def aggregate(x, w, stride, padding, dilation):
-    """Y = A(x, w), see :func:`mmevo.ops.torch_backend.aggregate`."""
+def aggregate(x, w, window):
+    """Y = A(x, w), see :func:`mmevo.ops.torch_backend.aggregate` (zero
+    padding)."""
     x, w = x.contiguous(), w.contiguous()
     B, C, H, W = x.shape
-    G, K, _, Ho, Wo = w.shape[1:]
+    G, _, _, Ho, Wo = w.shape[1:]
     y = x.new_empty(B, C, Ho, Wo)
-    return _launch(
-        KERNELS['aggregate'],
-        x,
-        w,
-        y,
-        G,
-        K,
-        (H, W),
-        (Ho, Wo),
-        stride,
-        padding,
-        dilation,
-    )
+    return _launch(KERNELS['aggregate'], x, w, y, G, window, (H, W), (Ho, Wo))
 
 
-def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
+def aggregate_transpose(gy, w, in_hw, window):
     """grad_x = At(gy, w), see
     :func:`mmevo.ops.torch_backend.aggregate_transpose`."""
     gy, w = gy.contiguous(), w.contiguous()
     B, C, Ho, Wo = gy.shape
-    G, K = w.shape[1:3]
+    G = w.shape[1]
     gx = gy.new_empty(B, C, *in_hw)
     return _launch(
         KERNELS['aggregate_transpose'],
@@ -182,33 +146,23 @@ def aggregate_transpose(gy, w, in_hw, stride, padding, dilation):
         w,
         gx,
         G,
-        K,
+        window,
         tuple(in_hw),
         (Ho, Wo),
-        stride,
-        padding,
-        dilation,
     )
 
 
-def correlate(
-    q, x, groups, kernel_size, stride, padding, dilation, softmax=False
-):
+def correlate(q, x, groups, window, softmax=False):
     """out = Corr(q, x), see :func:`mmevo.ops.torch_backend.correlate`; the
     softmax (if asked) runs after the kernel, in fp32 at least."""
     q, x = q.contiguous(), x.contiguous()
-    B, C, Ho, Wo = q.shape
+    B, _C, Ho, Wo = q.shape
+    K = window.kernel_size
     # Logits for the softmax stay in fp32: rounded to bf16 (fp16), a logit
     # of 8 is off by up to 0.03 (0.004), and so is its weight, relatively.
     acc = torch.promote_types(q.dtype, torch.float32)
     out = q.new_empty(
-        B,
-        groups,
-        kernel_size,
-        kernel_size,
-        Ho,
-        Wo,
-        dtype=acc if softmax else q.dtype,
+        B, groups, K, K, Ho, Wo, dtype=acc if softmax else q.dtype
     )
     out = _launch(
         KERNELS['correlate'],
@@ -216,12 +170,9 @@ def correlate(
         x,
         out,
         groups,
-        kernel_size,
+        window,
         tuple(x.shape[-2:]),
         (Ho, Wo),
-        stride,
-        padding,
-        dilation,
     )
     if not softmax:
         return out

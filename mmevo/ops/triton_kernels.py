@@ -7,7 +7,7 @@ channel of one group (in ``BLOCK_C`` chunks) over a strip of ``rows`` map rows
 and up to ``BLOCK_W`` columns, swept in tiles of ``BLOCK_P`` positions; each
 operand element a program needs is then fetched from DRAM about once, the
 K*K taps and the halo rows coming from cache (the model and its check:
-:mod:`mmevo.ops.triton_traffic`):
+``tools/analysis/kernels/traffic.py``):
 
 * ``aggregate``: Y = A(X, W) over a strip of output positions, looping over
   the taps; the kernel row of a tile is loaded for all its channels;

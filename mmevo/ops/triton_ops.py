@@ -7,7 +7,8 @@ packages that run on CUDA without Python: ``mmevo::triton_aggregate``,
 A ``torch.ops.mmevo.*`` op is opaque to Inductor, and its CUDA kernel is
 registered from Python: a package calling it runs from Python only. The
 body of a ``triton_op`` is visible to Inductor instead. Each one is the
-library's own Python path on the Triton backend (reflect padding made
+operator's own Python path (:data:`mmevo.ops.dispatch.PATHS`) on the Triton
+backend (reflect padding made
 explicit, empty batches answered, the softmax after the kernel), whose
 launches of :mod:`mmevo.ops.triton_kernels` are recorded as graph nodes
 when traced (:func:`mmevo.ops.triton_backend.launcher`). AOTInductor then
@@ -30,7 +31,7 @@ import functools
 
 import torch
 
-from . import backends, checks, library
+from . import backends, dispatch, library
 
 
 def _define(name, schema, check, fn):
@@ -49,23 +50,18 @@ def _define(name, schema, check, fn):
     return getattr(torch.ops.mmevo, name).default
 
 
-_aggregate = _define(
-    'triton_aggregate',
-    library.SCHEMAS['evolution_aggregate'],
-    checks.check_aggregate,
-    library._aggregate_python,
-)
-_correlation = _define(
-    'triton_correlation',
-    library.SCHEMAS['local_correlation'],
-    checks.check_correlation,
-    library._correlation_python(False),
-)
-_attention_weights = _define(
-    'triton_attention_weights',
-    library.SCHEMAS['local_attention_weights'],
-    checks.check_correlation,
-    library._correlation_python(True),
+_aggregate, _correlation, _attention_weights = (
+    _define(
+        name,
+        library.SCHEMAS[op],
+        dispatch.CHECKS[op],
+        dispatch.PATHS[op],
+    )
+    for name, op in (
+        ('triton_aggregate', 'evolution_aggregate'),
+        ('triton_correlation', 'local_correlation'),
+        ('triton_attention_weights', 'local_attention_weights'),
+    )
 )
 
 #: ``run_decompositions`` table: the library's ops to their Triton ops

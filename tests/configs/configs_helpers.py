@@ -33,7 +33,7 @@ def all_configs(classification=False):
     return paths
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_cached(rel_path):
     return Config.fromfile(str(ROOT / rel_path))
 

@@ -252,7 +252,7 @@ def test_coco_recipe(name):
             [0.033, 0.033, 0.067, 0.067],
         ]
         assert len(roi.bbox_head) == 3
-        for head, std in zip(roi.bbox_head, stds):
+        for head, std in zip(roi.bbox_head, stds, strict=True):
             assert head.type == 'ConvFCBBoxHead'
             assert (head.num_shared_convs, head.num_shared_fcs) == (4, 1)
             assert head.norm_cfg.type == 'SyncBN'

@@ -216,7 +216,7 @@ from torch._functorch.aot_autograd import aot_export_module
 from mmevo.deploy import TensorOutputs
 from mmevo.deploy.aoti import export_program
 from mmevo.layers import Involution, LocalSelfAttention, ACmix
-from mmevo.ops import triton_aot
+from tools.analysis.kernels import aot as triton_aot
 logging.disable(logging.WARNING)
 torch.manual_seed(0)
 model = TensorOutputs(torch.nn.Sequential(

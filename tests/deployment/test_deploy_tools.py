@@ -178,8 +178,9 @@ def test_export_then_evaluate_matches_pytorch(setup, det_reference):
 def test_missing_file_is_one_line(tool, setup, capsys):
     tmp, cfg, ckpt, _ = setup
     nowhere = str(tmp / 'nowhere')
+    out = str(tmp / ('x.pt2' if tool == 'pytorch2aoti' else 'x.onnx'))
     argv = (
-        [cfg, nowhere, '--out', str(tmp / 'x.out')]
+        [cfg, nowhere, '--out', out]
         if tool.startswith('pytorch2')
         else [cfg, nowhere]
     )

@@ -1,5 +1,6 @@
-"""The ONNX formulation of the evolution ops (mmevo/ops/export.py): equal to
-the float64 reference, and exported with H and W dynamic by both exporters."""
+"""The ONNX formulation of the evolution ops (mmevo/ops/decompositions.py):
+equal to the float64 reference, and exported with H and W dynamic by both
+exporters."""
 
 import itertools
 
@@ -8,12 +9,13 @@ import torch
 
 from mmevo.deploy import OnnxModel, export_onnx
 from mmevo.ops import (
+    decompositions,
     evolution_aggregate,
-    export,
     local_attention_weights,
     local_correlation,
     output_size,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import (
     aggregate_reference,
     attention_weights_reference,
@@ -45,16 +47,18 @@ def test_equal_to_reference(geometry, mode):
     w = torch.randn(2, 3, K, K, Ho, Wo, dtype=torch.float64)
     q = torch.randn(2, 6, Ho, Wo, dtype=torch.float64)
     torch.testing.assert_close(
-        export.aggregate(x, w, s, p, d, mode),
-        aggregate_reference(x, w, s, p, d, mode),
+        decompositions.aggregate(x, w, Window(K, s, p, d, mode)),
+        aggregate_reference(x, w, Window(K, s, p, d, mode)),
     )
     for softmax, ref in (
         (False, correlation_reference),
         (True, attention_weights_reference),
     ):
         torch.testing.assert_close(
-            export.correlation(q, x, 3, K, s, p, d, mode, softmax),
-            ref(q, x, 3, K, s, p, d, mode),
+            decompositions.correlation(
+                q, x, 3, Window(K, s, p, d, mode), softmax
+            ),
+            ref(q, x, 3, Window(K, s, p, d, mode)),
         )
 
 

@@ -99,7 +99,7 @@ def test_equals_published(
     ).double()
     x = torch.randn(2, in_planes, *size, dtype=torch.float64)
     out = layer(x)
-    assert out.shape == (2, out_planes) + tuple(-(-n // stride) for n in size)
+    assert out.shape == (2, out_planes, *tuple(-(-n // stride) for n in size))
     torch.testing.assert_close(out, published_acmix(layer, x))
 
 
@@ -116,13 +116,13 @@ def test_gradients_equal_published(stride, size):
     weight = torch.randn(
         2, 12, *(-(-n // stride) for n in size), dtype=torch.float64
     )
-    inputs = [x] + list(layer.parameters())
+    inputs = [x, *list(layer.parameters())]
     ours = torch.autograd.grad((layer(x) * weight).sum(), inputs)
     theirs = torch.autograd.grad(
         (published_acmix(layer, x) * weight).sum(), inputs
     )
     names = ['x'] + [name for name, _ in layer.named_parameters()]
-    for name, a, b in zip(names, ours, theirs):
+    for name, a, b in zip(names, ours, theirs, strict=True):
         if name == 'conv_p.bias':  # shifts every logit of a window alike:
             torch.testing.assert_close(a, torch.zeros_like(a))  # exactly 0
             continue
@@ -136,12 +136,12 @@ def test_torch_compile_matches_eager():
     torch.manual_seed(0)
     layer = randomised(ACmix(8, 8, 5, 2, 3, 2))
     x = torch.randn(2, 8, 9, 10, requires_grad=True)
-    inputs = [x] + list(layer.parameters())
+    inputs = [x, *list(layer.parameters())]
     outs = []
     for fn in (torch.compile(layer), layer):
         y = fn(x)
-        outs.append([y] + list(torch.autograd.grad(y.square().sum(), inputs)))
-    for a, b in zip(*outs):
+        outs.append([y, *list(torch.autograd.grad(y.square().sum(), inputs))])
+    for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 

@@ -17,7 +17,7 @@ def normalise(t, dim):
 def ddf_reference(layer, x):
     """DDFPack.forward: filter branches, FilterNorm, the DDF op by unfold."""
     K, s, d = layer.kernel_size, layer.stride, layer.dilation
-    B, C, H, W = x.shape
+    B, C, _H, _W = x.shape
     gain = math.sqrt(2) / K  # calculate_gain('relu') / K
     spatial_convs = [
         m for m in layer.spatial_branch if isinstance(m, torch.nn.Conv2d)

@@ -319,6 +319,7 @@ def test_pointwise_equals_conv2d_with_gradients(size, bias):
     for a, r in zip(
         torch.autograd.grad(ours, inputs, g),
         torch.autograd.grad(ref, inputs, g),
+        strict=True,
     ):
         torch.testing.assert_close(a, r)
     assert torch.autograd.gradgradcheck(pointwise, (x, w, b), fast_mode=True)

@@ -61,7 +61,7 @@ def test_odd_sizes_with_stride_two(size):
     x = torch.randn(1, 16, *size, dtype=torch.float64)
     out = layer(x)
     expected_hw = tuple(-(-n // 2) for n in size)  # ceil(n / 2)
-    assert out.shape == (1, 16) + expected_hw
+    assert out.shape == (1, 16, *expected_hw)
     assert layer.generate_kernel(x).shape[-2:] == expected_hw
     torch.testing.assert_close(
         out, published_involution(layer, x, ceil_mode=True)

@@ -87,7 +87,9 @@ def test_gradcheck(name, stride, size):
     names = list(params)
 
     def fn(x, *values):
-        return functional_call(layer, dict(zip(names, values)), (x,))
+        return functional_call(
+            layer, dict(zip(names, values, strict=True)), (x,)
+        )
 
     values = [p.detach().clone().requires_grad_() for p in params.values()]
     assert torch.autograd.gradcheck(fn, (x, *values), fast_mode=True)

@@ -64,14 +64,14 @@ def run(layer, x, backend, autocast=None):
         generator=torch.Generator().manual_seed(3),
         dtype=torch.float64,
     ).to(x.device, out.dtype)
-    grads = torch.autograd.grad(out, [x] + params, gout, allow_unused=True)
+    grads = torch.autograd.grad(out, [x, *params], gout, allow_unused=True)
     # A compiled module prefixes its parameters' names.
     names = ['out', 'grad_input'] + [
         'grad_' + n.removeprefix('_orig_mod.')
         for n, p in layer.named_parameters()
         if p.requires_grad
     ]
-    return dict(zip(names, [out] + list(grads)))
+    return dict(zip(names, [out, *list(grads)], strict=True))
 
 
 def errors(got, ref, norm):

@@ -51,7 +51,7 @@ def test_whole_model_matches_formulas(pad_small_map, size):
         'acmix',
         pad_small_map=pad_small_map,
     )
-    for out, exp in zip(outs, expected):
+    for out, exp in zip(outs, expected, strict=True):
         assert out.shape == exp.shape
         torch.testing.assert_close(out, exp, rtol=1e-10, atol=1e-10)
 
@@ -177,7 +177,7 @@ def test_autocast_runs_in_low_precision(dtype):
         full = model(x)
         with torch.autocast('cpu', dtype=dtype):
             low = model(x)
-    for a, b in zip(low, full):
+    for a, b in zip(low, full, strict=True):
         assert torch.isfinite(a).all()
         assert (a.float() - b).abs().max() / b.abs().max() < 0.05
 
@@ -214,6 +214,6 @@ def test_onnx_export_with_dynamic_hw(tmp_path):
         x = torch.randn(1, 3, *size)
         with torch.no_grad():
             expected = model(x)
-        for out, exp in zip(session(x), expected):
+        for out, exp in zip(session(x), expected, strict=True):
             assert out.shape == exp.shape, size
             assert (out - exp).abs().max() / exp.abs().max() <= 1e-4, size

@@ -146,7 +146,9 @@ def test_forward_matches_published_structure(cls, tiny, stem):
         assert first.conv2.stride == stride
     x = torch.rand(2, 3, 38, 34, dtype=torch.float64)
     with torch.no_grad():
-        for a, b in zip(model(x), _manual_forward(model, x, stem)):
+        for a, b in zip(
+            model(x), _manual_forward(model, x, stem), strict=True
+        ):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 

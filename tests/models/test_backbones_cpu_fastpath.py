@@ -2,11 +2,8 @@
 
 Both backbones (and their blocks) run with ``use_cpu_fastpath`` on and off
 on the same float64 input: outputs and all gradients agree
-(``tests/layers/fastpath_helpers.py``, shared with the layer tests).
+(``tests/fastpath_helpers.py``, shared with the layer tests).
 """
-
-import importlib.util
-import os
 
 import pytest
 import torch
@@ -15,21 +12,7 @@ from torch import nn
 from mmevo.layers import set_cpu_fastpath
 from mmevo.models import ACmixResNet, RedNet
 
-
-def _layer_test_helpers():
-    path = os.path.join(
-        os.path.dirname(os.path.abspath(__file__)),
-        os.pardir,
-        'layers',
-        'fastpath_helpers.py',
-    )
-    spec = importlib.util.spec_from_file_location('fastpath_helpers', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _layer_test_helpers()
+import fastpath_helpers as helpers
 
 TINY_RED = dict(stem_channels=32, base_channels=16)
 TINY_ACMIX = dict(stem_channels=16, base_channels=16)

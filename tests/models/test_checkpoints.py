@@ -6,15 +6,15 @@ files): random tensors of every listed shape.
 """
 
 import json
-import logging
 import os.path as osp
 
 import pytest
 import torch
-from mmengine.logging import MMLogger
 from mmengine.runner.checkpoint import load_state_dict as mm_load_state_dict
 
 from mmevo.models import ACmixResNet, RedNet
+
+from mmlogs import MMLogs
 
 pytestmark = pytest.mark.slow
 
@@ -38,25 +38,6 @@ def synthetic_state_dict(shapes, seed=0):
         else:
             sd[key] = torch.randn(shape, generator=gen) * 0.1
     return sd
-
-
-class LogCapture(logging.Handler):
-    """Collect the messages mmengine's loader logs (missing keys etc.)."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-    def __enter__(self):
-        self.logger = MMLogger.get_current_instance()
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
 
 
 def _mismatch_messages(messages):
@@ -120,7 +101,7 @@ def test_rednet_mmcls_checkpoint_via_init_cfg(tmp_path):
             type='Pretrained', checkpoint=str(ckpt), prefix='backbone.'
         ),
     )
-    with LogCapture() as log:
+    with MMLogs() as log:
         model.init_weights()
     assert not _mismatch_messages(log.messages), log.messages
     assert_loaded(model, sd)
@@ -130,7 +111,7 @@ def test_rednet_mmcls_checkpoint_via_init_cfg(tmp_path):
     x = torch.randn(1, 3, 64, 64)
     model.eval(), plain.eval()
     with torch.no_grad():
-        for a, b in zip(model(x), plain(x)):
+        for a, b in zip(model(x), plain(x), strict=True):
             assert torch.isfinite(a).all()
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -157,7 +138,7 @@ def test_imagenet_checkpoint_into_stem7_warns(tmp_path):
         for k, v in model.state_dict().items()
         if k.startswith('stem.1.conv2.')
     }
-    with LogCapture() as log:
+    with MMLogs() as log:
         model.init_weights()
     text = '\n'.join(log.messages)
     mismatched = {'stem.1.conv2.conv.weight', 'stem.1.conv2.conv.bias'}
@@ -183,7 +164,7 @@ def test_acmix_torchvision_checkpoint(tmp_path, wrapped):
     model = ACmixResNet(
         50, init_cfg=dict(type='Pretrained', checkpoint=str(ckpt))
     )
-    with LogCapture() as log:
+    with MMLogs() as log:
         model.init_weights()
     assert not _mismatch_messages(log.messages), log.messages
     backbone_sd = {k: v for k, v in sd.items() if not k.startswith('fc.')}
@@ -200,7 +181,7 @@ def test_acmix_torchvision_checkpoint(tmp_path, wrapped):
     x = torch.randn(1, 3, 32, 32)
     model.eval(), plain.eval()
     with torch.no_grad():
-        for a, b in zip(model(x), plain(x)):
+        for a, b in zip(model(x), plain(x), strict=True):
             assert torch.isfinite(a).all()
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -209,7 +190,7 @@ def test_acmix_only_drops_fc():
     """A key the backbone really lacks is still reported."""
     sd = ACmixResNet(26, stem_channels=16, base_channels=16).state_dict()
     sd['layer9.weight'] = torch.zeros(1)
-    with pytest.raises(RuntimeError, match='layer9.weight'):
+    with pytest.raises(RuntimeError, match=r'layer9\.weight'):
         ACmixResNet(26, stem_channels=16, base_channels=16).load_state_dict(
             sd, strict=True
         )

@@ -58,7 +58,7 @@ def test_whole_model_matches_formulas(pad_small_map, size):
         'elsa',
         pad_small_map=pad_small_map,
     )
-    for out, exp in zip(outs, expected):
+    for out, exp in zip(outs, expected, strict=True):
         assert out.shape == exp.shape
         torch.testing.assert_close(out, exp, rtol=1e-10, atol=1e-10)
 
@@ -122,12 +122,12 @@ def test_gradients_match_formulas():
     model = model.double()
     x = torch.randn(1, 3, 23, 29, dtype=torch.float64, requires_grad=True)
     w = [torch.randn_like(o) for o in model(x)]
-    sum((o * wi).sum() for o, wi in zip(model(x), w)).backward()
+    sum((o * wi).sum() for o, wi in zip(model(x), w, strict=True)).backward()
     x_ref = x.detach().clone().requires_grad_()
     outs = ref.swin_model(
         x_ref, p, TINY['depths'], TINY['num_heads'], 'elsa', pad_small_map=True
     )
-    sum((o * wi).sum() for o, wi in zip(outs, w)).backward()
+    sum((o * wi).sum() for o, wi in zip(outs, w, strict=True)).backward()
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-9, atol=1e-12)
     for name, param in model.named_parameters():
         torch.testing.assert_close(
@@ -274,7 +274,7 @@ def test_with_cp_gives_the_same_values_and_gradients():
     for model in (plain, cp):
         sum(o.sum() for o in model(x)).backward()
         grads.append([p.grad for p in model.parameters()])
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -301,7 +301,7 @@ def test_autocast_runs_in_low_precision(dtype):
         full = model(x)
         with torch.autocast('cpu', dtype=dtype):
             low = model(x)
-    for a, b in zip(low, full):
+    for a, b in zip(low, full, strict=True):
         assert torch.isfinite(a).all()
         err = (a.float() - b).abs().max() / b.abs().max()
         assert err < 0.05, err
@@ -346,7 +346,7 @@ def test_elsa_path_stays_in_low_precision(dtype, how):
         else:
             low = model.to(dtype)(x.to(dtype))
     assert set(seen) == {(dtype, dtype)}
-    for a, b in zip(low, full):
+    for a, b in zip(low, full, strict=True):
         assert a.dtype == dtype
         assert (a.float() - b).abs().max() / b.abs().max() < 0.05
 
@@ -361,7 +361,7 @@ def onnx_parity(model, path, sizes):
             expected = model(x)
         outputs = session(x)
         assert len(outputs) == len(expected)
-        for out, exp in zip(outputs, expected):
+        for out, exp in zip(outputs, expected, strict=True):
             assert out.shape == exp.shape, size
             err = (out - exp).abs().max() / exp.abs().max()
             assert err <= 1e-4, (size, float(err))

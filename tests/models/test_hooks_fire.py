@@ -6,12 +6,10 @@ forward pre-hooks and forward hooks on every submodule, and full backward
 hooks on every conv and linear layer, count their calls, with the fast
 paths on (the default) and off: the counts per submodule are equal, and so
 are the outputs. Without hooks the fast
-paths still run (``tests/layers/fastpath_helpers.py`` counts the convs).
+paths still run (``tests/fastpath_helpers.py`` counts the convs).
 """
 
 import collections
-import importlib.util
-import os
 
 import pytest
 import torch
@@ -34,21 +32,7 @@ from mmevo.models import (
     RedNet,
 )
 
-
-def _helpers():
-    path = os.path.join(
-        os.path.dirname(os.path.abspath(__file__)),
-        os.pardir,
-        'layers',
-        'fastpath_helpers.py',
-    )
-    spec = importlib.util.spec_from_file_location('fastpath_helpers', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _helpers()
+import fastpath_helpers as helpers
 
 SWIN = dict(
     embed_dims=16,
@@ -143,7 +127,7 @@ def test_every_hook_fires_as_on_the_stock_path(name):
     assert called >= {
         n for n, m in model.named_modules() if isinstance(m, layers)
     }
-    for a, b in zip(fast_outs, stock_outs):
+    for a, b in zip(fast_outs, stock_outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
@@ -168,7 +152,7 @@ def test_one_hook_deep_inside_fires_and_the_rest_stays_fast():
     helpers.uncount_conv_calls(model)
     assert len(seen) == 2 and seen[0] == seen[1]
     assert fast_calls < len(calls)
-    for a, b in zip(out, ref):
+    for a, b in zip(out, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -181,7 +165,7 @@ def test_a_global_module_hook_sees_every_call():
     for fast in (True, False):
         seen = collections.Counter()
         handle = nn.modules.module.register_module_forward_hook(
-            lambda m, i, o: seen.update([id(m)])
+            lambda m, i, o, seen=seen: seen.update([id(m)])
         )
         try:
             with torch.no_grad():

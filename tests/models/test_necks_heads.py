@@ -178,7 +178,7 @@ def _batch(with_mask, h=64, w=96):
         torch.tensor([[8.0, 6.0, 50.0, 40.0], [40.0, 20.0, 90.0, 60.0]]),
         torch.tensor([[20.0, 10.0, 70.0, 55.0]]),
     ]
-    for i, b in enumerate(boxes):
+    for b in boxes:
         inputs.append(
             torch.randint(0, 256, (3, h, w), generator=gen, dtype=torch.uint8)
         )

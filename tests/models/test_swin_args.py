@@ -62,7 +62,7 @@ def test_every_published_keyword_keeps_its_default(cls):
     a = cls(**explicit)
     torch.manual_seed(1)
     b = cls(**NARROW)
-    for x, y in zip(outputs(a), outputs(b)):
+    for x, y in zip(outputs(a), outputs(b), strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
@@ -73,7 +73,7 @@ def test_leading_arguments_by_position_the_rest_by_keyword(cls):
     a = cls(*positional)
     torch.manual_seed(2)
     b = cls(**NARROW)
-    for x, y in zip(outputs(a), outputs(b)):
+    for x, y in zip(outputs(a), outputs(b), strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
     # an 8th positional was elsa_kernel in one class, mlp_ratio in the other
     with pytest.raises(TypeError, match='positional'):

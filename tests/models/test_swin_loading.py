@@ -14,37 +14,20 @@ import logging
 
 import pytest
 import torch
-from mmengine.logging import MMLogger
 from mmengine.model.weight_init import PretrainedInit
 
 from mmevo.models import ACmixSwinTransformer, ELSASwinTransformer, RedNet
 from mmevo.models.backbones.swin_convert import official_to_mmpretrain
 
+from mmlogs import MMLogs
+
 NARROW = dict(embed_dims=16, depths=(1, 2, 1, 2), num_heads=(1, 2, 4, 4))
 WIDTH = 128  # the last stage's
 
 
-class Logs(logging.Handler):
-    """The records mmengine's current logger emits inside the block."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-    def __enter__(self):
-        self.logger = MMLogger.get_current_instance()
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
-
-    def ours(self):
-        """Our fit warnings (mmengine's own mismatch report aside)."""
-        return [r for r in self.records if 'tensors loaded from' in r.msg]
+def ours(logs):
+    """Our fit warnings (mmengine's own mismatch report aside)."""
+    return [r for r in logs.records if 'tensors loaded from' in r.msg]
 
 
 def official_classifier(cls, seed):
@@ -144,9 +127,9 @@ def test_torch_load_state_dict_takes_the_official_file_strictly(files):
 def test_full_fit_loads_everything_without_a_warning(files):
     paths, contents = files
     model = pretrained(ELSASwinTransformer, paths['elsa'], out_indices=(3,))
-    with Logs() as logs:
+    with MMLogs() as logs:
         model.init_weights()
-    assert not logs.ours()
+    assert not ours(logs)
     assert not [r for r in logs.records if r.levelno >= logging.WARNING]
     assert_holds(model, backbone_state(contents['elsa']))
     assert model.is_init
@@ -155,9 +138,9 @@ def test_full_fit_loads_everything_without_a_warning(files):
 def test_detector_checkpoint_with_prefix(files):
     paths, contents = files
     model = pretrained(ELSASwinTransformer, paths['elsa_det'], 'backbone.')
-    with Logs() as logs:
+    with MMLogs() as logs:
         model.init_weights()
-    assert not logs.ours()
+    assert not ours(logs)
     det = contents['elsa_det']['state_dict']
     assert_holds(
         model,
@@ -182,9 +165,9 @@ def test_mmpretrain_checkpoint_needs_its_prefix(files):
         'backbone.',
         out_indices=(3,),
     )
-    with Logs() as logs:
+    with MMLogs() as logs:
         model.init_weights()
-    assert not logs.ours()
+    assert not ours(logs)
     assert_holds(model, backbone_state(contents['elsa']))
 
 
@@ -226,9 +209,9 @@ def test_partial_fit_warns_and_the_rest_gets_the_published_init(files):
     with torch.no_grad():  # not what any init gives
         fc1.fill_(7.0)
         model.norm1.weight.fill_(7.0)
-    with Logs() as logs:
+    with MMLogs() as logs:
         model.init_weights()
-    (warning,) = logs.ours()
+    (warning,) = ours(logs)
     assert warning.levelno == logging.WARNING
     total = len(model.state_dict())
     message = warning.getMessage()

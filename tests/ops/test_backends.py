@@ -18,6 +18,7 @@ from mmevo.ops import (
     triton_backend,
     use_backend,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import aggregate_reference
 
 ROOT = os.path.dirname(
@@ -50,7 +51,7 @@ def test_an_unknown_backend_is_a_value_error():
 
 def test_cpp_without_the_extension_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(cpp_backend, 'available', lambda: False)
-    with pytest.raises(ValueError, match='needs the C.. extension'):
+    with pytest.raises(ValueError, match=r'needs the C\+\+ extension'):
         with use_backend('cpp'):
             pass
 
@@ -73,7 +74,7 @@ def test_a_failing_triton_kernel_falls_back_once_with_one_warning(monkeypatch):
     torch.manual_seed(0)
     x = torch.randn(2, 8, 7, 9, dtype=torch.float64)
     w = torch.randn(2, 2, 3, 3, 7, 9, dtype=torch.float64)
-    expected = aggregate_reference(x, w, 1, 1, 1, 'zeros')
+    expected = aggregate_reference(x, w, Window(3, 1, 1, 1, 'zeros'))
     with pytest.warns(RuntimeWarning) as record:
         y = evolution_aggregate(x, w, padding=1)
     torch.testing.assert_close(y, expected)
@@ -112,3 +113,17 @@ def test_a_forced_triton_backend_raises_its_errors(monkeypatch):
         pytest.raises(RuntimeError, match='launch failed'),
     ):
         evolution_aggregate(x, w, padding=1)
+
+
+def test_a_forced_triton_backend_on_cpu_tensors_is_one_line(monkeypatch):
+    # without the interpreter Triton would fail deep in its launcher
+    monkeypatch.delenv('TRITON_INTERPRET')
+    x = torch.randn(1, 4, 5, 5)
+    w = torch.randn(1, 1, 3, 3, 5, 5)
+    with use_backend('triton'), pytest.raises(ValueError) as info:
+        evolution_aggregate(x, w, padding=1)
+    assert str(info.value) == (
+        "backend 'triton' (MMEVO_OPS_BACKEND or use_backend) runs CUDA "
+        "tensors, got cpu: use 'auto' or 'cpp' for CPU tensors, or set "
+        'TRITON_INTERPRET=1 to interpret the Triton kernels'
+    )

@@ -8,6 +8,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from mmevo.ops import evolution_aggregate, output_size, use_backend
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import aggregate_reference
 
 CL = torch.channels_last
@@ -57,7 +58,9 @@ def test_channels_last_matches_reference(
         y = evolution_aggregate(x, w, s, p, d, padding_mode)
     assert y.is_contiguous(memory_format=CL) and not y.is_contiguous()
     ref = aggregate_reference(
-        x.contiguous(), w.contiguous(), s, p, d, padding_mode
+        x.contiguous(),
+        w.contiguous(),
+        Window(w.shape[2], s, p, d, padding_mode),
     )
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
 
@@ -74,7 +77,9 @@ def test_channels_last_low_precision(dtype, case):
     s = case[6]
     y = evolution_aggregate(x, w, s, p, 1)
     ref = aggregate_reference(
-        x.double().contiguous(), w.double(), s, p, 1, 'zeros'
+        x.double().contiguous(),
+        w.double(),
+        Window(w.shape[2], s, p, 1, 'zeros'),
     )
     tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}[
         dtype

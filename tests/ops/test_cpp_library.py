@@ -27,14 +27,21 @@ ROOT = os.path.dirname(
 SCRIPT = r"""
 import importlib.util
 import json
+import os
 import sys
 
 import torch
 
 torch.ops.load_library(sys.argv[1])
-spec = importlib.util.spec_from_file_location('reference', sys.argv[2])
-ref = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ref)
+def load(name):
+    path = os.path.join(os.path.dirname(sys.argv[2]), name + '.py')
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ref, Window = load('reference'), load('checks').Window
 ops = torch.ops.mmevo
 torch.manual_seed(0)
 checked = 0
@@ -49,16 +56,16 @@ for B, C, G, H, W, K, s, p, d in json.loads(sys.argv[3]):
         window = (s, p, d, mode)
         xr = x.clone().requires_grad_()
         (gx_ref, ) = torch.autograd.grad(
-            ref.aggregate_reference(xr, w, *window), xr, gy)
+            ref.aggregate_reference(xr, w, Window(K, *window)), xr, gy)
         pairs = [
             (ops.evolution_aggregate(x, w, *window),
-             ref.aggregate_reference(x, w, *window)),
+             ref.aggregate_reference(x, w, Window(K, *window))),
             (ops.evolution_aggregate_transpose(gy, w, H, W, *window),
              gx_ref),
             (ops.local_correlation(q, x, G, K, *window),
-             ref.correlation_reference(q, x, G, K, *window)),
+             ref.correlation_reference(q, x, G, Window(K, *window))),
             (ops.local_attention_weights(q, x, G, K, *window),
-             ref.attention_weights_reference(q, x, G, K, *window)),
+             ref.attention_weights_reference(q, x, G, Window(K, *window))),
         ]
         for got, want in pairs:
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)

@@ -19,6 +19,7 @@ from mmevo.ops import (
     local_correlation,
     output_size,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import (
     aggregate_reference,
     attention_weights_reference,
@@ -68,12 +69,13 @@ def value_and_grads(fn, args, grad):
     out = fn(*args)
     grads = torch.autograd.grad(out, args, grad, allow_unused=True)
     return [out] + [
-        torch.zeros_like(a) if g is None else g for a, g in zip(args, grads)
+        torch.zeros_like(a) if g is None else g
+        for a, g in zip(args, grads, strict=True)
     ]
 
 
 def assert_same(got, want):
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
@@ -82,26 +84,28 @@ def assert_same(got, want):
 @pytest.mark.parametrize('mode', ['zeros', 'reflect'])
 @pytest.mark.parametrize('geom', GEOMETRIES)
 def test_empty_matches_reference(backend, mode, geom):
-    B, C, G, H, W, K, s, p, d = geom
+    B, C, G, _H, _W, K, s, p, d = geom
     t = inputs(geom)
     window = (s, p, d, mode)
     # (op, reference, inputs, output gradient)
     cases = [
         (
             lambda x, w: evolution_aggregate(x, w, *window),
-            lambda x, w: aggregate_reference(x, w, *window),
+            lambda x, w: aggregate_reference(x, w, Window(K, *window)),
             (t['x'], t['w']),
             t['gy'],
         ),
         (
             lambda q, x: local_correlation(q, x, G, K, *window),
-            lambda q, x: correlation_reference(q, x, G, K, *window),
+            lambda q, x: correlation_reference(q, x, G, Window(K, *window)),
             (t['q'], t['x']),
             t['go'],
         ),
         (
             lambda q, x: local_attention_weights(q, x, G, K, *window),
-            lambda q, x: attention_weights_reference(q, x, G, K, *window),
+            lambda q, x: attention_weights_reference(
+                q, x, G, Window(K, *window)
+            ),
             (t['q'], t['x']),
             t['go'],
         ),
@@ -121,7 +125,7 @@ def test_empty_matches_reference(backend, mode, geom):
 @pytest.mark.parametrize('geom', GEOMETRIES[:2])
 def test_empty_transpose_and_double_backward(backend, mode, geom):
     """The transpose op (the input gradient), and its own gradients."""
-    B, C, G, H, W, K, s, p, d = geom
+    B, C, _G, H, W, K, s, p, d = geom
     t = inputs(geom)
     window = (s, p, d, mode)
 
@@ -134,7 +138,7 @@ def test_empty_transpose_and_double_backward(backend, mode, geom):
         x = torch.zeros(
             B, C, H, W, dtype=gy.dtype, device=gy.device, requires_grad=True
         )
-        y = aggregate_reference(x, w, *window)
+        y = aggregate_reference(x, w, Window(K, *window))
         return torch.autograd.grad(y, x, gy, create_graph=True)[0]
 
     args, grad = (t['gy'], t['w']), t['x']

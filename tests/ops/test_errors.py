@@ -98,7 +98,7 @@ def test_dtype_mismatch():
 
 
 def test_device_mismatch():
-    x, w = x_w()
+    x, _w = x_w()
     with pytest.raises(
         ValueError,
         match=r'query and key must be on the same device, got '
@@ -453,7 +453,7 @@ def run_raw(
 ):
     tensors = [
         torch.randn(shape).to(dtype).to(device)
-        for shape, dtype, device in zip(shapes, dtypes, devices)
+        for shape, dtype, device in zip(shapes, dtypes, devices, strict=True)
     ]
     return getattr(torch.ops.mmevo, op)(*tensors, *args)
 
@@ -567,7 +567,7 @@ def test_cpp_operators_check_without_python_side():
     *results, modules = json.loads(run.stdout.strip().splitlines()[-1])
     assert modules == []
     for (op, _, _, error, message), (got_error, got) in zip(
-        RAW_CASES, results
+        RAW_CASES, results, strict=True
     ):
         assert got_error == error, (op, got_error, got)
         assert re.search(message, got), (op, message, got)

@@ -22,6 +22,7 @@ from mmevo.ops import (
     local_correlation,
     output_size,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import (
     aggregate_reference,
     attention_weights_reference,
@@ -119,13 +120,13 @@ def test_matches_reference(backend, seed):
         a.backward(go)
 
     xr, wr = leaf(x), leaf(w)
-    y_ref = aggregate_reference(xr, wr, s, pad, d, mode)
+    y_ref = aggregate_reference(xr, wr, Window(K, s, pad, d, mode))
     y_ref.backward(gy)
     xq, qq = leaf(x), leaf(q)
-    o_ref = correlation_reference(qq, xq, G, K, s, pad, d, mode)
+    o_ref = correlation_reference(qq, xq, G, Window(K, s, pad, d, mode))
     o_ref.backward(go)
     xt, qt = leaf(x), leaf(q)
-    a_ref = attention_weights_reference(qt, xt, G, K, s, pad, d, mode)
+    a_ref = attention_weights_reference(qt, xt, G, Window(K, s, pad, d, mode))
     a_ref.backward(go)
 
     tol = dict(rtol=1e-10, atol=1e-10)
@@ -166,27 +167,31 @@ def test_wide_maps_match_reference(geom, mode):
     gy = torch.randn(B, C, Ho, Wo, generator=gen, dtype=torch.float64)
     go = torch.randn(B, G, K, K, Ho, Wo, generator=gen, dtype=torch.float64)
     outs = []
-    for fn_a, fn_c, fn_s, padding in (
-        (evolution_aggregate, local_correlation, local_attention_weights, p),
+    window = Window(K, s, pad, d, mode)
+    for fn_a, fn_c, fn_s in (
         (
-            aggregate_reference,
-            correlation_reference,
-            attention_weights_reference,
-            pad,
+            lambda x, w: evolution_aggregate(x, w, s, p, d, mode),
+            lambda q, x: local_correlation(q, x, G, K, s, p, d, mode),
+            lambda q, x: local_attention_weights(q, x, G, K, s, p, d, mode),
+        ),
+        (
+            lambda x, w: aggregate_reference(x, w, window),
+            lambda q, x: correlation_reference(q, x, G, window),
+            lambda q, x: attention_weights_reference(q, x, G, window),
         ),
     ):
         xa, wa, qa, xc, qs, xs = (leaf(t) for t in (x, w, q, x, q, x))
         with library.use_backend('cpp'):
-            y = fn_a(xa, wa, s, padding, d, mode)
-            o = fn_c(qa, xc, G, K, s, padding, d, mode)
-            a = fn_s(qs, xs, G, K, s, padding, d, mode)
+            y = fn_a(xa, wa)
+            o = fn_c(qa, xc)
+            a = fn_s(qs, xs)
         (y * gy).sum().backward()
         (o * go).sum().backward()
         (a * go).sum().backward()
         outs.append(
             (y, o, a, xa.grad, wa.grad, qa.grad, xc.grad, qs.grad, xs.grad)
         )
-    for got, want in zip(*outs):
+    for got, want in zip(*outs, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
@@ -291,10 +296,10 @@ def test_reduced_precision(dtype, mode):
             q.to(dtype) / 8, x.to(dtype), 2, 7, 2, None, 1, mode
         )
     xr, wr = leaf(x), leaf(w)
-    y_ref = aggregate_reference(xr, wr, 2, 3, 1, mode)
+    y_ref = aggregate_reference(xr, wr, Window(7, 2, 3, 1, mode))
     y_ref.backward(gy)
-    o_ref = correlation_reference(q, x, 2, 7, 2, 3, 1, mode)
-    a_ref = attention_weights_reference(q / 8, x, 2, 7, 2, 3, 1, mode)
+    o_ref = correlation_reference(q, x, 2, Window(7, 2, 3, 1, mode))
+    a_ref = attention_weights_reference(q / 8, x, 2, Window(7, 2, 3, 1, mode))
     assert a.dtype == dtype
     assert (a.float() - a_ref).abs().max() < (
         2e-2 if dtype == torch.bfloat16 else 3e-3
@@ -330,7 +335,9 @@ def test_autocast_mixed_dtypes():
     assert y.dtype == o.dtype == torch.bfloat16
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.bfloat16
-    ref = aggregate_reference(x.double(), w.double(), 1, 1, 1, 'zeros')
+    ref = aggregate_reference(
+        x.double(), w.double(), Window(w.shape[2], 1, 1, 1, 'zeros')
+    )
     assert (y.double() - ref).abs().max() < 2e-2 * ref.abs().max()
 
 
@@ -358,9 +365,11 @@ def test_reflect_is_reflection_pad(size, padding):
     with library.use_backend('cpp'):
         y = evolution_aggregate(x, w, 1, padding, 1, 'reflect')
         o = local_correlation(q, x, 2, K, 1, padding, 1, 'reflect')
-    torch.testing.assert_close(y, aggregate_reference(xp, w, 1, 0, 1, 'zeros'))
     torch.testing.assert_close(
-        o, correlation_reference(q, xp, 2, K, 1, 0, 1, 'zeros')
+        y, aggregate_reference(xp, w, Window(K, 1, 0, 1, 'zeros'))
+    )
+    torch.testing.assert_close(
+        o, correlation_reference(q, xp, 2, Window(K, 1, 0, 1, 'zeros'))
     )
 
 
@@ -382,7 +391,7 @@ def test_backends_agree_bitwise_across_threads():
             results.append((y, xl.grad, wl.grad))
     finally:
         torch.set_num_threads(threads)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
 
 
@@ -407,7 +416,7 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(out, ref)
     out.sum().backward()
     ref.sum().backward()
-    for ta, tb in zip(a, b):
+    for ta, tb in zip(a, b, strict=True):
         torch.testing.assert_close(ta.grad, tb.grad)
 
 
@@ -434,7 +443,7 @@ def test_ops_are_registered():
     w = torch.randn(1, 2, 3, 3, 5, 5)
     torch.testing.assert_close(
         torch.ops.mmevo.evolution_aggregate(x, w, 1, 1, 1, 'zeros'),
-        aggregate_reference(x, w, 1, 1, 1, 'zeros'),
+        aggregate_reference(x, w, Window(3, 1, 1, 1, 'zeros')),
     )
 
 

@@ -65,7 +65,10 @@ def assert_matches_unfused(tensors, window, atol=1e-10):
     y, grads = values_and_grads(fused_involution, tensors, window)
     y_ref, grads_ref = values_and_grads(unfused, tensors, window)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=atol)
-    for name, g, g_ref in zip(('x', 'z', 'S', 'b'), grads, grads_ref):
+    # no bias: three gradients, the names' first three
+    for name, g, g_ref in zip(
+        ('x', 'z', 'S', 'b'), grads, grads_ref, strict=False
+    ):
         scale = max(1.0, float(g_ref.abs().max()))
         torch.testing.assert_close(
             g, g_ref, rtol=1e-10, atol=atol * scale, msg=name
@@ -179,7 +182,7 @@ def test_low_precision_against_float64(dtype, tol):
     assert y.dtype == dtype and all(g.dtype == dtype for g in grads)
     scale = float(y64.abs().max())
     torch.testing.assert_close(y.double(), y64, rtol=tol, atol=tol * scale)
-    for g, ref in zip(grads, g64):
+    for g, ref in zip(grads, g64, strict=True):
         torch.testing.assert_close(
             g.double(), ref, rtol=tol, atol=tol * float(ref.abs().max())
         )
@@ -257,7 +260,13 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize('change, error, message', BAD, ids=str)
+@pytest.mark.parametrize(
+    'change, error, message',
+    BAD,
+    # by argument and message: the tensors' values would differ between
+    # pytest-xdist's workers
+    ids=[f'{next(iter(change))}: {message}' for change, _, message in BAD],
+)
 def test_bad_input(change, error, message):
     with pytest.raises(error, match=message):
         fused_involution(**_args(**change))

@@ -21,6 +21,7 @@ import torch
 from mmevo.ops import (cpp_backend, evolution_aggregate,
                        local_attention_weights, local_correlation,
                        output_size)
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import (aggregate_reference,
                                  attention_weights_reference,
                                  correlation_reference)
@@ -37,14 +38,19 @@ for B, C, G, K, H, W, s, d in [(2, 20, 1, 7, 17, 33, 1, 1),
         w = torch.randn(B, G, K, K, Ho, Wo, dtype=dtype, requires_grad=True)
         q = torch.randn(B, C, Ho, Wo, dtype=dtype, requires_grad=True)
         outs = []
+        window = Window(K, s, p, d, 'zeros')
         for agg, corr, attn in (
-                (evolution_aggregate, local_correlation,
-                 local_attention_weights),
-                (aggregate_reference, correlation_reference,
-                 attention_weights_reference)):
-            y = agg(x, w, s, p, d, 'zeros')
-            o = corr(q, x, G, K, s, p, d, 'zeros')
-            a = attn(q, x, G, K, s, p, d, 'zeros')
+                (lambda x, w: evolution_aggregate(x, w, s, p, d, 'zeros'),
+                 lambda q, x: local_correlation(q, x, G, K, s, p, d,
+                                                'zeros'),
+                 lambda q, x: local_attention_weights(q, x, G, K, s, p, d,
+                                                      'zeros')),
+                (lambda x, w: aggregate_reference(x, w, window),
+                 lambda q, x: correlation_reference(q, x, G, window),
+                 lambda q, x: attention_weights_reference(q, x, G, window))):
+            y = agg(x, w)
+            o = corr(q, x)
+            a = attn(q, x)
             loss = y.square().sum() + o.square().sum() + a.square().sum()
             grads = torch.autograd.grad(loss, (x, w, q))
             outs.append((y, o, a) + grads)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mmevo.ops import evolution_aggregate, library
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import aggregate_reference
 
 
@@ -77,7 +78,7 @@ def test_backward_runs_on_the_forward_backend(monkeypatch):
     backward.join()
     assert calls == ['backward']
     xr = x.detach().requires_grad_()
-    aggregate_reference(xr, w, 1, 1, 1, 'zeros').sum().backward()
+    aggregate_reference(xr, w, Window(3, 1, 1, 1, 'zeros')).sum().backward()
     torch.testing.assert_close(x.grad, xr.grad)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import aggregate_reference, correlation_reference
 
 K = 3
@@ -42,7 +43,9 @@ def test_aggregate_is_a_one_hot_convolution(u, v, stride, padding, dilation):
     )
     out_hw = [_out_size(n, stride, padding, dilation) for n in x.shape[-2:]]
     kernel = weight.view(1, 1, K, K, 1, 1).expand(1, 1, K, K, *out_hw)
-    out = aggregate_reference(x, kernel, stride, padding, dilation, 'zeros')
+    out = aggregate_reference(
+        x, kernel, Window(K, stride, padding, dilation, 'zeros')
+    )
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
 
 
@@ -54,7 +57,7 @@ def test_correlation_reads_zero_padding(stride, padding, dilation):
     out_hw = [_out_size(n, stride, padding, dilation) for n in key.shape[-2:]]
     query = torch.ones(1, 1, *out_hw, dtype=torch.float64)
     out = correlation_reference(
-        query, key, 1, K, stride, padding, dilation, 'zeros'
+        query, key, 1, Window(K, stride, padding, dilation, 'zeros')
     )
     expected = F.unfold(
         key, K, dilation=dilation, padding=padding, stride=stride

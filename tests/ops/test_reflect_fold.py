@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmevo.ops import evolution_aggregate
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import aggregate_reference
 
 
@@ -29,7 +30,7 @@ def test_reflect_fold_low_precision(dtype, ulp, size):
     )
     x64 = x.detach().double().requires_grad_()
     (ref,) = torch.autograd.grad(
-        aggregate_reference(x64, w.double(), 1, p, d, 'reflect'),
+        aggregate_reference(x64, w.double(), Window(K, 1, p, d, 'reflect')),
         x64,
         gy.double(),
     )

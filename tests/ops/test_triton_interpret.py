@@ -40,6 +40,7 @@ from mmevo.ops import (
     local_correlation,
     output_size,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import (
     aggregate_reference,
     attention_weights_reference,
@@ -78,25 +79,26 @@ def leaf(t):
 def run_primitives(x, w, q, gy, go, geom):
     """Triton forward and the three gradient products, computed directly."""
     _, _, G, H, W, K, s, p, d = geom
+    window = Window(K, s, p, d)
     return dict(
-        y=tk.aggregate(x, w, s, p, d),
-        gx=tk.aggregate_transpose(gy, w, (H, W), s, p, d),
-        gw=tk.correlate(gy, x, G, K, s, p, d),
-        o=tk.correlate(q, x, G, K, s, p, d),
-        gq=tk.aggregate(x, go, s, p, d),
-        gk=tk.aggregate_transpose(q, go, (H, W), s, p, d),
-        a=tk.correlate(q, x, G, K, s, p, d, softmax=True),
+        y=tk.aggregate(x, w, window),
+        gx=tk.aggregate_transpose(gy, w, (H, W), window),
+        gw=tk.correlate(gy, x, G, window),
+        o=tk.correlate(q, x, G, window),
+        gq=tk.aggregate(x, go, window),
+        gk=tk.aggregate_transpose(q, go, (H, W), window),
+        a=tk.correlate(q, x, G, window, softmax=True),
     )
 
 
 def reference_products(x, w, q, gy, go, geom):
     """The same six tensors from the reference formula and autograd."""
-    _, _, G, H, W, K, s, p, d = geom
+    _, _, G, _H, _W, K, s, p, d = geom
     xr, wr = leaf(x), leaf(w)
-    y = aggregate_reference(xr, wr, s, p, d, 'zeros')
+    y = aggregate_reference(xr, wr, Window(K, s, p, d, 'zeros'))
     y.backward(gy)
     qc, xc = leaf(q), leaf(x)
-    o = correlation_reference(qc, xc, G, K, s, p, d, 'zeros')
+    o = correlation_reference(qc, xc, G, Window(K, s, p, d, 'zeros'))
     o.backward(go)
     return dict(
         y=y,
@@ -105,7 +107,7 @@ def reference_products(x, w, q, gy, go, geom):
         o=o,
         gq=qc.grad,
         gk=xc.grad,
-        a=attention_weights_reference(q, x, G, K, s, p, d, 'zeros'),
+        a=attention_weights_reference(q, x, G, Window(K, s, p, d, 'zeros')),
     )
 
 
@@ -170,14 +172,16 @@ def test_triton_through_the_ops(mode):
                 o = local_correlation(qa, xa, 2, 5, 1, None, 1, mode)
                 a = local_attention_weights(qa, xa, 2, 5, 1, None, 1, mode)
             else:
-                y = aggregate_reference(xa, wa, 1, 2, 1, mode)
-                o = correlation_reference(qa, xa, 2, 5, 1, 2, 1, mode)
-                a = attention_weights_reference(qa, xa, 2, 5, 1, 2, 1, mode)
+                y = aggregate_reference(xa, wa, Window(5, 1, 2, 1, mode))
+                o = correlation_reference(qa, xa, 2, Window(5, 1, 2, 1, mode))
+                a = attention_weights_reference(
+                    qa, xa, 2, Window(5, 1, 2, 1, mode)
+                )
             # Inside the block: the backward runs the ops (on this backend)
             # too.
             (y * gy).sum().add(o.square().sum()).add(
                 a.square().sum()
             ).backward()
         results.append([y, o, a, xa.grad, wa.grad, qa.grad])
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)

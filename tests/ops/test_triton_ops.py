@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mmevo.ops import output_size, triton_ops  # noqa: F401 (defines them)
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import (
     aggregate_reference,
     attention_weights_reference,
@@ -47,15 +48,15 @@ def test_triton_ops_match_reference(geom):
     window = (s, p, d, mode)
     torch.testing.assert_close(
         OPS.triton_aggregate(x, w, *window),
-        aggregate_reference(x, w, *window),
+        aggregate_reference(x, w, Window(K, *window)),
     )
     torch.testing.assert_close(
         OPS.triton_correlation(q, x, G, K, *window),
-        correlation_reference(q, x, G, K, *window),
+        correlation_reference(q, x, G, Window(K, *window)),
     )
     torch.testing.assert_close(
         OPS.triton_attention_weights(q, x, G, K, *window),
-        attention_weights_reference(q, x, G, K, *window),
+        attention_weights_reference(q, x, G, Window(K, *window)),
     )
 
 

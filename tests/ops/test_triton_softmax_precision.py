@@ -21,6 +21,7 @@ SCRIPT = """
 import torch
 from mmevo.ops import local_attention_weights
 from mmevo.ops.library import use_backend
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import attention_weights_reference
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 gen = torch.Generator().manual_seed(0)
@@ -29,8 +30,8 @@ q, k = (torch.randn(1, 64, 6, 5, generator=gen).bfloat16().to(device)
         for _ in range(2))
 with use_backend('triton'):
     got = local_attention_weights(q, k, 1, 3)
-ref = attention_weights_reference(q.double(), k.double(), 1, 3, 1, 1, 1,
-                                  'zeros')
+window = Window(3, 1, 1, 1, 'zeros')
+ref = attention_weights_reference(q.double(), k.double(), 1, window)
 print(float((got.double() - ref).abs().max()))
 """
 

@@ -23,6 +23,7 @@ from mmevo.ops import (
     local_correlation,
     output_size,
 )
+from mmevo.ops.checks import Window
 from mmevo.ops.library import use_backend
 from mmevo.ops.reference import (
     aggregate_reference,
@@ -82,20 +83,22 @@ def op_cases(cfg):
     return {
         'aggregate': (
             lambda x, w: evolution_aggregate(x, w, s, p, d, mode),
-            lambda x, w: aggregate_reference(x, w, s, pad, d, mode),
+            lambda x, w: aggregate_reference(x, w, Window(K, s, pad, d, mode)),
             ('x', 'w'),
             'gy',
         ),
         'correlation': (
             lambda q, x: local_correlation(q, x, G, K, s, p, d, mode),
-            lambda q, x: correlation_reference(q, x, G, K, s, pad, d, mode),
+            lambda q, x: correlation_reference(
+                q, x, G, Window(K, s, pad, d, mode)
+            ),
             ('q', 'x'),
             'go',
         ),
         'attention': (
             lambda q, x: local_attention_weights(q, x, G, K, s, p, d, mode),
             lambda q, x: attention_weights_reference(
-                q, x, G, K, s, pad, d, mode
+                q, x, G, Window(K, s, pad, d, mode)
             ),
             ('q', 'x'),
             'go',
@@ -127,7 +130,7 @@ def forward_backward(fn, tensors, grad_out):
     """[output, grad of every input]."""
     leaves = [t.detach().clone().requires_grad_() for t in tensors]
     out = fn(*leaves)
-    return [out.detach()] + list(torch.autograd.grad(out, leaves, grad_out))
+    return [out.detach(), *list(torch.autograd.grad(out, leaves, grad_out))]
 
 
 def sweep_config(seed):
@@ -148,7 +151,9 @@ def test_triton_matches_float64(seed, dtype, device):
             want = forward_backward(
                 ref, [t[a].double() for a in args], t[gout].double()
             )
-            for what, a, b in zip(['out'] + list(args), got, want):
+            for what, a, b in zip(
+                ['out', *list(args)], got, want, strict=True
+            ):
                 assert a.dtype == dtype, (name, what)
                 err = rel_err(a, b)
                 assert err <= TOL[dtype], (name, what, err, cfg)
@@ -192,7 +197,7 @@ def test_second_derivatives_match_reference(device):
                     for g in grads
                 )
                 results.append(torch.autograd.grad(total, leaves))
-        for a, got, want in zip(args, *results):
+        for a, got, want in zip(args, *results, strict=True):
             assert rel_err(got, want) <= TOL[torch.float64], (name, a)
 
 
@@ -249,7 +254,7 @@ def test_more_than_2_31_elements(device):
         (gx,) = torch.autograd.grad(y, x, gy)
     # The last channels: offsets above 2**31.
     xs = x.detach()[:, -2:].double().requires_grad_()
-    ys = aggregate_reference(xs, w.double(), 1, 1, 1, 'zeros')
+    ys = aggregate_reference(xs, w.double(), Window(K, 1, 1, 1, 'zeros'))
     (gxs,) = torch.autograd.grad(ys, xs, gy[:, -2:].double())
     assert rel_err(y[:, -2:], ys) <= TOL[torch.float16]
     assert rel_err(gx[:, -2:], gxs) <= TOL[torch.float16]
@@ -275,5 +280,5 @@ def test_autotuned_rednet50_stages(C, H, dtype, device):
         want = forward_backward(
             evolution_aggregate, [x.double(), w.double()], gy.double()
         )
-    for what, a, b in zip(('out', 'x', 'w'), got, want):
+    for what, a, b in zip(('out', 'x', 'w'), got, want, strict=True):
         assert rel_err(a, b) <= TOL[dtype], what

@@ -20,12 +20,22 @@ Example:
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from mmevo.apis.timing import op_profile, ops_backend, peak_memory, time_steps
 from mmevo.cli import MAX_SIDE, int_in_range
+
+# run as a file: the repository root, for tools.analysis
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.analysis.timing import (  # noqa: E402
+    op_profile,
+    ops_backend,
+    peak_memory,
+    time_steps,
+)
 
 
 def build(name, builder='mmdet'):

@@ -55,7 +55,7 @@ from mmevo.deploy import (
     export_onnx,
     max_difference,
 )
-from mmevo.ops import export
+from mmevo.ops import decompositions
 
 DEMO = osp.join(
     osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
@@ -97,10 +97,10 @@ def build(name, size):
     )
 
 
-def _centre_tap(input, kernel, stride, padding, dilation, padding_mode):
+def _centre_tap(input, kernel, window):
     """The export's window sum minus its windows: the input (strided) times
     the kernel's centre tap, the same shapes."""
-    k = kernel.shape[2] // 2
+    k, stride = kernel.shape[2] // 2, window.stride
     x = input[..., ::stride, ::stride].unflatten(1, (kernel.shape[1], -1))
     return (x * kernel[:, :, k, k].unsqueeze(2)).flatten(1, 2)
 
@@ -113,7 +113,7 @@ def _exports(name, model, x, runtimes, tmp, exporter, dynamic):
     if 'onnxruntime' in runtimes:
         path = osp.join(tmp, f'{name}.onnx')
         with (
-            mock.patch.object(export, 'aggregate', _centre_tap)
+            mock.patch.object(decompositions, 'aggregate', _centre_tap)
             if windowless
             else contextlib.nullcontext()
         ):

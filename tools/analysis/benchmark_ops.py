@@ -45,14 +45,18 @@ Example:
 """
 
 import argparse
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from mmevo.cli import device_arg, int_in_range
-from mmevo.ops import evolution_aggregate
-from mmevo.ops.library import use_backend
+from mmevo.ops import evolution_aggregate, use_backend
+
+# run as a file: the repository root, for tools.analysis
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.analysis.timing import median_times, peak_bytes  # noqa: E402
 
 # (B, C, H, G) of the four RedNet-50 stages; K = 7, stride 1, "same" padding.
 STAGES = [(8, 64, 56, 4), (8, 128, 28, 8), (8, 256, 14, 16), (8, 512, 7, 32)]
@@ -86,11 +90,6 @@ IMPLS = {
 }
 
 
-def sync(device):
-    if device.type == 'cuda':
-        torch.cuda.synchronize()
-
-
 def fwd_bwd(impl, x, w, gy):
     fn, backend = impl
     with use_backend(backend):  # the backward calls the ops too
@@ -103,47 +102,11 @@ def reset_grads(*tensors):
 
 
 def time_ms(steps, device, repeat, clock=time.perf_counter):
-    """Median time in milliseconds on ``clock`` of each of ``steps`` (a dict).
-
-    The steps run round-robin after one warm-up each, so that all of them see
-    the same allocator and cache state (on CPU, whether freshly allocated
-    memory must be page-faulted in changes a step's time by up to 3x).
-    """
-    times = {name: [] for name in steps}
-    for r in range(repeat + 1):
-        for name, step in steps.items():
-            sync(device)
-            t = clock()
-            step()
-            sync(device)
-            if r:  # the first round is the warm-up
-                times[name].append((clock() - t) * 1e3)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def peak_bytes(step, device):
-    """Peak tensor bytes allocated by one ``step`` above the starting level."""
-    if device.type == 'cuda':
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        step()
-        sync(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-    ) as prof:
-        step()
-    records = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == '[memory]'
-    )
-    level = peak = 0
-    for _, nbytes in records:
-        level += nbytes
-        peak = max(peak, level)
-    return peak
+    """Median time in milliseconds on ``clock`` of each of ``steps`` (a
+    dict), round-robin after one warm-up round
+    (:func:`tools.analysis.timing.median_times`)."""
+    times = median_times(steps, device, 1, repeat, clock)
+    return {name: t * 1e3 for name, t in times.items()}
 
 
 def forward_bandwidth(fn, x, w, device, repeat):

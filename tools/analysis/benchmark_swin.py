@@ -5,7 +5,7 @@ The same input for every model (default B2 x 3 x 224 x 224, fp32, CPU). A
 train step is forward + backward of the backbone (all four stage outputs,
 loss = sum of their means), as in ``benchmark_backbones.py``, whose timing
 (median over interleaved rounds) and peak-memory measurement
-(:mod:`mmevo.apis.timing`) this reuses.
+(:mod:`tools.analysis.timing`) this reuses.
 ``elsa_swin_t_unfold`` is ELSA-Swin-T with the aggregation of the official
 code's CPU path (``F.unfold`` of v, times the filter, summed over the
 taps: damo-cv/ELSA ``elsa.py:139-148``) in place of mmevo's op. Ratios are
@@ -18,13 +18,22 @@ Example:
 """
 
 import argparse
+import sys
 import types
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from mmevo.apis.timing import ops_backend, peak_memory, time_steps
 from mmevo.cli import MAX_SIDE, int_in_range
+
+# run as a file: the repository root, for tools.analysis
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.analysis.timing import (  # noqa: E402
+    ops_backend,
+    peak_memory,
+    time_steps,
+)
 
 MODELS = ('swin_t', 'elsa_swin_t', 'elsa_swin_t_unfold', 'acmix_swin_t')
 

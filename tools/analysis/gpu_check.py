@@ -9,8 +9,10 @@ machine first. Two steps:
   in parallel processes (pytest-xdist) where it is installed, since
   compiling the kernel variants is their cost;
 * on CUDA, the ``benchmark_*`` scripts: the aggregation at the RedNet-50
-  stage shapes against ``unfold`` and shift-and-add (fp32, bf16), and
-  RedNet-50 against ResNet-50 train steps.
+  stage shapes against ``unfold`` and shift-and-add (fp32, bf16), the
+  fused involution op's Triton kernels against the unfused composition
+  (and the default of ``MMEVO_FUSED_TRITON`` that supports), and RedNet-50
+  against ResNet-50 train steps.
 
 Without CUDA the tests run on CPU tensors under ``TRITON_INTERPRET=1``,
 small, and the CUDA-only tests and the timings are skipped (CI). Writes
@@ -62,6 +64,10 @@ def benchmarks():
                 '--dtype',
                 'bfloat16',
             ],
+        ),
+        (
+            'fused involution op',
+            ['tools/analysis/benchmark_fused_op.py', '--device', 'cuda'],
         ),
         (
             'train step',

@@ -1,11 +1,11 @@
 """Resources and memory traffic of mmevo's Triton kernels, without a GPU.
 
 * resources (default): every kernel x CUDA config x dtype x target compiled
-  ahead of time (:mod:`mmevo.ops.triton_aot`); one row per kernel and
+  ahead of time (:mod:`tools.analysis.kernels.aot`); one row per kernel and
   config, one column per target with the registers per thread for fp32 /
   fp16 / bf16 / fp64, then the spilled bytes and local memory (summed over
   the row's binaries) and the most shared memory;
-* ``--traffic``: the model of :mod:`mmevo.ops.triton_traffic` at the
+* ``--traffic``: the model of :mod:`tools.analysis.kernels.traffic` at the
   RedNet-50 involution stage shapes and an ACmix attention shape, per
   operand: minimal bytes (a), requested (b, the worst CUDA tile), the
   L2-aware estimate (c), b / a, and the roofline time of (a) at 4.3 TB/s.
@@ -18,8 +18,14 @@ Example:
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
-from mmevo.ops import triton_aot, triton_traffic
+from mmevo.ops.checks import Window
+
+# run as a file: the repository root, for tools.analysis
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.analysis.kernels import aot, traffic  # noqa: E402
 
 # (name, B, C, G, H, K, dtype bytes, bytes of the correlation's output)
 SHAPES = [
@@ -31,7 +37,7 @@ SHAPES.append(('ACmix-R50 stage 3 attention', 64, 256, 4, 14, 7, 2, 4))
 
 
 def resource_table(rows):
-    """Markdown of :func:`mmevo.ops.triton_aot.run`'s rows."""
+    """Markdown of :func:`tools.analysis.kernels.aot.run`'s rows."""
     targets = sorted({r['target'] for r in rows})
     cells = {}
     for r in rows:
@@ -51,7 +57,7 @@ def resource_table(rows):
             regs.append(
                 '/'.join(
                     str(by_dt[d]['regs']) if d in by_dt else '-'
-                    for d in triton_aot.DTYPES
+                    for d in aot.DTYPES
                 )
             )
         err = [r['error'] for r in group if r['error']]
@@ -85,10 +91,10 @@ def traffic_table():
         '|---|---|---|---|',
     ]
     for name, B, C, G, H, K, size, out_size in SHAPES:
-        for kernel, model in triton_traffic.KERNELS.items():
+        for kernel, model in traffic.KERNELS.items():
             extra = {} if kernel != 'correlate' else {'out_itemsize': out_size}
             runs = [
-                model(B, C, G, (H, H), K, 1, K // 2, 1, bp, size, **extra)
+                model(B, C, G, (H, H), Window(K, 1, K // 2), bp, size, **extra)
                 for bp in tiles
             ]
             worst = max(
@@ -99,7 +105,7 @@ def traffic_table():
                 f'{t.l2 / 1e6:.1f} ({t.requested / t.minimal:.2f}x)'
                 for op, t in worst.items()
             )
-            us = triton_traffic.roofline_seconds(worst) * 1e6
+            us = traffic.roofline_seconds(worst) * 1e6
             lines.append(f'| {name} | {kernel} | {ops} | {us:.1f} us |')
     return '\n'.join(lines)
 
@@ -127,7 +133,7 @@ def main():
 
         major, minor = torch.cuda.get_device_capability(0)
         targets = [major * 10 + minor]
-    rows = triton_aot.run(triton_aot.matrix(targets), args.processes)
+    rows = aot.run(aot.matrix(targets), args.processes)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(rows, f, indent=1)

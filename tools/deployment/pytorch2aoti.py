@@ -19,10 +19,11 @@ import argparse
 import torch
 
 from mmevo import apis, cli
-from mmevo.apis.deploy import report_parity
+from mmevo.apis.deploy import other_size, report_parity
 from mmevo.deploy import AotiModel, exportable
 from mmevo.deploy.aoti import compile_program, export_program
 from mmevo.integrations import mmengine as fixes
+from mmevo.integrations.mmengine.atomic_backend import atomic_output
 
 
 def parse_args(argv=None):
@@ -57,13 +58,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def other_size(shape):
-    """An input size of another aspect, odd, for the check of a dynamic
-    package: 3/4 of the height, 5/4 of the width, rounded to odd."""
-    h, w = shape
-    return [max(1, h * 3 // 4) | 1, max(1, w * 5 // 4) | 1]
-
-
 def summary(error, limit=300):
     """The first lines of ``error``'s message as one line, at most
     ``limit`` characters."""
@@ -78,6 +72,12 @@ def main(argv=None):
         apis.fail('--device cuda: no CUDA device is available')
     fixes.safe_globals.install()  # mmengine's own checkpoints load
     with apis.one_line_errors():
+        # before the compile: a bad --out fails at once, not after it
+        apis.check_output(
+            args.out,
+            {'config': args.config, 'checkpoint': args.checkpoint},
+            suffix='.pt2',
+        )
         # a partial checkpoint would compile a half-initialised model
         model = apis.build_model(
             apis.load_config(args.config),
@@ -100,8 +100,13 @@ def main(argv=None):
             f'{summary(e)} (an input too small for the model? try '
             'its test size, e.g. --shape 128 128)'
         )
-    compile_program(program, args.out)
-    report_parity(model, AotiModel(args.out), inputs, kind, 'AOTInductor')
+    # the package appears under --out only once it passed the checks
+    with atomic_output(args.out, suffix='.pt2') as tmp:
+        compile_program(program, tmp)
+        package = AotiModel(tmp, name=f"the package for '{args.out}'")
+        report_parity(
+            model, package, inputs, kind, 'AOTInductor', args.dynamic
+        )
     return args.out
 
 

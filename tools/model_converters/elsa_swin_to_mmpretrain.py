@@ -5,7 +5,7 @@ backbone with ``out_indices=(3,)``, ``GlobalAveragePooling``,
 
 import argparse
 
-from mmevo.models.backbones.swin_convert import convert_checkpoint_file
+from mmevo import apis
 
 
 def main(argv=None):
@@ -13,7 +13,8 @@ def main(argv=None):
     parser.add_argument('src', help='official checkpoint (path or URL)')
     parser.add_argument('dst', help='where to save the converted one')
     args = parser.parse_args(argv)
-    convert_checkpoint_file(args.src, args.dst, 'elsa')
+    with apis.one_line_errors():
+        apis.convert_swin_checkpoint(args.src, args.dst, 'elsa')
     print(f'saved {args.dst}')
 
 

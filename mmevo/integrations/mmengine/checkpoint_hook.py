@@ -98,7 +98,7 @@ class SafeCheckpointHook(CheckpointHook):
             # it when the run is resumed from the new checkpoint
             kept = list(self.keep_ckpt_ids)
             runner.message_hub.update_info(
-                'keep_ckpt_ids', kept if stale is None else [stale] + kept
+                'keep_ckpt_ids', kept if stale is None else [stale, *kept]
             )
         ckpt_filename = self.filename_tmpl.format(step)
         self.last_ckpt = self.file_backend.join_path(
@@ -141,10 +141,12 @@ class SafeCheckpointHook(CheckpointHook):
         ckpt_filename = self.filename_tmpl.format(step)
         meta = dict(epoch=runner.epoch, iter=runner.iter)
         if 'auto' in self.key_indicators:
-            self._init_rule(self.rules, [list(metrics.keys())[0]])
+            self._init_rule(self.rules, [next(iter(metrics.keys()))])
         single = len(self.key_indicators) == 1
         updated = False
-        for key_indicator, rule in zip(self.key_indicators, self.rules):
+        for key_indicator, rule in zip(
+            self.key_indicators, self.rules, strict=True
+        ):
             key_score = metrics[key_indicator]
             if single:
                 score_key, path_key = 'best_score', 'best_ckpt'

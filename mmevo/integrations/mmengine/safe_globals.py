@@ -83,7 +83,7 @@ def _numpy_globals():
         and t.type is not None
         and issubclass(t.type, (np.number, np.bool_))
     )
-    return pairs + [np.ndarray, np.dtype] + list(numeric)
+    return [*pairs, np.ndarray, np.dtype, *list(numeric)]
 
 
 def safe_globals():
@@ -100,7 +100,8 @@ def safe_globals():
     return [
         HistoryBuffer,
         (_history_buffer_getattr, 'builtins.getattr'),
-    ] + _numpy_globals()
+        *_numpy_globals(),
+    ]
 
 
 def install():

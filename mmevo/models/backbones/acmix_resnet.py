@@ -1,5 +1,7 @@
 """ACmix-ResNet: torchvision ResNet v1.5 with ACmix middle layers."""
 
+from typing import ClassVar
+
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -62,7 +64,7 @@ class ACmixResNet(DynamicResNet):
         [(1, 64, 16, 16), (1, 128, 8, 8), (1, 256, 4, 4), (1, 512, 2, 2)]
     """
 
-    arch_settings = {
+    arch_settings: ClassVar[dict] = {
         depth: setting
         for depth, setting in DynamicResNet.arch_settings.items()
         if depth in (26, 38, 50)

@@ -1,6 +1,8 @@
 """ACmix-Swin (Pan et al., CVPR 2022): Swin whose window attention shares
 its q/k/v with a shift convolution."""
 
+from typing import ClassVar
+
 import torch
 import torch.nn as nn
 
@@ -146,7 +148,7 @@ class ACmixSwinTransformer(SwinFamily):
         [(1, 16, 16, 9), (1, 32, 8, 5), (1, 64, 4, 3), (1, 128, 2, 2)]
     """
 
-    arch_zoo = {
+    arch_zoo: ClassVar[dict] = {
         'tiny': dict(
             embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)
         ),

@@ -10,7 +10,7 @@ stock graph. ``tests/models/test_bottleneck.py`` checks it against mmdet's
 """
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -9,6 +9,7 @@ of the published checkpoints (``layer{i}.{j}.conv1/bn1/conv2/bn2/conv3/bn3``,
 """
 
 import inspect
+from typing import ClassVar
 
 import torch
 from mmdet.models.backbones.resnet import ResNet
@@ -171,7 +172,7 @@ class DynamicResNet(ResNet):
         **kwargs: mmdet ``ResNet`` arguments.
     """
 
-    arch_settings = {
+    arch_settings: ClassVar[dict] = {
         depth: (MiddleLayerBottleneck, blocks)
         for depth, blocks in STAGE_BLOCKS.items()
     }

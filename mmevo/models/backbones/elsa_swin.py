@@ -1,5 +1,7 @@
 """ELSA-Swin (Zhou et al., 2021): Swin with ELSA blocks in stages 1-3."""
 
+from typing import ClassVar
+
 import torch.nn as nn
 
 from mmevo.layers import ELSA
@@ -119,7 +121,7 @@ class ELSASwinTransformer(SwinFamily):
         [(1, 16, 15, 13), (1, 32, 8, 7), (1, 64, 4, 4), (1, 128, 2, 2)]
     """
 
-    arch_zoo = {
+    arch_zoo: ClassVar[dict] = {
         'tiny': dict(
             embed_dims=96,
             depths=(2, 2, 6, 2),
@@ -140,7 +142,9 @@ class ELSASwinTransformer(SwinFamily):
         ),
     }
 
-    block_defaults = dict(elsa_kernel=7, group_width=None, lam=0, gamma=1)
+    block_defaults: ClassVar[dict] = dict(
+        elsa_kernel=7, group_width=None, lam=0, gamma=1
+    )
 
     def build_block(self, stage, index, dim, num_heads, drop_path):
         if stage == 3:

@@ -11,12 +11,9 @@ torch's ``load_state_dict`` and mmengine's ``Pretrained`` init take the
 official files as they are.
 """
 
-import os.path as osp
 from collections.abc import Mapping
 
 import torch
-from mmengine.runner.checkpoint import CheckpointLoader
-from mmengine.utils import mkdir_or_exist
 
 OFFICIAL_BUFFERS = ('relative_id', 'relative_position_index', 'attn_mask')
 # A key found only in each family's checkpoints.
@@ -240,17 +237,3 @@ def official_to_mmpretrain(checkpoint, family):
         else:
             out['backbone.' + k] = v
     return out
-
-
-def convert_checkpoint_file(src, dst, family):
-    """Read an official checkpoint (path or URL), write the mmpretrain one.
-
-    Args:
-        src (str): official checkpoint.
-        dst (str): output path; its folder is created.
-        family (str): 'elsa' or 'acmix'.
-    """
-    checkpoint = CheckpointLoader.load_checkpoint(src, map_location='cpu')
-    state = official_to_mmpretrain(checkpoint, family)
-    mkdir_or_exist(osp.dirname(osp.abspath(dst)))
-    torch.save(dict(state_dict=state, meta=dict(converted_from=src)), dst)

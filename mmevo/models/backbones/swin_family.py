@@ -13,6 +13,7 @@ H and W cannot hold (:mod:`.window_blocks` builds both from comparisons).
 
 import logging
 import numbers
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -111,8 +112,8 @@ class SwinFamily(BaseModule):
     not fit.
     """
 
-    arch_zoo = {}
-    block_defaults = {}
+    arch_zoo: ClassVar[dict] = {}
+    block_defaults: ClassVar[dict] = {}
 
     def __init__(
         self,
@@ -215,7 +216,9 @@ class SwinFamily(BaseModule):
             0, drop_path_rate, sum(depths), device='cpu'
         ).tolist()
         self.layers = nn.ModuleList()
-        for i, (depth, heads) in enumerate(zip(depths, num_heads)):
+        for i, (depth, heads) in enumerate(
+            zip(depths, num_heads, strict=True)
+        ):
             dim = self.num_features[i]
             start = sum(depths[:i])
             blocks = [
@@ -385,7 +388,7 @@ def check_out_indices(out_indices):
 
 def check_heads(dims, num_heads):
     """Raise unless each stage's width is divisible by its heads."""
-    for i, (dim, heads) in enumerate(zip(dims, num_heads)):
+    for i, (dim, heads) in enumerate(zip(dims, num_heads, strict=True)):
         check_int(f'num_heads[{i}]', heads)
         if dim % heads:
             raise ValueError(

@@ -58,9 +58,9 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path):
 # killed (SIGKILL) after the temporary file was created, before a byte of it
 # was written: what kill -9 during a save leaves
 _KILLED = """
-import os, signal, sys
+import builtins, os, signal, sys
 from mmevo.integrations.mmengine import atomic_backend
-os.fdopen = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+builtins.open = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 atomic_backend.atomic_write(b'x' * 1000, sys.argv[1])
 """
 
@@ -91,3 +91,29 @@ def test_another_backend_under_the_name_is_refused(monkeypatch):
     monkeypatch.setitem(backends, 'atomic_local', LocalBackend)
     with pytest.raises(RuntimeError, match='already registered'):
         atomic_backend.install()
+
+
+def test_dumped_predictions_are_written_atomically(tmp_path):
+    """What ``tools/test.py --out`` writes (``AtomicDumpResults``): the
+    predictions whole, or the previous file when the write fails."""
+    from mmengine.fileio import load
+    from mmengine.registry import METRICS
+
+    atomic_backend.install()
+    out = tmp_path / 'preds.pkl'
+
+    def dump(predictions):
+        metric = METRICS.build(
+            dict(type=atomic_backend.DUMP_RESULTS, out_file_path=str(out))
+        )
+        metric.process(None, predictions)
+        return metric.compute_metrics(metric.results)
+
+    first = [dict(scores=torch.arange(4.0))]
+    assert dump(first) == {}
+    assert torch.equal(load(str(out))[0]['scores'], first[0]['scores'])
+    with _file_size_limit(100_000), pytest.raises(OSError) as info:
+        dump([dict(scores=torch.zeros(100_000))])
+    assert info.value.errno == errno.EFBIG
+    assert os.listdir(tmp_path) == ['preds.pkl']
+    assert torch.equal(load(str(out))[0]['scores'], first[0]['scores'])

@@ -183,7 +183,9 @@ def test_another_mmengine_version_warns_or_is_refused(monkeypatch):
     class Hook:
         pass
 
-    with pytest.raises(RuntimeError, match='Hook._save_checkpoint_with_step'):
+    with pytest.raises(
+        RuntimeError, match=r'Hook\._save_checkpoint_with_step'
+    ):
         _version.check_mmengine(
             'checkpoint hook', [(Hook, '_save_checkpoint_with_step')]
         )

@@ -83,7 +83,7 @@ def assert_paths_equal(model, x, has_fast_path=True):
     path calls fewer conv modules, or as many if the model has none."""
     fast = run(model, x, True)
     stock = run(model, x, False)
-    for a, b in zip(fast[0], stock[0]):
+    for a, b in zip(fast[0], stock[0], strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     # float64 sums in another order (matmul against conv, one thread or

@@ -4,7 +4,7 @@ Under ``TRITON_INTERPRET=1`` (in a subprocess: Triton reads it when
 imported) each kernel runs with the tiles of the CUDA configs; the
 interpreter's masked loads and stores are wrapped (here only) to collect
 the distinct addresses each program touches per tensor, summed over the
-programs. That sum must equal :mod:`mmevo.ops.triton_traffic`'s
+programs. That sum must equal :mod:`tools.analysis.kernels.traffic`'s
 ``requested`` bytes, and the results must match the float64 reference.
 """
 
@@ -15,13 +15,12 @@ import sys
 
 import pytest
 
-from mmevo.ops import triton_traffic
+from mmevo.ops.checks import Window
+from tools.analysis.kernels import traffic
 
 pytestmark = pytest.mark.slow
 
-REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
+REPO = os.path.abspath(os.path.join(__file__, *['..'] * 5))
 
 # (B, C, G, H, W, K, stride, padding, dilation, BLOCK_C, BLOCK_P)
 CASES = [
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 from triton.runtime import interpreter
 from mmevo.ops import output_size, triton_backend as tb
+from mmevo.ops.checks import Window
 from mmevo.ops.reference import aggregate_reference, correlation_reference
 
 builder = interpreter.interpreter_builder
@@ -76,8 +76,8 @@ for kernel in tb.KERNELS.values():
 def run(name, a, b, out, G, K, in_hw, out_hw, s, p, d, bc, bp):
     kernel = tb.KERNELS[name]
     transpose = name == 'aggregate_transpose'
-    scalars, consts = tb.launch_args(a, G, K, in_hw, out_hw, s, p, d,
-                                     transpose)
+    scalars, consts = tb.launch_args(a, G, Window(K, s, p, d), in_hw,
+                                     out_hw, transpose)
 
     ranges_kernel[0] = name
     grid = (tb.num_programs(a.shape[0], G, in_hw if transpose else out_hw,
@@ -92,7 +92,7 @@ gen = torch.Generator().manual_seed(0)
 x, gy = (torch.randn(B, C, *hw, generator=gen) for hw in ((H, W), (Ho, Wo)))
 w = torch.randn(B, G, K, K, Ho, Wo, generator=gen)
 xr, wr = (t.double().requires_grad_() for t in (x, w))
-y_ref = aggregate_reference(xr, wr, s, p, d, 'zeros')
+y_ref = aggregate_reference(xr, wr, Window(K, s, p, d, 'zeros'))
 y_ref.backward(gy.double())
 got = dict(
     y=run('aggregate', x, w, torch.empty_like(gy), G, K, (H, W), (Ho, Wo),
@@ -134,15 +134,15 @@ def measure(case):
 
 @pytest.mark.parametrize('case', CASES)
 def test_requested_bytes_match_the_loads(case):
-    B, C, G, H, W, K, s, p, d, bc, bp = case
+    B, C, G, H, W, K, s, p, d, _bc, bp = case
     got = measure(case)
     for name, err in got['err'].items():  # the tile computes the op
         assert err <= 1e-4, (name, err)
     for kernel, names in NAMES.items():
-        model = triton_traffic.KERNELS[kernel](
-            B, C, G, (H, W), K, s, p, d, block_p=bp, itemsize=4
+        model = traffic.KERNELS[kernel](
+            B, C, G, (H, W), Window(K, s, p, d), block_p=bp, itemsize=4
         )
-        for arg, name in zip(('a', 'b', 'out'), names):
+        for arg, name in zip(('a', 'b', 'out'), names, strict=True):
             # one address per fp32 element
             assert (
                 4 * got['bytes'].get(f'{kernel}.{arg}', 0)
@@ -163,8 +163,8 @@ def test_rednet_and_attention_shapes_within_2_5x():
     ]
     for B, C, G, H in shapes:
         for bp in (64, 128, 256, 512):
-            for kernel, model in triton_traffic.KERNELS.items():
-                t = model(B, C, G, (H, H), 7, 1, 3, 1, bp, 2)
+            for kernel, model in traffic.KERNELS.items():
+                t = model(B, C, G, (H, H), Window(7, 1, 3, 1), bp, 2)
                 for name, v in t.items():
                     assert v.l2 <= v.requested
                     assert v.requested <= 2.5 * v.minimal, (kernel, C, name)

@@ -1,12 +1,12 @@
 """Every Triton kernel compiles to a GPU binary, without a GPU, and spills
 nothing.
 
-:mod:`mmevo.ops.triton_aot` compiles each kernel of
+:mod:`tools.analysis.kernels.aot` compiles each kernel of
 :mod:`mmevo.ops.triton_backend` for every CUDA config, dtype and target
 (sm_80, sm_90, and sm_100 where the installed Triton has it) in two worker
 processes with fresh Triton caches: about 4 minutes on 2 cores, seconds
 when the kernels are those of an earlier run (its rows are kept in
-``triton_aot.CACHE``, ``~/.cache/mmevo/triton-aot``; ``MMEVO_CACHE``
+``aot.CACHE``, ``~/.cache/mmevo/triton-aot``; ``MMEVO_CACHE``
 moves it).
 """
 
@@ -19,9 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
+REPO = os.path.abspath(os.path.join(__file__, *['..'] * 5))
 ENV = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
 ENV['PYTHONPATH'] = REPO
 
@@ -45,24 +43,33 @@ def python(*args, stdin=None):
 # that keep both cores busy
 @pytest.mark.xdist_group('two_cores')
 def test_every_kernel_config_dtype_target_compiles_without_spills():
-    """336 compiles, about 150 s of CPU in two processes, unless cached
+    """336 compiles of the evolution ops' kernels and 45 per target of the
+    fused involution's, about 200 s of CPU in two processes, unless cached
     (see the module's docstring)."""
     rows = json.loads(
-        python('-m', 'mmevo.ops.triton_aot', '--processes', '2', '--cache')
+        python(
+            '-m', 'tools.analysis.kernels.aot', '--processes', '2', '--cache'
+        )
     )
     meta = json.loads(
         python(
             '-c',
-            'import json; from mmevo.ops import triton_aot as a, '
-            'triton_kernels as tk; print(json.dumps([a.targets(), '
-            'len(tk.GPU_CONFIGS), list(tk.KERNELS)]))',
+            'import json; from tools.analysis.kernels import aot as a; '
+            'from mmevo.ops import triton_kernels as tk; '
+            'from mmevo.ops.triton_fused import aot_jobs; '
+            'print(json.dumps([a.targets(), '
+            'len(tk.GPU_CONFIGS), list(tk.KERNELS), '
+            'len(aot_jobs(a.FUSED_DTYPES))]))',
         )
     )
-    targets, n_configs, kernels = meta
+    targets, n_configs, kernels, n_fused = meta
     assert {80, 90} <= set(targets)
     # 3 kernels x 4 dtypes, and the correlation's fp32 logits of fp16 / bf16
-    assert len(rows) == (len(kernels) * 4 + 2) * n_configs * len(targets)
-    assert {r['kernel'] for r in rows} == set(kernels)
+    unfused = (len(kernels) * 4 + 2) * n_configs * len(targets)
+    # the fused involution's forward, grad_input and grad_span
+    assert len(rows) == unfused + n_fused * len(targets)
+    fused = {'fused_forward', 'fused_grad_input', 'fused_grad_span'}
+    assert {r['kernel'] for r in rows} == set(kernels) | fused
     errors = [r for r in rows if r['error']]
     assert not errors, errors[:3]
     spills = [r for r in rows if r['spill_bytes'] or r['local']]
@@ -72,11 +79,11 @@ def test_every_kernel_config_dtype_target_compiles_without_spills():
 
 CACHED = """
 import json, sys
-from mmevo.ops import triton_aot
+from tools.analysis.kernels import aot
 job = dict(kernel='aggregate', dtype='fp16', out_dtype='fp16', config=0,
            target=90)
-first = triton_aot.run([job, dict(job, config=1)], cache=sys.argv[1])
-again = triton_aot.run(
+first = aot.run([job, dict(job, config=1)], cache=sys.argv[1])
+again = aot.run(
     [job, dict(job, config=1), dict(job, block_w=64), dict(job, target=80),
      dict(job, kernel='correlate')],
     processes=1,
@@ -94,49 +101,10 @@ def test_cache_reuses_the_rows_of_the_same_compiles(tmp_path):
     first, again = json.loads(python('-c', CACHED, str(tmp_path)))
     assert [r['cached'] for r in first] == [False, False]
     assert [r['cached'] for r in again] == [True, True, True, False, False]
-    for fresh, cached in zip(first, again):
+    # the first two compiles of each run are the same jobs
+    for fresh, cached in zip(first, again[:2], strict=True):
         assert cached == dict(fresh, cached=True)
     assert again[2] == dict(first[0], block_w=64, cached=True)
     assert all(r['error'] is None and r['regs'] for r in first + again)
     # one file a distinct compile
     assert len(list(tmp_path.iterdir())) == 4
-
-
-SCRIPT = """
-import json
-import torch
-from mmevo.ops import triton_backend as tb, triton_kernels as tk
-configs = tk.GPU_CONFIGS
-before = list(configs)
-x = torch.zeros(1, 4, 5, 5)
-out = []
-for index in (None, 3):
-    if index is None:
-        args = tb.launch_args(x, 1, 3, (5, 5), (5, 5), 1, 1, 1)[0]
-    else:
-        with tb.fixed_config(index):
-            args = tb.launch_args(x, 1, 3, (5, 5), (5, 5), 1, 1, 1)[0]
-    tile = args[-1]
-    out.append([tile, [configs.index(c) for c in tk._prune(configs,
-                                                           {'TILE': tile})]])
-assert all(k.configs is configs for k in tk.KERNELS.values())
-assert configs == before
-for bad, error in ((len(configs), ValueError), (-1, ValueError),
-                   ('0', TypeError)):
-    try:
-        with tb.fixed_config(bad):
-            pass
-    except error as e:
-        assert 'index must' in str(e)
-    else:
-        raise AssertionError(f'fixed_config({bad!r}) did not raise')
-print(json.dumps([len(configs), out]))
-"""
-
-
-def test_fixed_config_prunes_without_touching_the_configs():
-    """fixed_config reaches the autotuner as the TILE key argument and its
-    public early_config_prune; the kernels' configs stay as they are."""
-    n, (auto, fixed) = json.loads(python('-c', SCRIPT))
-    assert auto == [-1, list(range(n))]
-    assert fixed == [3, [3]]

@@ -12,19 +12,18 @@ that Triton's own cache key says was done before (same kernel source,
 config, target and toolchain) takes the row of that compile.
 
 Example:
-    >>> from mmevo.ops import triton_aot
-    >>> rows = triton_aot.run(triton_aot.matrix(targets=[90]), processes=2)
+    >>> from tools.analysis.kernels import aot
+    >>> rows = aot.run(aot.matrix(targets=[90]), processes=2)
     >>> [r for r in rows if r['error'] or r['spill_bytes']]
     []
 
-Command line: ``python -m mmevo.ops.triton_aot [--targets 80 90]
-[--processes 2] [--cache [DIR]]`` prints the rows as JSON.
+Command line, from the repository root: ``python -m
+tools.analysis.kernels.aot [--targets 80 90] [--processes 2] [--cache
+[DIR]]`` prints the rows as JSON. One compile and its row:
+:mod:`tools.analysis.kernels.cubin`.
 """
 
 import argparse
-import contextlib
-import hashlib
-import io
 import json
 import os
 import queue
@@ -34,6 +33,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from .cubin import compile_job, ptxas_path
 
 # Pointer element types of the kernels' three tensors per dtype; the
 # correlation also writes fp32 logits from fp16 / bf16 inputs (softmax).
@@ -46,26 +47,13 @@ CACHE = os.path.join(
 )
 
 
-def _tools():
-    from triton import knobs
-
-    return knobs
-
-
-def _ptxas(cc):
-    knobs = _tools()
-    return (
-        knobs.nvidia.ptxas_blackwell if cc >= 100 else knobs.nvidia.ptxas
-    ).path
-
-
 def targets():
     """The compute capabilities of :data:`CANDIDATE_TARGETS` that the
     installed Triton's ptxas can compile for."""
     found = []
     for cc in CANDIDATE_TARGETS:
         out = subprocess.run(
-            [_ptxas(cc), '--help'], capture_output=True, text=True
+            [ptxas_path(cc), '--help'], capture_output=True, text=True
         ).stdout
         if re.search(rf'\bsm_{cc}a?\b', out):
             found.append(cc)
@@ -75,7 +63,7 @@ def targets():
 def variants():
     """(kernel name, input dtype, output dtype) of every launch the ops
     make."""
-    from .triton_kernels import KERNELS
+    from mmevo.ops.triton_kernels import KERNELS
 
     out = [(name, dt, dt) for name in KERNELS for dt in DTYPES]
     return out + [('correlate', dt, 'fp32') for dt in ('fp16', 'bf16')]
@@ -83,14 +71,33 @@ def variants():
 
 def matrix(targets_=None):
     """Every (kernel, in dtype, out dtype, config index, target) to
-    compile: the configs the kernels autotune over on CUDA."""
-    from .triton_kernels import GPU_CONFIGS
+    compile: the configs the kernels autotune over on CUDA, then those of
+    the fused involution's kernels (:func:`fused_matrix`)."""
+    from mmevo.ops.triton_kernels import GPU_CONFIGS
 
     ccs = targets() if targets_ is None else list(targets_)
     return [
         dict(kernel=k, dtype=dt, out_dtype=odt, config=i, target=cc)
         for k, dt, odt in variants()
         for i in range(len(GPU_CONFIGS))
+        for cc in ccs
+    ] + fused_matrix(ccs)
+
+
+# The dtypes the fused involution's kernels compile in here: those models
+# train in. fp64 (the float64 tests', interpreted) is left out: its
+# grad_span spills 8 bytes on sm_100.
+FUSED_DTYPES = ('fp32', 'fp16', 'bf16')
+
+
+def fused_matrix(ccs):
+    """The compiles of :mod:`mmevo.ops.triton_fused`'s kernels (kernel
+    ``'fused_<name>'``, its ``aot_jobs`` rows) for targets ``ccs``."""
+    from mmevo.ops.triton_fused import aot_jobs
+
+    return [
+        dict(job, kernel='fused_' + job['kernel'], target=cc)
+        for job in aot_jobs(FUSED_DTYPES)
         for cc in ccs
     ]
 
@@ -127,7 +134,7 @@ def graph_jobs(graph_module, targets_=None):
         triton_kernel_wrapper_functional,
     )
 
-    from .triton_kernels import GPU_CONFIGS, KERNELS
+    from mmevo.ops.triton_kernels import GPU_CONFIGS, KERNELS
 
     # the tracer re-wraps the autotuner: known by the JITFunction
     names = {id(k.fn): name for name, k in KERNELS.items()}
@@ -163,134 +170,6 @@ def graph_jobs(graph_module, targets_=None):
     return jobs
 
 
-def _source(job):
-    """Triton's ASTSource of a job: the kernel's own JITFunction."""
-    from triton.compiler import ASTSource
-
-    from .triton_kernels import GPU_CONFIGS, KERNELS, MAX_BLOCK_W
-
-    kernel = KERNELS[job['kernel']]
-    if kernel.configs is not GPU_CONFIGS:
-        raise RuntimeError('AOT compiles need TRITON_INTERPRET unset')
-    config = kernel.configs[job['config']]
-    fn = kernel.fn
-    ptrs = fn.arg_names[:3]
-    consts = dict(
-        IS_FP64=job['dtype'] == 'fp64',
-        BLOCK_W=job.get('block_w', MAX_BLOCK_W),
-        **config.kwargs,
-    )
-    sig = {
-        name: ('constexpr' if name in consts else 'i32')
-        for name in fn.arg_names
-    }
-    sig.update({p: f'*{job["dtype"]}' for p in ptrs[:2]})
-    sig[ptrs[2]] = f'*{job["out_dtype"]}'
-    options = dict(
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        num_ctas=config.num_ctas,
-    )
-    if config.maxnreg is not None:
-        options['maxnreg'] = config.maxnreg
-    return ASTSource(fn, sig, consts), options, config
-
-
-def _resources(cubin):
-    """{'REG', 'SHARED', 'LOCAL', 'STACK'} of a cubin, from cuobjdump."""
-    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run(
-            [_tools().nvidia.cuobjdump.path, '--dump-resource-usage', f.name],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    return {
-        k: int(v)
-        for k, v in re.findall(r'\b(REG|SHARED|LOCAL|STACK):(\d+)', out)
-    }
-
-
-def _cache_path(cache, src, options, target):
-    """The file of a compile's row in ``cache``: named by Triton's own
-    cache key (the triton build, the kernel's source and its callees',
-    signature, constants, options, ptxas version and target) and by this
-    module's source (how the row is measured)."""
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.cache import get_cache_key
-
-    backend = make_backend(target)
-    parsed = backend.parse_options(dict(options, **src.parse_options()))
-    key = get_cache_key(
-        src, backend, parsed, get_cache_invalidating_env_vars()
-    )
-    with open(__file__, 'rb') as f:
-        key += hashlib.sha256(f.read()).hexdigest()
-    return os.path.join(cache, hashlib.sha256(key.encode()).hexdigest())
-
-
-def compile_job(job, cache=None):
-    """Compile one job; return it with its resources (or its error).
-
-    Args:
-        job (dict): a row of :func:`matrix`.
-        cache (str, optional): a folder of earlier rows: a job whose
-            compile Triton would take from its own cache (same source,
-            config, target and toolchain) gets the row of that compile
-            instead of compiling again; a new successful row is stored.
-
-    Returns:
-        dict: ``job`` plus ``config_str``, ``regs``, ``spill_bytes``
-        (stores + loads), ``local``, ``shared``, ``seconds``, ``cached``
-        (whether the row came from ``cache``) and ``error`` (None, or the
-        compiler's message).
-    """
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    src, options, config = _source(job)
-    row = dict(job, config_str=str(config), error=None, cached=False)
-    target = GPUTarget('cuda', job['target'], 32)
-    path = cache and _cache_path(cache, src, options, target)
-    if path and os.path.exists(path):
-        with open(path) as f:
-            return dict(row, **json.load(f), cached=True)
-    knobs = _tools()
-    log = io.StringIO()
-    start = time.perf_counter()
-    try:
-        with knobs.nvidia.scope(), contextlib.redirect_stdout(log):
-            knobs.nvidia.dump_ptxas_log = True
-            compiled = triton.compile(src, target=target, options=options)
-        res = _resources(compiled.asm['cubin'])
-    except Exception as e:  # every compile error is a row of the report
-        row['error'] = f'{type(e).__name__}: {e}'[:2000]
-        return row
-    spills = re.findall(r'(\d+) bytes spill (?:stores|loads)', log.getvalue())
-    if not spills:
-        row['error'] = 'no ptxas -v log: was the kernel compiled?'
-    measured = dict(
-        regs=res.get('REG'),
-        spill_bytes=sum(map(int, spills)),
-        local=res.get('LOCAL', 0) + res.get('STACK', 0),
-        shared=compiled.metadata.shared,
-        seconds=round(time.perf_counter() - start, 2),
-    )
-    row.update(measured)
-    if path and row['error'] is None:
-        os.makedirs(cache, exist_ok=True)
-        # written whole, then renamed: a reader never sees half a row
-        with tempfile.NamedTemporaryFile(
-            'w', dir=cache, delete=False, suffix='.tmp'
-        ) as f:
-            json.dump(measured, f)
-        os.replace(f.name, path)
-    return row
-
-
 def run(jobs, processes=2, timeout=3600, cache=None):
     """Compile ``jobs`` in ``processes`` worker processes.
 
@@ -318,11 +197,13 @@ def run(jobs, processes=2, timeout=3600, cache=None):
     if processes < 1:
         raise ValueError(f'processes must be >= 1, got {processes}')
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    repo = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    )
     env['PYTHONPATH'] = os.pathsep.join(
         p for p in (repo, env.get('PYTHONPATH')) if p
     )
-    command = [sys.executable, '-m', 'mmevo.ops.triton_aot', '--worker']
+    command = [sys.executable, '-m', 'tools.analysis.kernels.aot', '--worker']
     if cache:
         command += ['--cache', os.path.abspath(cache)]
     todo = queue.SimpleQueue()

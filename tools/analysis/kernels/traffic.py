@@ -1,15 +1,16 @@
 """DRAM traffic of the Triton kernels, modelled from their tiling.
 
 One function per kernel of :mod:`mmevo.ops.triton_kernels`, using its own
-tiling helpers (:func:`~.triton_kernels.block_w`,
-:func:`~.triton_kernels.strip_rows`), so the model changes with the kernels.
+tiling helpers (:func:`~mmevo.ops.triton_kernels.block_w`,
+:func:`~mmevo.ops.triton_kernels.strip_rows`), so the model changes with the
+kernels.
 Each gives, per operand, three byte counts of one launch:
 
 * ``minimal``: the operand read (or written) once, whole;
 * ``requested``: the distinct elements each program loads (or stores),
   summed over the programs: reuse inside a program is free, none across
-  programs. ``tests/ops/test_triton_traffic.py`` checks it against the
-  addresses the kernels load under ``TRITON_INTERPRET=1``;
+  programs. ``tests/tools/analysis/kernels/test_traffic.py`` checks it
+  against the addresses the kernels load under ``TRITON_INTERPRET=1``;
 * ``l2``: an L2-aware estimate. Programs sharing data are neighbours in the
   grid order (column blocks, then strips, of one (batch, group)), so a halo
   re-read is a hit when the programs launched between the two reads
@@ -19,7 +20,8 @@ Each gives, per operand, three byte counts of one launch:
 These are estimates, for the GPU check's measurements to replace.
 
 Example:
-    >>> t = aggregate(64, 64, 4, (56, 56), 7, 1, 3, 1, block_p=128,
+    >>> from mmevo.ops.checks import Window
+    >>> t = aggregate(64, 64, 4, (56, 56), Window(7, 1, 3, 1), block_p=128,
     ...               itemsize=2)
     >>> round(t['x'].requested / t['x'].minimal, 2)
     1.41
@@ -27,8 +29,7 @@ Example:
 
 from typing import NamedTuple
 
-from .evolution import output_size
-from .triton_kernels import block_w, strip_rows
+from mmevo.ops.triton_kernels import block_w, strip_rows
 
 # The H200's L2 and DRAM bandwidth (the roofline of docs/benchmarks.md).
 L2_BYTES = 50 * 2**20
@@ -47,31 +48,33 @@ def _blocks(size, block):
     return [range(s, min(s + block, size)) for s in range(0, size, block)]
 
 
-def _tiles(map_hw, kernel_size, stride, dilation, block_p, transpose):
+def _tiles(map_hw, window, block_p, transpose):
     """Row strips and column blocks of the programs over ``map_hw``."""
     bw = block_w(map_hw[1])
     tile_rows = block_p // bw
-    rows = strip_rows(kernel_size, stride, dilation, transpose)
+    rows = strip_rows(
+        window.kernel_size, window.stride, window.dilation, transpose
+    )
     strip = -(-rows // tile_rows) * tile_rows
     return _blocks(map_hw[0], strip), _blocks(map_hw[1], bw)
 
 
-def _window(out_idx, size, kernel_size, stride, padding, dilation):
+def _window(out_idx, size, w):
     """Input indices (in [0, size)) the taps of outputs ``out_idx`` read."""
     return {
-        o * stride - padding + u * dilation
+        o * w.stride - w.padding + u * w.dilation
         for o in out_idx
-        for u in range(kernel_size)
+        for u in range(w.kernel_size)
     } & set(range(size))
 
 
-def _sources(in_idx, size, kernel_size, stride, padding, dilation):
+def _sources(in_idx, size, w):
     """Per tap u, the outputs (in [0, size)) whose tap u reads ``in_idx``."""
     out = []
-    for u in range(kernel_size):
-        t = [h + padding - u * dilation for h in in_idx]
+    for u in range(w.kernel_size):
+        t = [h + w.padding - u * w.dilation for h in in_idx]
         out.append(
-            {x // stride for x in t if x >= 0 and x % stride == 0}
+            {x // w.stride for x in t if x >= 0 and x % w.stride == 0}
             & set(range(size))
         )
     return out
@@ -87,23 +90,12 @@ def _with_l2(parts, n_cb, n_programs):
     }
 
 
-def _forward_x(
-    batch,
-    channels,
-    in_hw,
-    out_hw,
-    kernel_size,
-    stride,
-    padding,
-    dilation,
-    block_p,
-):
+def _forward_x(batch, channels, in_hw, out_hw, window, block_p):
     """(requested, touched) elements of X by the output-strip kernels, and
     the column blocks and programs / (batch * groups)."""
-    strips, cbs = _tiles(out_hw, kernel_size, stride, dilation, block_p, False)
-    win = (kernel_size, stride, padding, dilation)
-    rows = [_window(s, in_hw[0], *win) for s in strips]
-    cols = [_window(c, in_hw[1], *win) for c in cbs]
+    strips, cbs = _tiles(out_hw, window, block_p, False)
+    rows = [_window(s, in_hw[0], window) for s in strips]
+    cols = [_window(c, in_hw[1], window) for c in cbs]
     req = sum(map(len, rows)) * sum(map(len, cols))
     touched = len(set().union(*rows)) * len(set().union(*cols))
     return (
@@ -119,10 +111,7 @@ def aggregate(
     channels,
     groups,
     in_hw,
-    kernel_size,
-    stride,
-    padding,
-    dilation,
+    window,
     block_p,
     itemsize,
     kernel_itemsize=None,
@@ -132,7 +121,7 @@ def aggregate(
     Args:
         batch, channels, groups (int): B, C, G.
         in_hw (tuple[int, int]): X's map (zero padding).
-        kernel_size, stride, padding, dilation (int): the window.
+        window (Window): the window (zero padding).
         block_p (int): the config's ``BLOCK_P``.
         itemsize (int): bytes of an element of X and Y.
         kernel_itemsize (int | None): of W, if not ``itemsize``.
@@ -140,11 +129,11 @@ def aggregate(
     Returns:
         dict[str, Traffic]: ``x``, ``w`` (loads), ``y`` (store).
     """
-    win = (kernel_size, stride, padding, dilation)
-    out_hw = tuple(output_size(s, *win) for s in in_hw)
+    kernel_size = window.kernel_size
+    out_hw = tuple(window.output_size(s) for s in in_hw)
     P = out_hw[0] * out_hw[1]
     req, touched, n_cb, n_prog = _forward_x(
-        batch, channels, in_hw, out_hw, *win, block_p
+        batch, channels, in_hw, out_hw, window, block_p
     )
     wsize = kernel_itemsize or itemsize
     n_w = batch * groups * kernel_size**2 * P
@@ -166,10 +155,7 @@ def correlate(
     channels,
     groups,
     in_hw,
-    kernel_size,
-    stride,
-    padding,
-    dilation,
+    window,
     block_p,
     itemsize,
     out_itemsize=None,
@@ -180,11 +166,11 @@ def correlate(
     Returns:
         dict[str, Traffic]: ``q``, ``x`` (loads), ``out`` (store).
     """
-    win = (kernel_size, stride, padding, dilation)
-    out_hw = tuple(output_size(s, *win) for s in in_hw)
+    kernel_size = window.kernel_size
+    out_hw = tuple(window.output_size(s) for s in in_hw)
     P = out_hw[0] * out_hw[1]
     req, touched, n_cb, n_prog = _forward_x(
-        batch, channels, in_hw, out_hw, *win, block_p
+        batch, channels, in_hw, out_hw, window, block_p
     )
     n_q = batch * channels * P
     n_o = batch * groups * kernel_size**2 * P
@@ -205,10 +191,7 @@ def aggregate_transpose(
     channels,
     groups,
     in_hw,
-    kernel_size,
-    stride,
-    padding,
-    dilation,
+    window,
     block_p,
     itemsize,
     kernel_itemsize=None,
@@ -219,11 +202,11 @@ def aggregate_transpose(
     Returns:
         dict[str, Traffic]: ``grad``, ``w`` (loads), ``grad_x`` (store).
     """
-    win = (kernel_size, stride, padding, dilation)
-    out_hw = tuple(output_size(s, *win) for s in in_hw)
-    strips, cbs = _tiles(in_hw, kernel_size, stride, dilation, block_p, True)
-    rows = [_sources(s, out_hw[0], *win) for s in strips]
-    cols = [_sources(c, out_hw[1], *win) for c in cbs]
+    kernel_size = window.kernel_size
+    out_hw = tuple(window.output_size(s) for s in in_hw)
+    strips, cbs = _tiles(in_hw, window, block_p, True)
+    rows = [_sources(s, out_hw[0], window) for s in strips]
+    cols = [_sources(c, out_hw[1], window) for c in cbs]
     # W: tap (u, v) of output (i, j) is one address per tap.
     w_req = sum(len(r) for s in rows for r in s) * sum(
         len(c) for s in cols for c in s

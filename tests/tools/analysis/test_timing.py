@@ -1,10 +1,10 @@
-"""The benchmark tools' measurements (mmevo.apis.timing)."""
+"""The benchmark tools' measurements (tools/analysis/timing.py)."""
 
 import torch
 from torch import nn
 
-from mmevo.apis.timing import ops_backend, peak_memory, time_steps
 from mmevo.ops import cpp_backend
+from tools.analysis.timing import ops_backend, peak_memory, time_steps
 
 
 def _stages():
