@@ -42,10 +42,10 @@ def cpu_extension():
 DET = ['mmdet>=3.3.0', 'pycocotools']
 EXTRAS = {
     'det': DET,
-    'seg': DET + ['mmsegmentation>=1.2.2', 'ftfy', 'regex'],
+    'seg': [*DET, 'mmsegmentation>=1.2.2', 'ftfy', 'regex'],
     # grad-cam for mmpretrain's tools/visualization/vis_cam.py: 1.4.8 is the
     # last release taking the use_cuda argument that vis_cam.py passes
-    'cls': DET + ['mmpretrain>=1.2.0', 'grad-cam==1.4.8'],
+    'cls': [*DET, 'mmpretrain>=1.2.0', 'grad-cam==1.4.8'],
     'gpu': ['triton>=3.0'],
     # ONNX export (torch.onnx's dynamo exporter needs onnxscript) and
     # onnxruntime for tools/deployment; tested with the pins of

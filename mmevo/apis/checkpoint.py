@@ -82,7 +82,7 @@ def checkpoint_error(path):
             torch.load(path, map_location='cpu', weights_only=True)
         except pickle.UnpicklingError as e:
             return f'refused by the weights-only load: {_first_line(e)}'
-        except Exception as e:  # noqa: BLE001  (a truncated pickle: any)
+        except Exception as e:  # a truncated pickle: any
             return f'truncated legacy torch file ({_first_line(e)})'
         return None
     if bad is not None:

@@ -92,7 +92,7 @@ def check_test_input(runner, session, name, path):
         expected = model(x)
     shapes = [tuple(t.shape) for t in outputs]
     theirs = [tuple(t.shape) for t in expected]
-    for i, (ours, ref) in enumerate(zip(shapes, theirs)):
+    for i, (ours, ref) in enumerate(zip(shapes, theirs, strict=False)):
         # a two-stage detector's graph gives as many rows as detections
         same = ours[1:] == ref[1:] if kind == 'two-stage' else ours == ref
         if not same:
@@ -142,7 +142,7 @@ def evaluate_exported(args, runtime, name):
         runner = build_runner(cfg)
     try:
         session = runtime(args.model)
-    except Exception as e:  # noqa: BLE001  (the runtime's own errors)
+    except Exception as e:  # the runtime's own errors
         fail(
             f"{name} model '{args.model}' cannot be loaded: "
             f'{str(e).splitlines()[0] if str(e) else type(e).__name__}'

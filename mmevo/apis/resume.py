@@ -63,7 +63,7 @@ def optimizer_mismatch(optim_wrapper, state):
         ]
     kind = {k for k, v in optimizer.defaults.items() if _numeric(v)}
     problems, params = [], {}
-    for i, (saved, group) in enumerate(zip(saved_groups, groups)):
+    for i, (saved, group) in enumerate(zip(saved_groups, groups, strict=True)):
         saved_params = saved.get('params') if isinstance(saved, dict) else 0
         if not isinstance(saved_params, list):
             problems.append(f'param group {i} is not a param group')
@@ -74,7 +74,7 @@ def optimizer_mismatch(optim_wrapper, state):
                 f"optimizer's {len(group['params'])}"
             )
         else:
-            params.update(zip(saved_params, group['params']))
+            params.update(zip(saved_params, group['params'], strict=True))
         lacking = sorted(kind - set(saved))
         if lacking:
             problems.append(

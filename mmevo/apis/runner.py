@@ -117,8 +117,9 @@ def dump_results(cfg, out, inputs=None):
     evaluators = cfg.test_evaluator
     if not isinstance(evaluators, (list, tuple)):
         evaluators = [evaluators]
-    cfg.test_evaluator = list(evaluators) + [
-        dict(type=atomic_backend.DUMP_RESULTS, out_file_path=out)
+    cfg.test_evaluator = [
+        *list(evaluators),
+        dict(type=atomic_backend.DUMP_RESULTS, out_file_path=out),
     ]
 
 

@@ -164,7 +164,7 @@ class PrepackConvWeights(CustomGraphPass):
             if weight.is_mkldnn or val is None or val.device.type != 'cpu':
                 continue
             size = tuple(optimization_hint(s) for s in val.shape)
-            window = tuple(tuple(a) for a in node.args[3:6]) + (node.args[6],)
+            window = (*tuple(tuple(a) for a in node.args[3:6]), node.args[6])
             key = (w.target, window, size)
             if key not in cache:
                 cache[key] = f'_mmevo_prepacked_{len(cache)}'
@@ -222,11 +222,12 @@ def compile_program(program, path, freeze=True, prepack=True):
         # convolutions (batch norms unfolded, no weight prepacking).
         with torch.no_grad():
             return _compile(frozen, path, configs, metadata)
-    except Exception as e:  # noqa: BLE001  (Inductor's own errors)
+    except Exception as e:  # Inductor's own errors
         first = str(e).splitlines()[0] if str(e) else ''
         warnings.warn(
             f'AOTInductor freezing failed ({type(e).__name__}: {first}); '
-            'compiling without it (slower)'
+            'compiling without it (slower)',
+            stacklevel=2,
         )
     return _compile(program, path, {'freezing': False}, metadata)
 

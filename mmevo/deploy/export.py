@@ -161,7 +161,7 @@ def _dynamic_axes(model, x):
         output_names=outputs,
         dynamic_axes={
             name: {2: f'{name}_height', 3: f'{name}_width'}
-            for name, t in zip(['input'] + outputs, [x, *outs])
+            for name, t in zip(['input', *outputs], [x, *outs], strict=True)
             if t.dim() == 4
         },
     )

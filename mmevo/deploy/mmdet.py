@@ -124,7 +124,9 @@ def _proposals(rpn_head, scores, deltas, size):
     )
     nms_pre = cfg.get('nms_pre', -1)
     level_scores, level_boxes, level_priors, level_ids = [], [], [], []
-    for level, (score, delta, prior) in enumerate(zip(scores, deltas, priors)):
+    for level, (score, delta, prior) in enumerate(
+        zip(scores, deltas, priors, strict=True)
+    ):
         score = score.permute(1, 2, 0).reshape(-1, rpn_head.cls_out_channels)
         score = (
             score.sigmoid()
@@ -192,7 +194,7 @@ def two_stage_forward(model, x):
     head = model.roi_head
     outs = (rois, *_bbox_forward(head, feats, rois))
     if head.with_mask:
-        outs = outs + (_mask_forward(head, feats, rois[:100]),)
+        outs = (*outs, _mask_forward(head, feats, rois[:100]))
     return outs
 
 
@@ -315,5 +317,5 @@ def two_stage_detections(model, x):
     dets = torch.cat(dets)
     outs = (dets, torch.cat(scores), torch.cat(labels))
     if head.with_mask:
-        outs = outs + (_mask_forward(head, feats, dets),)
+        outs = (*outs, _mask_forward(head, feats, dets))
     return outs

@@ -31,7 +31,10 @@ def max_difference(outputs, expected, rows=False):
         )
     if rows:
         outputs = match_rows(outputs, expected)
-    errs = [relative_difference(o, r) for o, r in zip(outputs, expected)]
+    errs = [
+        relative_difference(o, r)
+        for o, r in zip(outputs, expected, strict=True)
+    ]
     err = max(errs, default=0.0)
     return err, errs.index(err) if errs else 0
 
@@ -88,7 +91,7 @@ def check_outputs(model, runtime, inputs, kind):
             expected = model(x)
         try:
             outputs = runtime(x)
-        except Exception as e:  # noqa: BLE001  (the runtime's own errors)
+        except Exception as e:  # the runtime's own errors
             lines = str(e).strip().splitlines() or [type(e).__name__]
             raise ValueError(
                 f'fails at input {tuple(x.shape)}: {lines[0]}'

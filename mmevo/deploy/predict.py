@@ -57,7 +57,7 @@ def _two_stage_results(model, outs, metas, rescale):
     from mmengine.structures import InstanceData
 
     results = []
-    for out, meta in zip(outs, metas):
+    for out, meta in zip(outs, metas, strict=True):
         res = InstanceData(bboxes=out[0][:, 1:], scores=out[1], labels=out[2])
         if rescale and not model.roi_head.with_mask:
             res.bboxes = scale_boxes(
@@ -110,7 +110,7 @@ def runtime_predict(model, runtime):
             return model.add_pred_to_datasample(
                 data_samples, _two_stage_results(model, outs, metas, rescale)
             )
-        outs = [torch.cat(level) for level in zip(*outs)]
+        outs = [torch.cat(level) for level in zip(*outs, strict=True)]
         if kind == 'seg':
             logits = model.decode_head.predict_by_feat(outs[0], metas)
             return model.postprocess_result(logits, data_samples)

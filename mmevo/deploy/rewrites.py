@@ -49,7 +49,7 @@ def adaptive_avg_pool2d(x, output_size):
     """
     out_h, out_w = _pair(output_size)
     if not all(
-        o is None or isinstance(o, int) and o >= 1 for o in (out_h, out_w)
+        o is None or (isinstance(o, int) and o >= 1) for o in (out_h, out_w)
     ):
         raise ValueError(
             f'output_size must be a positive int, None or a '

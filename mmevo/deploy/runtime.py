@@ -151,7 +151,9 @@ class InputSpec:
             else [f'dim {i}' for i in range(x.dim())]
         )
         problems = []
-        for i, (size, (lo, hi)) in enumerate(zip(x.shape, self.dims)):
+        for i, (size, (lo, hi)) in enumerate(
+            zip(x.shape, self.dims, strict=True)
+        ):
             if size < lo or (hi is not None and size > hi):
                 problems.append(f'{names[i]} {size}, expected {self._dim(i)}')
         if self.dtype is not None and x.dtype != self.dtype:

@@ -39,7 +39,7 @@ def test_check_data_takes_one_name_or_several(tmp_path):
         ('test_dataloader',),
     ):
         with pytest.raises(
-            MissingDataError, match='^test_dataloader: data_root'
+            MissingDataError, match=r'^test_dataloader: data_root'
         ):
             apis.check_data(cfg, names)
 
@@ -58,7 +58,7 @@ def test_paths_may_be_pathlib(demo, tmp_path):
     out = tmp_path / 'preds.pkl'
     apis.dump_results(cfg, out)
     assert cfg.test_evaluator[-1]['out_file_path'] == str(out)
-    with pytest.raises(apis.CheckpointError, match="'.*none.pth' does not"):
+    with pytest.raises(apis.CheckpointError, match=r"'.*none\.pth' does not"):
         apis.read_checkpoint(tmp_path / 'none.pth')
 
 
@@ -73,7 +73,7 @@ def test_build_model_takes_a_config_file(demo):
         'build_model: cfg must be an mmengine Config (load_config) or a '
         'config file name, got int'
     )
-    with pytest.raises(MissingDataError, match="config file 'none.py'"):
+    with pytest.raises(MissingDataError, match=r"config file 'none\.py'"):
         apis.build_model('none.py')
 
 

@@ -35,7 +35,7 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, ckpt):
     # the input given as a symlink or a file:// URL is resolved too
     with pytest.raises(OutputPathError, match=f"is the config '{link}'"):
         check_output(ckpt, {'config': f'file://{link}'})
-    with pytest.raises(OutputPathError, match="^dst '.*' is the source"):
+    with pytest.raises(OutputPathError, match=r"^dst '.*' is the source"):
         check_output(ckpt, {'source': str(link)}, what='dst')
     # another file beside it, an URL input, no inputs: fine
     assert check_output(tmp_path / 'd.pth', inputs) == str(tmp_path / 'd.pth')

@@ -35,7 +35,7 @@ def graph_ops(program):
 
 def assert_close(outputs, expected):
     assert len(outputs) == len(expected)
-    for out, ref in zip(outputs, expected):
+    for out, ref in zip(outputs, expected, strict=True):
         assert out.shape == ref.shape
         err = (out - ref).abs().max() / ref.abs().max().clamp(min=1e-6)
         assert err <= 1e-4, float(err)

@@ -53,7 +53,7 @@ def packages(tmp_path_factory):
 
 def assert_close(outputs, expected):
     assert len(outputs) == len(expected)
-    for out, ref in zip(outputs, expected):
+    for out, ref in zip(outputs, expected, strict=True):
         assert out.shape == ref.shape
         err = (out - ref).abs().max() / ref.abs().max()
         assert err <= 1e-4, float(err)

@@ -124,7 +124,7 @@ def assert_same_detections(preds, reference):
     """The same detections, not only the same (near-zero, untrained)
     score."""
     assert len(preds) == len(reference) == 3
-    for ours, ref in zip(preds, reference):
+    for ours, ref in zip(preds, reference, strict=True):
         ours, ref = ours['pred_instances'], ref['pred_instances']
         assert len(ref['scores']) > 0
         torch.testing.assert_close(
@@ -138,7 +138,7 @@ def assert_same_detections(preds, reference):
 
 def assert_same_seg_logits(preds, reference):
     assert len(preds) == len(reference) == 2
-    for ours, ref in zip(preds, reference):
+    for ours, ref in zip(preds, reference, strict=True):
         torch.testing.assert_close(
             ours['seg_logits']['data'],
             ref['seg_logits']['data'],
@@ -176,7 +176,7 @@ def test_export_then_evaluate_matches_pytorch(setup, det_reference):
     'tool', ['pytorch2onnx', 'onnx_test', 'pytorch2aoti', 'aoti_test']
 )
 def test_missing_file_is_one_line(tool, setup, capsys):
-    tmp, cfg, ckpt, _ = setup
+    tmp, cfg, _ckpt, _ = setup
     nowhere = str(tmp / 'nowhere')
     out = str(tmp / ('x.pt2' if tool == 'pytorch2aoti' else 'x.onnx'))
     argv = (
@@ -392,7 +392,7 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
     reference, ref_preds = evaluate('test', path, ckpt, tmp, f'{name}_torch')
     assert_same_metrics(metrics, reference, 2e-3)
     assert len(preds) == len(ref_preds) == 3
-    for ours, ref in zip(preds, ref_preds):
+    for ours, ref in zip(preds, ref_preds, strict=True):
         ours, ref = ours['pred_instances'], ref['pred_instances']
         assert len(ref['scores']) > 0
         # each PyTorch detection has its ONNX one; of two overlapping

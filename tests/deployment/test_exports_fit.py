@@ -194,7 +194,9 @@ def test_onnx_test_refuses_a_graph_of_another_class_count(
     classes = load_config(cfg).model.bbox_head.num_classes
     ours = output_shapes(cfg, TEST_SIZE)
     theirs = output_shapes(cfg, TEST_SIZE, num_classes=classes + 2)
-    first = next(i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b)
+    first = next(
+        i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b
+    )
     path = constant_graph(str(tmp / 'other.onnx'), TEST_SIZE, theirs)
     message = one_line_error(
         capsys, 'onnx_test', [cfg, path, *evaluation_args(tmp, 'classes')]
@@ -343,7 +345,7 @@ def test_pytorch2onnx_dynamic_refuses_an_acmix_swin_graph_of_one_size(
     torch.save({'state_dict': state}, ckpt)
     out = tmp_path / 'c.onnx'
     argv = [str(cfg), str(ckpt), '--out', str(out), '--shape', '112', '112']
-    message = one_line_error(capsys, 'pytorch2onnx', argv + ['--dynamic'])
+    message = one_line_error(capsys, 'pytorch2onnx', [*argv, '--dynamic'])
     # 112 x 112 exported and checked; the second size is 85 x 141
     assert message.startswith(
         '--dynamic: the onnxruntime graph does not take another size than '

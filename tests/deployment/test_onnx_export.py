@@ -46,7 +46,7 @@ def assert_parity(model, path, inputs, match=None):
         if match is not None:
             outputs = match(outputs, expected)
         assert len(outputs) == len(expected)
-        for out, ref in zip(outputs, expected):
+        for out, ref in zip(outputs, expected, strict=True):
             assert out.shape == ref.shape, tuple(x.shape)
             err = (out - ref).abs().max() / ref.abs().max().clamp(min=1e-6)
             assert err <= 1e-4, (tuple(x.shape), float(err))
@@ -233,7 +233,7 @@ def test_two_stage_export(config, graph, dynamo, tmp_path):
             pred = model.predict(x, [sample], rescale=False)[0].pred_instances
         assert len(ours) == len(ref) + 1 and len(ours[0]) == 60
         assert ours[0][:, 1:].min() >= 0
-        for out, expected in zip(ours[1:], ref):
+        for out, expected in zip(ours[1:], ref, strict=False):
             assert _rows(out) == _rows(expected)
         assert len(pred) == len(dets[0]) > 0
         assert _rows(
@@ -357,7 +357,7 @@ def test_adaptive_avg_pool2d_equals_pytorch():
             torch.testing.assert_close(
                 adaptive_avg_pool2d(x, size),
                 F.adaptive_avg_pool2d(x, size),
-                msg=lambda m: f'{(h, w)} -> {size}: {m}',
+                msg=lambda m, h=h, w=w, size=size: f'{(h, w)} -> {size}: {m}',
             )
     x = torch.randn(3, 7, 5, dtype=torch.float64)  # no batch dim
     torch.testing.assert_close(

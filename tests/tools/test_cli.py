@@ -146,7 +146,7 @@ def _mismatched_checkpoint(path):
     torch.save(dict(meta={}, state_dict=state), path)
 
 
-def test_checkpoint_that_does_not_fit_is_refused(tiny_coco, tmp_path, capsys):  # noqa: F811
+def test_checkpoint_that_does_not_fit_is_refused(tiny_coco, tmp_path, capsys):
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(TEST_CONFIG.format(base=DEMO_DET, root=tiny_coco))
     ckpt = str(tmp_path / 'other.pth')
@@ -174,7 +174,7 @@ def test_checkpoint_that_does_not_fit_is_refused(tiny_coco, tmp_path, capsys):  
     )
 
     argv[-2:] = ['experiment_name=partial', 'visualizer.name=partial']
-    metrics = load_tool('test').main(argv + ['--allow-partial'])
+    metrics = load_tool('test').main([*argv, '--allow-partial'])
     assert 0 <= metrics['coco/bbox_mAP'] <= 1
 
 
@@ -224,7 +224,7 @@ def test_launch_scripts_keep_paths_with_spaces(script, tmp_path):
         SRUN_ARGS='--mem=1G --exclusive',
     )
     subprocess.run(
-        [os.path.join(REPO, 'tools', script)] + head + extra,
+        [os.path.join(REPO, 'tools', script), *head, *extra],
         env=env,
         check=True,
         timeout=60,
@@ -236,7 +236,7 @@ def test_launch_scripts_keep_paths_with_spaces(script, tmp_path):
     if script.startswith('dist'):
         assert argv[:2] == ['-m', 'torch.distributed.run']
         assert '--nproc_per_node=2' in argv
-        expected = head[:-1] + ['--launcher', 'pytorch'] + extra
+        expected = [*head[:-1], '--launcher', 'pytorch', *extra]
     else:
         assert argv[argv.index(script_path) - 2 :][:2] == [str(fake), '-u']
         assert '--mem=1G' in argv and '--exclusive' in argv
@@ -429,9 +429,12 @@ def test_arguments_out_of_bounds_are_one_line(tool, args, message, tmp_path):
     benchmark tools parse sys.argv)."""
     head = [] if tool.startswith(('analysis/bench',)) else [DEMO_DET]
     out = _run_as_rank0(
-        [sys.executable, os.path.join(REPO, 'tools', f'{tool}.py')]
-        + head
-        + args,
+        [
+            sys.executable,
+            os.path.join(REPO, 'tools', f'{tool}.py'),
+            *head,
+            *args,
+        ],
         tmp_path,
     )
     assert out.returncode == 2

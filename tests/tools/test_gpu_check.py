@@ -45,7 +45,7 @@ def run_check(args, **env):
     full = {k: v for k, v in os.environ.items() if k != 'OUT'}
     full.update(PY=sys.executable, **env)
     return subprocess.run(
-        ['bash', SCRIPT] + args,
+        ['bash', SCRIPT, *args],
         cwd=REPO,
         env=full,
         capture_output=True,

@@ -149,8 +149,11 @@ def test_kill_during_a_save(straight, tmp_path):
         if k not in ('RANK', 'SLURM_PROCID')
     }
     out = subprocess.run(
-        [sys.executable, osp.join(REPO, 'tools', 'train.py')]
-        + _argv(str(killed_cfg), work_dir, 'crash_d'),
+        [
+            sys.executable,
+            osp.join(REPO, 'tools', 'train.py'),
+            *_argv(str(killed_cfg), work_dir, 'crash_d'),
+        ],
         env=dict(env, PYTHONPATH=f'{tmp_path}{os.pathsep}{REPO}'),
         capture_output=True,
         text=True,

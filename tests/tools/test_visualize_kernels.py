@@ -126,7 +126,7 @@ def test_writes_png_for_a_strided_backbone_involution(setup):
 
 
 def test_captured_kernel_and_point_mapping(setup):
-    _, config, checkpoint, image, layers, tool = setup
+    _, config, checkpoint, _image, layers, _tool = setup
     model = build_model(load_config(str(config)), str(checkpoint))
     name = next(n for n in evolution_layers(model) if n.startswith('neck.'))
     inputs = preprocess(model, np.zeros((90, 130, 3), np.uint8))
@@ -138,7 +138,7 @@ def test_captured_kernel_and_point_mapping(setup):
 
 
 def test_unknown_layer_lists_the_choices(setup, capsys):
-    _, config, checkpoint, image, layers, tool = setup
+    _, config, checkpoint, image, _layers, tool = setup
     with pytest.raises(SystemExit) as info:
         tool.main(
             [
@@ -161,7 +161,7 @@ def test_unknown_layer_lists_the_choices(setup, capsys):
 
 
 def test_checkpoint_that_does_not_fit_is_refused(setup, tmp_path, capsys):
-    _, config, checkpoint, image, layers, tool = setup
+    _, config, checkpoint, image, _layers, tool = setup
     state = torch.load(checkpoint)['state_dict']
     key = 'neck.lateral_convs.0.conv.weight'
     shape = tuple(state[key].shape)

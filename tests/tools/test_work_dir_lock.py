@@ -73,7 +73,7 @@ def test_second_run_on_a_live_work_dir_is_refused(tiny_coco, tmp_path):
         second = _train(
             str(cfg), work_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
-        out, err = second.communicate(timeout=300)
+        _out, err = second.communicate(timeout=300)
         assert second.returncode == 1, err[-3000:]
         assert 'Traceback' not in err
         assert err.count('\n') == 1 and err.startswith(

@@ -30,7 +30,7 @@ from mmevo.cli import MAX_SIDE, int_in_range
 
 # run as a file: the repository root, for tools.analysis
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tools.analysis.timing import (  # noqa: E402
+from tools.analysis.timing import (
     op_profile,
     ops_backend,
     peak_memory,

@@ -28,7 +28,7 @@ from mmevo.ops import fused_involution, use_backend
 
 # run as a file: the repository root, for tools.analysis
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tools.analysis.timing import median_times, peak_bytes  # noqa: E402
+from tools.analysis.timing import median_times, peak_bytes
 
 # (B, C, H, G): the stem involution of the detection RedNet-50, the stages.
 SHAPES = [

@@ -87,7 +87,7 @@ def build(name, size):
     }
     if name not in builders:
         raise ValueError(
-            f'model must be one of {sorted(builders) + ["demo"]}, got {name!r}'
+            f'model must be one of {[*sorted(builders), "demo"]}, got {name!r}'
         )
     backbone = builders[name]()
     backbone.eval()  # mmdet's ResNet.train returns None: no chaining

@@ -56,14 +56,14 @@ from mmevo.ops import evolution_aggregate, use_backend
 
 # run as a file: the repository root, for tools.analysis
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tools.analysis.timing import median_times, peak_bytes  # noqa: E402
+from tools.analysis.timing import median_times, peak_bytes
 
 # (B, C, H, G) of the four RedNet-50 stages; K = 7, stride 1, "same" padding.
 STAGES = [(8, 64, 56, 4), (8, 128, 28, 8), (8, 256, 14, 16), (8, 512, 7, 32)]
 # --inference: the stem involution of the detection RedNet-50, then the stages.
 INFERENCE_SHAPES = [(1, 32, 112, 2)] + [(1, C, H, G) for _, C, H, G in STAGES]
 # --involution: the stem involution of the detection RedNet-50, the stages.
-LAYER_SHAPES = [(8, 32, 112, 2)] + STAGES
+LAYER_SHAPES = [(8, 32, 112, 2), *STAGES]
 K = 7
 # Peak DRAM bandwidth (bytes/s) of GPUs we know, for the achieved fraction.
 PEAK_BANDWIDTH = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12}
@@ -309,12 +309,12 @@ def main():
         ).requires_grad_()
         gy = torch.randn(B, C, H, H, device=device, dtype=dtype)
         steps = {
-            name: lambda fn=IMPLS[name]: fwd_bwd(fn, x, w, gy)
+            name: lambda fn=IMPLS[name], x=x, w=w, gy=gy: fwd_bwd(fn, x, w, gy)
             for name in args.impls
         }
         ms = time_ms(
             {
-                name: lambda step=step: (reset_grads(x, w), step())
+                name: lambda step=step, x=x, w=w: (reset_grads(x, w), step())
                 for name, step in steps.items()
             },
             device,

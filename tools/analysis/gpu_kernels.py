@@ -25,7 +25,7 @@ from mmevo.ops.checks import Window
 
 # run as a file: the repository root, for tools.analysis
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tools.analysis.kernels import aot, traffic  # noqa: E402
+from tools.analysis.kernels import aot, traffic
 
 # (name, B, C, G, H, K, dtype bytes, bytes of the correlation's output)
 SHAPES = [
@@ -47,7 +47,7 @@ def resource_table(rows):
         cells.setdefault((name, r['config'], r['config_str']), []).append(r)
     head = ['kernel', 'config'] + [f'sm_{t} regs' for t in targets]
     lines = [
-        '| ' + ' | '.join(head + ['spill B', 'local B', 'shared B']) + ' |',
+        '| ' + ' | '.join([*head, 'spill B', 'local B', 'shared B']) + ' |',
         '|' + '---|' * (len(head) + 3),
     ]
     for (name, _, cfg), group in sorted(cells.items()):
@@ -67,9 +67,10 @@ def resource_table(rows):
         lines.append(
             '| '
             + ' | '.join(
-                [name, cfg]
-                + regs
-                + [
+                [
+                    name,
+                    cfg,
+                    *regs,
                     str(sum(r['spill_bytes'] for r in group)),
                     str(sum(r['local'] for r in group)),
                     str(max(r['shared'] for r in group)),

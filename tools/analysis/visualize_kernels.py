@@ -23,13 +23,13 @@ import os.path as osp
 import matplotlib
 
 matplotlib.use('Agg')  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-import mmcv  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import mmcv
+import numpy as np
 
-from mmevo import apis, cli  # noqa: E402
-from mmevo.apis import kernel_capture as kernels  # noqa: E402
-from mmevo.integrations import mmengine as fixes  # noqa: E402
+from mmevo import apis, cli
+from mmevo.apis import kernel_capture as kernels
+from mmevo.integrations import mmengine as fixes
 
 # the most --points drawn (a row of the figure each)
 MAX_POINTS = 64
@@ -117,7 +117,7 @@ def draw(image_rgb, points, kernel, positions, max_groups, title):
     ax = fig.add_subplot(grid[:, 0])
     ax.imshow(image_rgb)
     colors = plt.cm.tab10(np.arange(rows) % 10)
-    for n, ((y, x), color) in enumerate(zip(points, colors)):
+    for n, ((y, x), color) in enumerate(zip(points, colors, strict=True)):
         ax.scatter([x], [y], s=60, color=color, edgecolors='white')
         ax.annotate(
             str(n),

@@ -92,7 +92,7 @@ def main(argv=None):
         program = export_program(
             model, inputs[0], dynamic=args.dynamic, inline_ops=args.inline_ops
         )
-    except Exception as e:  # noqa: BLE001  (torch.export's own errors)
+    except Exception as e:  # torch.export's own errors
         size = ' '.join(map(str, args.shape))
         apis.fail(
             f'torch.export at --shape {size}'
