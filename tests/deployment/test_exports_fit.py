@@ -13,6 +13,7 @@ ACmix-Swin classifier.
 import os
 import os.path as osp
 import re
+import subprocess
 import sys
 
 import onnx
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.slow
 sys.path.insert(
     0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools')
 )
-from tool_utils import DEMO_DET, load_tool  # noqa: E402
+from tool_utils import DEMO_DET, REPO, load_tool  # noqa: E402
 
 CONFIG = """
 _base_ = '{base}'
@@ -324,7 +325,7 @@ model = dict(
 
 
 def test_pytorch2onnx_dynamic_refuses_an_acmix_swin_graph_of_one_size(
-    tmp_path, capsys
+    tmp_path,
 ):
     """The case of the report: torch.onnx exports a narrow ACmix-Swin
     classifier with --dynamic through a mode that fixes the window
@@ -345,7 +346,28 @@ def test_pytorch2onnx_dynamic_refuses_an_acmix_swin_graph_of_one_size(
     torch.save({'state_dict': state}, ckpt)
     out = tmp_path / 'c.onnx'
     argv = [str(cfg), str(ckpt), '--out', str(out), '--shape', '112', '112']
-    message = one_line_error(capsys, 'pytorch2onnx', [*argv, '--dynamic'])
+    # a fresh process, as a user runs it: the long export logs through
+    # handlers that earlier in-process tools may have bound to stderr
+    proc = subprocess.run(
+        [
+            sys.executable,
+            osp.join(REPO, 'tools', 'deployment', 'pytorch2onnx.py'),
+            *argv,
+            '--dynamic',
+        ],
+        env=dict(os.environ, PYTHONPATH=REPO),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = [
+        line
+        for line in proc.stderr.splitlines()
+        if not re.match(r'[DIWE]\d{4} ', line)
+    ]
+    assert len(lines) == 1 and lines[0].startswith('error: '), lines
+    message = lines[0][len('error: ') :]
     # 112 x 112 exported and checked; the second size is 85 x 141
     assert message.startswith(
         '--dynamic: the onnxruntime graph does not take another size than '

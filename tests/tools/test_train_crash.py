@@ -46,18 +46,23 @@ default_hooks = dict(
 # imported by the killed run's config: SIGKILL when the save of epoch 2
 # opens its temporary file, before it writes a byte
 KILL_AT_SAVE = """
-import os, signal
+import builtins, os, signal
 
-_fdopen = os.fdopen
+_open = builtins.open
 
 
-def _killing_fdopen(fd, *args, **kwargs):
-    if '.epoch_2.pth.' in os.readlink(f'/proc/self/fd/{fd}'):
+def _killing_open(file, mode='r', *args, **kwargs):
+    # the checkpoint's temporary file opened for writing: killed right there
+    if (
+        isinstance(file, (str, os.PathLike))
+        and 'w' in mode
+        and '.epoch_2.pth.' in os.fspath(file)
+    ):
         os.kill(os.getpid(), signal.SIGKILL)
-    return _fdopen(fd, *args, **kwargs)
+    return _open(file, mode, *args, **kwargs)
 
 
-os.fdopen = _killing_fdopen
+builtins.open = _killing_open
 """
 
 
