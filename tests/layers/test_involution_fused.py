@@ -34,16 +34,16 @@ def kernel_map_saved(layer, x):
     return size in sizes
 
 
-# name: (layer, input shape); maps of >= 56² output pixels take the fused op.
+# name: (layer, input shape); maps of >= 28² output pixels take the fused op.
 LAYERS = {
-    'k7': (lambda: Involution(16, 7), (2, 16, 56, 57)),
+    'k7': (lambda: Involution(16, 7), (2, 16, 28, 29)),
     'groups': (
         lambda: Involution(16, 5, group_channels=4, reduction_ratio=2),
-        (1, 16, 57, 56),
+        (1, 16, 29, 28),
     ),
     's2_d2_odd': (
         lambda: Involution(8, 3, stride=2, dilation=2, group_channels=4),
-        (1, 8, 113, 111),
+        (1, 8, 57, 55),
     ),
 }
 
@@ -141,10 +141,10 @@ def test_hooks_see_the_stock_graph():
 
 def test_falls_back_where_the_fused_op_cannot_or_does_not_win():
     """Autocast (mixed dtypes), a forced non-C++ backend and maps below
-    56² output pixels run the unfused path, with its numbers."""
+    28² output pixels run the unfused path, with its numbers."""
     torch.manual_seed(0)
     layer = randomised(Involution(16, 7))
-    x = torch.randn(1, 16, 56, 56)
+    x = torch.randn(1, 16, 28, 28)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = layer(x)
         assert kernel_map_saved(layer, x)
@@ -153,11 +153,11 @@ def test_falls_back_where_the_fused_op_cannot_or_does_not_win():
     torch.testing.assert_close(out, ref)
     with use_backend('torch'):
         assert kernel_map_saved(layer, x)
-    small = torch.randn(1, 16, 55, 56)
+    small = torch.randn(1, 16, 27, 28)
     assert kernel_map_saved(layer, small)
     stride2 = randomised(Involution(16, 3, stride=2))
-    assert kernel_map_saved(stride2, torch.randn(1, 16, 109, 112))
-    assert not kernel_map_saved(stride2, torch.randn(1, 16, 112, 111))
+    assert kernel_map_saved(stride2, torch.randn(1, 16, 53, 56))
+    assert not kernel_map_saved(stride2, torch.randn(1, 16, 56, 55))
 
 
 def test_compile_and_tracing_see_the_stock_graph():
