@@ -17,6 +17,7 @@ share one worker: ``@pytest.mark.xdist_group('two_cores')``; the slow
 tests are handed out first.
 """
 
+import logging
 import os
 import sys
 
@@ -61,3 +62,19 @@ def pytest_collection_modifyitems(config, items):
 def device():
     """``cuda`` on a GPU, else ``cpu`` (Triton kernels interpreted)."""
     return torch.device('cuda' if CUDA else 'cpu')
+
+
+@pytest.fixture(autouse=True)
+def _live_log_stream():
+    """mmengine's current logger writes to the ``sys.stdout`` it found when
+    it was made; made under an earlier test's ``capsys``, that stream is
+    closed now, and the next ``print_log`` (``init_default_scope``'s note
+    on a scope change, say) prints a logging error into this test's
+    output. Such a handler is pointed at the live ``sys.stdout``."""
+    from mmengine.logging import MMLogger
+
+    logger = MMLogger.get_current_instance()
+    for handler in logger.handlers:
+        if type(handler) is logging.StreamHandler and handler.stream.closed:
+            handler.stream = sys.stdout
+    yield
