@@ -262,24 +262,25 @@ __attribute__((always_inline)) inline void backward_chunk(
   for (int64_t c = 0; c < Cg; ++c) {
     const vec qv = load_v<A, vec>(qb + c * V);
     const A* kc = kb + c * ks;
-    A* gkc = gkb + c * ks;
     vec g = load_v<A, vec>(gq + c * V);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       vec kv = load_v<A, vec>(kc + off[t]);
       if (rel) kv += rel[c * rs + t];
       g += ds[t] * kv;
-      add_v<A, vec>(gkc + off[t], ds[t] * qv);
     }
     store_v<A, vec>(gq + c * V, g);
     if (grel)
       for (int t = 0; t < NT; ++t) add_v<A, vec>(grel + (c * rs + t) * V, ds[t] * qv);
   }
-  for (int64_t c = 0; c < Cvg; ++c) {
-    const vec gv = load_v<A, vec>(gyb + c * V);
-    A* gvc = gvb + c * vs;
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) add_v<A, vec>(gvc + off[t], p[t] * gv);
+  // The scatters tap by tap, channels inner: the taps of one channel
+  // overlap (stride 1), and a load of a vector just stored over part of it
+  // stalls; a channel's next tap comes Cg stores later.
+  for (int t = 0; t < NT; ++t) {
+    for (int64_t c = 0; c < Cg; ++c)
+      add_v<A, vec>(gkb + c * ks + off[t], ds[t] * load_v<A, vec>(qb + c * V));
+    for (int64_t c = 0; c < Cvg; ++c)
+      add_v<A, vec>(gvb + c * vs + off[t], p[t] * load_v<A, vec>(gyb + c * V));
   }
 }
 
