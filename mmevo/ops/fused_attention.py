@@ -250,7 +250,7 @@ def _unfused_backward(
     ds = P * (dP - D[:, :, None, None])
     dt = query.dtype
     grad_q = dispatch.aggregate(key, ds.to(dt), window).to(acc)
-    grad_r = grad_b = query.new_empty(0)
+    grad_r, grad_b = query.new_empty(0), query.new_empty(0)
     if rel_embed is not None:
         q5 = query.to(acc).reshape(B, G, C // G, Ho, Wo)
         r = rel_embed.to(acc).reshape(G, C // G, *rel_embed.shape[1:])
