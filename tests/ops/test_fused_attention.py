@@ -331,16 +331,44 @@ def test_fake_shapes_and_absent_rel_grads():
     assert [g.shape for g in cpu] == [g.shape for g in grads]
 
 
-def test_torch_compile_fullgraph():
+def _compiled_matches_eager(backend):
     tensors, args = case_args(CASES[0])
 
-    @torch.compile(fullgraph=True, backend='aot_eager')
     def layer(q, k, v, rel, bias):
         return fused(q * 2, k, v, rel, bias, *args).relu()
 
-    y = layer(*tensors)
-    q, *rest = tensors
-    torch.testing.assert_close(y, stock(q * 2, *rest, *args).relu())
+    compiled = torch.compile(layer, fullgraph=True, backend=backend)
+    y, grads = values_and_grads(compiled, tensors, ())
+    y_ref, grads_ref = values_and_grads(layer, tensors, ())
+    torch.testing.assert_close(y, y_ref)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, grads_ref[name], msg=name)
+
+
+def test_torch_compile_fullgraph():
+    """One graph through the op, forward and backward (AOT autograd on the
+    fake kernels)."""
+    _compiled_matches_eager('aot_eager')
+
+
+def test_torch_compile_inductor():
+    """Inductor's graph around the op: the layouts it assumes of the op's
+    outputs are the fake kernels'."""
+    _compiled_matches_eager('inductor')
+
+
+def test_autocast():
+    """Under CPU autocast every tensor is cast to its dtype, like a
+    convolution's inputs."""
+    tensors, args = case_args(CASES[0])
+    low = [t.float() for t in tensors]
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        y = fused(*low, *args)
+    assert y.dtype == torch.bfloat16
+    ref = stock(*tensors, *args)
+    torch.testing.assert_close(
+        y.double(), ref, rtol=5e-2, atol=5e-2 * float(ref.abs().max())
+    )
 
 
 def test_triton_module_hand_off(monkeypatch):

@@ -292,10 +292,13 @@ Grads fused_local_attention_backward_cpu(
   auto sums = at::zeros({a.G, part}, acc);
   for (int64_t b = 0; b < a.B; ++b) sums.add_(partial[b]);
   const auto st = query.scalar_type();
-  auto gr = rel_embed ? sums.narrow(1, 0, part - KK).reshape({a.C, a.K, a.K}).to(st)
-                      : at::empty({0}, opts);
-  auto gb = rel_bias ? sums.narrow(1, part - KK, KK).reshape({a.G, a.K, a.K}).to(st)
-                     : at::empty({0}, opts);
+  // Contiguous, as the fake kernel says (narrow leaves views).
+  auto gr = rel_embed
+                ? sums.narrow(1, 0, part - KK).reshape({a.C, a.K, a.K}).to(st).contiguous()
+                : at::empty({0}, opts);
+  auto gb = rel_bias
+                ? sums.narrow(1, part - KK, KK).reshape({a.G, a.K, a.K}).to(st).contiguous()
+                : at::empty({0}, opts);
   return {gq, gk.to(st), gv.to(st), gr, gb};
 }
 
