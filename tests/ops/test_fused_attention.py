@@ -130,6 +130,9 @@ CASES = [
     (1, 4, 4, 3, 2, 1, 7, 1, 3, 1, 'reflect', True, True),
     (1, 6, 3, 2, 3, 3, 5, 2, 4, 2, 'reflect', True, True),
     (1, 8, 8, 11, 5, 4, 3, 3, 0, 1, 'zeros', True, True),
+    # more taps in a window row than a chunk holds
+    (1, 6, 4, 6, 13, 2, 9, 1, 4, 1, 'reflect', True, True),
+    (2, 4, 4, 9, 23, 1, 11, 2, 5, 1, 'zeros', True, False),
 ]
 
 
@@ -190,6 +193,21 @@ def test_seeded_sweep_odd_sizes():
             seed=seed,
         )
         assert_matches_stock(tensors, (G, K, s, p, d, mode))
+
+
+@needs_cpp
+def test_same_bits_for_any_thread_count():
+    tensors, args = case_args(CASES[4])
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            y, grads = values_and_grads(fused, tensors, args)
+            results.append([y, *grads.values()])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(map(torch.equal, *results))
 
 
 def test_gradcheck():
