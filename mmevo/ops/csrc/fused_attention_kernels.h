@@ -95,26 +95,41 @@ inline void add_v(A* p, vec v) {
 }
 
 // The logits of NT taps of window row u for the columns [jv, jv + V) of
-// one output row: lg[t] = sum_c q[c] * (k[c, tap] + r[c, u, v0 + t]) +
-// bias[u, v0 + t]. q: Cg rows at qb + c * qs; k: the buffered row of
-// window row u at kb, channel stride ks, tap t at koff[t].
+// one output row: lg[t] = init[t] + sum_c q[c] * k[c, tap t]. q: Cg rows
+// at qb + c * qs; k: the buffered row of window row u at kb, channel
+// stride ks, tap t at koff[t]; init (vectors, or null for zeros): the
+// taps' q . r + bias (rel_logits).
 template <typename A, typename vec, int NT>
 __attribute__((always_inline)) inline void chunk_logits(
     vec (&lg)[kTaps], const A* qb, int64_t qs, const A* kb, int64_t ks, const int64_t* koff,
-    int64_t Cg, const A* rel, int64_t rs, const A* bias) {
-  for (int t = 0; t < NT; ++t) lg[t] = vec{} + (bias ? bias[t] : A(0));
+    int64_t Cg, const A* init) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  for (int t = 0; t < NT; ++t) lg[t] = init ? load_v<A, vec>(init + t * V) : vec{};
   for (int64_t c = 0; c < Cg; ++c) {
     const vec qv = load_v<A, vec>(qb + c * qs);
     const A* kc = kb + c * ks;
-    if (rel) {
-      const A* rc = rel + c * rs;
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) lg[t] += qv * (load_v<A, vec>(kc + koff[t]) + rc[t]);
-    } else {
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) lg[t] += qv * load_v<A, vec>(kc + koff[t]);
-    }
+    for (int t = 0; t < NT; ++t) lg[t] += qv * load_v<A, vec>(kc + koff[t]);
   }
+}
+
+// NT taps from tap0 of out (vectors) = bias + sum_c q[c] * r[c, tap]: rel
+// (Cg, K*K) and bias (K*K) of the group, either null.
+template <typename A, typename vec, int NT>
+__attribute__((always_inline)) inline void rel_block(A* out, const A* qb, int64_t qs,
+                                                     int64_t Cg, const A* rel, const A* bias,
+                                                     int64_t KK, int64_t tap0) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  vec acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = vec{} + (bias ? bias[tap0 + t] : A(0));
+  if (rel)
+    for (int64_t c = 0; c < Cg; ++c) {
+      const vec qv = load_v<A, vec>(qb + c * qs);
+      const A* rc = rel + c * KK + tap0;
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) acc[t] += qv * rc[t];
+    }
+  for (int t = 0; t < NT; ++t) store_v<A, vec>(out + t * V, acc[t]);
 }
 
 // One chunk of the forward's online softmax: m, l the running max and sum,
@@ -122,11 +137,10 @@ __attribute__((always_inline)) inline void chunk_logits(
 template <typename A, typename vec, int NT>
 __attribute__((always_inline)) inline void forward_chunk(
     vec& m, vec& l, A* __restrict__ acc, const A* qb, int64_t qs, const A* kb, const A* vb,
-    int64_t ks, int64_t vs, const int64_t* off, int64_t Cg, int64_t Cvg, const A* rel,
-    int64_t rs, const A* bias) {
+    int64_t ks, int64_t vs, const int64_t* off, int64_t Cg, int64_t Cvg, const A* init) {
   constexpr int64_t V = sizeof(vec) / sizeof(A);
   vec lg[kTaps];
-  chunk_logits<A, vec, NT>(lg, qb, qs, kb, ks, off, Cg, rel, rs, bias);
+  chunk_logits<A, vec, NT>(lg, qb, qs, kb, ks, off, Cg, init);
   vec mn = m;
   for (int t = 0; t < NT; ++t) mn = vmax<A, vec>(mn, lg[t]);
   const vec scale = vexp<A, vec>(m - mn);
@@ -155,6 +169,19 @@ __attribute__((always_inline)) inline void forward_chunk(
     case 2: fn<A, vec, 2>(__VA_ARGS__); break;   \
     default: fn<A, vec, 1>(__VA_ARGS__);         \
   }
+
+// out (K*K vectors) = each tap's q . r + bias for one column vector, once
+// per pixel rather than in every chunk's channel loop (each q load feeds
+// a block of taps, r broadcast).
+template <typename A, typename vec>
+inline void rel_logits(A* out, const A* qb, int64_t qs, int64_t Cg, const A* rel,
+                       const A* bias, int64_t KK) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  for (int64_t tap0 = 0; tap0 < KK; tap0 += kTaps) {
+    const int64_t nt = std::min(kTaps, KK - tap0);
+    MMEVO_ATTN_CHUNK(rel_block, nt, out + tap0 * V, qb, qs, Cg, rel, bias, KK, tap0)
+  }
+}
 
 // rel (C, K, K) and bias (G, K, K) in A, or empty.
 template <typename T, typename A>
@@ -188,11 +215,13 @@ void attention_forward(const T* __restrict__ q, Strides4 sq, const T* __restrict
   const int64_t grain = grain_for(kAttnRows * KK * a.Wo * (Cg + Cvg + 1));
   at::parallel_for(0, a.B * a.G * nIB, grain, [&](int64_t begin, int64_t end) {
     std::vector<A> kb(Cg * R * Lrow), vb(Cvg * R * Lrow), qb(Cg * kAttnRows * Wv);
-    std::vector<A> acc(std::max<int64_t>(1, Cvg) * V);
+    std::vector<A> acc(std::max<int64_t>(1, Cvg) * V), qr(KK * V);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ib = t % nIB, bg = t / nIB, b = bg / a.G, grp = bg % a.G;
       const int64_t i0 = ib * kAttnRows, ni = std::min(kAttnRows, a.Ho - i0);
       const int64_t r0 = i0 * a.s - a.p, nr = (ni - 1) * a.s + span + 1;
+      const A* rg = rel ? ra.data() + grp * Cg * KK : nullptr;
+      const A* bgp = bias ? ba.data() + grp * KK : nullptr;
       for (int64_t c = 0; c < Cg; ++c) {
         const T* kp = k + b * sk.b + (grp * Cg + c) * sk.c;
         for (int64_t rr = 0; rr < nr; ++rr)
@@ -213,16 +242,16 @@ void attention_forward(const T* __restrict__ q, Strides4 sq, const T* __restrict
           vec m = vec{} - std::numeric_limits<A>::infinity(), l = {};
           std::fill(acc.begin(), acc.end(), A(0));
           const A* qn = qb.data() + n * Wv + jv;
+          if (rg || bgp) rel_logits<A, vec>(qr.data(), qn, kAttnRows * Wv, Cg, rg, bgp, KK);
           for (int64_t u = 0; u < a.K; ++u) {
             const int64_t rr = n * a.s + u * a.d;
             const A* kr = kb.data() + rr * Lrow + jv;
             const A* vr = vb.data() + rr * Lrow + jv;
             for (int64_t v0 = 0; v0 < a.K; v0 += kTaps) {
               const int64_t nt = std::min(kTaps, a.K - v0), tap = u * a.K + v0;
-              const A* rp = rel ? ra.data() + grp * Cg * KK + tap : nullptr;
-              const A* bp = bias ? ba.data() + grp * KK + tap : nullptr;
+              const A* init = rg || bgp ? qr.data() + tap * V : nullptr;
               MMEVO_ATTN_CHUNK(forward_chunk, nt, m, l, acc.data(), qn, kAttnRows * Wv, kr, vr,
-                               R * Lrow, R * Lrow, off.data() + v0, Cg, Cvg, rp, KK, bp)
+                               R * Lrow, R * Lrow, off.data() + v0, Cg, Cvg, init)
             }
           }
           const int64_t i = i0 + n, nj = std::min(V, a.Wo - jv);
@@ -242,12 +271,12 @@ void attention_forward(const T* __restrict__ q, Strides4 sq, const T* __restrict
 template <typename A, typename vec, int NT>
 __attribute__((always_inline)) inline void backward_chunk(
     const A* qb, const A* kb, const A* vb, const A* gyb, int64_t ks, int64_t vs,
-    const int64_t* off, int64_t Cg, int64_t Cvg, const A* rel, int64_t rs, const A* bias,
+    const int64_t* off, int64_t Cg, int64_t Cvg, const A* init, const A* rel, int64_t rs,
     vec lse, vec D, A* __restrict__ gq, A* __restrict__ gkb, A* __restrict__ gvb,
     A* __restrict__ grel, A* __restrict__ gbias) {
   constexpr int64_t V = sizeof(vec) / sizeof(A);
   vec lg[kTaps];
-  chunk_logits<A, vec, NT>(lg, qb, V, kb, ks, off, Cg, rel, rs, bias);
+  chunk_logits<A, vec, NT>(lg, qb, V, kb, ks, off, Cg, init);
   vec p[kTaps], dp[kTaps] = {}, ds[kTaps];
   for (int t = 0; t < NT; ++t) p[t] = vexp<A, vec>(lg[t] - lse);
   for (int64_t c = 0; c < Cvg; ++c) {
@@ -319,9 +348,11 @@ void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restri
         gqb(std::max<int64_t>(1, Cg) * V), Db(Wv), lb(Wv);
     // One column vector's q and grad_out rows, channel stride V.
     std::vector<A> qv(std::max<int64_t>(1, Cg) * V), gv_(std::max<int64_t>(1, Cvg) * V);
-    std::vector<A> grel(rel ? Cg * KK * V : 0), gbias(bias ? KK * V : 0);
+    std::vector<A> grel(rel ? Cg * KK * V : 0), gbias(bias ? KK * V : 0), qr(KK * V);
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / a.G, grp = bg % a.G;
+      const A* rg = rel ? ra.data() + grp * Cg * KK : nullptr;
+      const A* bgp = bias ? ba.data() + grp * KK : nullptr;
       for (int64_t c = 0; c < Cg; ++c) {
         const T* kp = k + b * sk.b + (grp * Cg + c) * sk.c;
         for (int64_t rr = 0; rr < R; ++rr)
@@ -360,6 +391,7 @@ void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restri
           for (int64_t c = 0; c < Cvg; ++c)
             std::memcpy(gv_.data() + c * V, gyb.data() + c * Wv + jv, sizeof(vec));
           const vec lv = load_v<A, vec>(lb.data() + jv), Dv = load_v<A, vec>(Db.data() + jv);
+          if (rg || bgp) rel_logits<A, vec>(qr.data(), qv.data(), V, Cg, rg, bgp, KK);
           for (int64_t u = 0; u < a.K; ++u) {
             const int64_t rr = i * a.s + u * a.d;
             const A* kr = kb.data() + rr * Lrow + jv;
@@ -368,12 +400,12 @@ void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restri
             A* gvr = gvb.data() + rr * Lrow + jv;
             for (int64_t v0 = 0; v0 < a.K; v0 += kTaps) {
               const int64_t nt = std::min(kTaps, a.K - v0), tap = u * a.K + v0;
-              const A* rp = rel ? ra.data() + grp * Cg * KK + tap : nullptr;
-              const A* bp = bias ? ba.data() + grp * KK + tap : nullptr;
+              const A* init = rg || bgp ? qr.data() + tap * V : nullptr;
+              const A* rp = rg ? rg + tap : nullptr;
               A* grp_rel = rel ? grel.data() + tap * V : nullptr;
               A* grp_bias = bias ? gbias.data() + tap * V : nullptr;
               MMEVO_ATTN_CHUNK(backward_chunk, nt, qv.data(), kr, vr, gv_.data(), R * Lrow,
-                               R * Lrow, off.data() + v0, Cg, Cvg, rp, KK, bp, lv, Dv,
+                               R * Lrow, off.data() + v0, Cg, Cvg, init, rp, KK, lv, Dv,
                                gqb.data(), gkr, gvr, grp_rel, grp_bias)
             }
           }
