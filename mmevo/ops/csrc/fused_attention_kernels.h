@@ -266,51 +266,116 @@ void attention_forward(const T* __restrict__ q, Strides4 sq, const T* __restrict
   });
 }
 
-// One chunk of the backward: the chunk's P = exp(logit - lse) and dlogit
-// = P * (dP - D), then every scatter and sum they feed.
-template <typename A, typename vec, int NT>
-__attribute__((always_inline)) inline void backward_chunk(
-    const A* qb, const A* kb, const A* vb, const A* gyb, int64_t ks, int64_t vs,
-    const int64_t* off, int64_t Cg, int64_t Cvg, const A* init, const A* rel, int64_t rs,
-    vec lse, vec D, A* __restrict__ gq, A* __restrict__ gkb, A* __restrict__ gvb,
-    A* __restrict__ grel, A* __restrict__ gbias) {
+// One output row's part of a backward chunk: its q and grad_out (column
+// vectors, channel stride V), lse and D; for the chunk's first tap, its
+// logits' init (rel_logits, or null), rel_embed (or null) and the sums of
+// grad_q, grad_rel_embed and grad_rel_bias (null when absent). (Not a
+// template of vec: a class template argument drops its vector attribute.)
+template <typename A>
+struct BwdRow {
+  const A* q;
+  const A* gy;
+  const A* init;
+  const A* rel;
+  const A* lse;  // the column vector's, V lanes
+  const A* D;
+  A* gq;
+  A* grel;
+  A* gbias;
+};
+
+// One chunk of the backward for NR output rows that read the same buffered
+// key / value row (rows i and i + 1 through window rows u and u - 1 at
+// stride and dilation 1): the chunk's P = exp(logit - lse) and dlogit = P *
+// (dP - D) of each row, then every scatter and sum they feed. Each key and
+// value load serves the NR rows, and each grad_key / grad_value vector is
+// read and written once for them.
+template <typename A, typename vec, int NR, int NT>
+__attribute__((always_inline)) inline void backward_rows(
+    const BwdRow<A>* rows, const A* kb, const A* vb, int64_t ks, int64_t vs,
+    const int64_t* off, int64_t Cg, int64_t Cvg, int64_t rs, A* __restrict__ gkb,
+    A* __restrict__ gvb) {
   constexpr int64_t V = sizeof(vec) / sizeof(A);
-  vec lg[kTaps];
-  chunk_logits<A, vec, NT>(lg, qb, V, kb, ks, off, Cg, init);
-  vec p[kTaps], dp[kTaps] = {}, ds[kTaps];
-  for (int t = 0; t < NT; ++t) p[t] = vexp<A, vec>(lg[t] - lse);
-  for (int64_t c = 0; c < Cvg; ++c) {
-    const vec gv = load_v<A, vec>(gyb + c * V);
-    const A* vc = vb + c * vs;
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) dp[t] += gv * load_v<A, vec>(vc + off[t]);
-  }
-  for (int t = 0; t < NT; ++t) ds[t] = p[t] * (dp[t] - D);
-  if (gbias)
-    for (int t = 0; t < NT; ++t) add_v<A, vec>(gbias + t * V, ds[t]);
+  vec lg[NR][NT], dp[NR][NT] = {};
+  for (int n = 0; n < NR; ++n)
+    for (int t = 0; t < NT; ++t)
+      lg[n][t] = rows[n].init ? load_v<A, vec>(rows[n].init + t * V) : vec{};
   for (int64_t c = 0; c < Cg; ++c) {
-    const vec qv = load_v<A, vec>(qb + c * V);
+    vec qv[NR];
+    for (int n = 0; n < NR; ++n) qv[n] = load_v<A, vec>(rows[n].q + c * V);
     const A* kc = kb + c * ks;
-    vec g = load_v<A, vec>(gq + c * V);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      vec kv = load_v<A, vec>(kc + off[t]);
-      if (rel) kv += rel[c * rs + t];
-      g += ds[t] * kv;
+      const vec kv = load_v<A, vec>(kc + off[t]);
+      for (int n = 0; n < NR; ++n) lg[n][t] += qv[n] * kv;
     }
-    store_v<A, vec>(gq + c * V, g);
-    if (grel)
-      for (int t = 0; t < NT; ++t) add_v<A, vec>(grel + (c * rs + t) * V, ds[t] * qv);
+  }
+  for (int64_t c = 0; c < Cvg; ++c) {
+    vec gv[NR];
+    for (int n = 0; n < NR; ++n) gv[n] = load_v<A, vec>(rows[n].gy + c * V);
+    const A* vc = vb + c * vs;
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const vec vv = load_v<A, vec>(vc + off[t]);
+      for (int n = 0; n < NR; ++n) dp[n][t] += gv[n] * vv;
+    }
+  }
+  vec (&p)[NR][NT] = lg, (&ds)[NR][NT] = dp;  // in place
+  for (int n = 0; n < NR; ++n)
+    for (int t = 0; t < NT; ++t) {
+      p[n][t] = vexp<A, vec>(lg[n][t] - load_v<A, vec>(rows[n].lse));
+      ds[n][t] = p[n][t] * (dp[n][t] - load_v<A, vec>(rows[n].D));
+    }
+  for (int n = 0; n < NR; ++n)
+    if (rows[n].gbias)
+      for (int t = 0; t < NT; ++t) add_v<A, vec>(rows[n].gbias + t * V, ds[n][t]);
+  const bool rel = rows[0].rel;  // every row or none
+  for (int64_t c = 0; c < Cg; ++c) {
+    const A* kc = kb + c * ks;
+    vec g[NR];
+    for (int n = 0; n < NR; ++n) g[n] = load_v<A, vec>(rows[n].gq + c * V);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const vec kv = load_v<A, vec>(kc + off[t]);
+      for (int n = 0; n < NR; ++n)
+        g[n] += ds[n][t] * (rel ? kv + rows[n].rel[c * rs + t] : kv);
+    }
+    for (int n = 0; n < NR; ++n) store_v<A, vec>(rows[n].gq + c * V, g[n]);
+    if (rel)
+      for (int n = 0; n < NR; ++n) {
+        const vec qv = load_v<A, vec>(rows[n].q + c * V);
+        for (int t = 0; t < NT; ++t) add_v<A, vec>(rows[n].grel + (c * rs + t) * V, ds[n][t] * qv);
+      }
   }
   // The scatters tap by tap, channels inner: the taps of one channel
   // overlap (stride 1), and a load of a vector just stored over part of it
   // stalls; a channel's next tap comes Cg stores later.
   for (int t = 0; t < NT; ++t) {
-    for (int64_t c = 0; c < Cg; ++c)
-      add_v<A, vec>(gkb + c * ks + off[t], ds[t] * load_v<A, vec>(qb + c * V));
-    for (int64_t c = 0; c < Cvg; ++c)
-      add_v<A, vec>(gvb + c * vs + off[t], p[t] * load_v<A, vec>(gyb + c * V));
+    for (int64_t c = 0; c < Cg; ++c) {
+      vec sum = ds[0][t] * load_v<A, vec>(rows[0].q + c * V);
+      for (int n = 1; n < NR; ++n) sum += ds[n][t] * load_v<A, vec>(rows[n].q + c * V);
+      add_v<A, vec>(gkb + c * ks + off[t], sum);
+    }
+    for (int64_t c = 0; c < Cvg; ++c) {
+      vec sum = p[0][t] * load_v<A, vec>(rows[0].gy + c * V);
+      for (int n = 1; n < NR; ++n) sum += p[n][t] * load_v<A, vec>(rows[n].gy + c * V);
+      add_v<A, vec>(gvb + c * vs + off[t], sum);
+    }
   }
+}
+
+template <typename A, typename vec, int NT>
+inline void backward_one(const BwdRow<A>* rows, const A* kb, const A* vb, int64_t ks,
+                         int64_t vs, const int64_t* off, int64_t Cg, int64_t Cvg, int64_t rs,
+                         A* gkb, A* gvb) {
+  backward_rows<A, vec, 1, NT>(rows, kb, vb, ks, vs, off, Cg, Cvg, rs, gkb, gvb);
+}
+
+template <typename A, typename vec, int NT>
+inline void backward_two(const BwdRow<A>* rows, const A* kb, const A* vb, int64_t ks,
+                         int64_t vs, const int64_t* off, int64_t Cg, int64_t Cvg, int64_t rs,
+                         A* gkb, A* gvb) {
+  backward_rows<A, vec, 2, NT>(rows, kb, vb, ks, vs, off, Cg, Cvg, rs, gkb, gvb);
 }
 
 // The backward (see the top of fused_attention.cpp). gq (B, C, Ho, Wo) in
@@ -344,11 +409,16 @@ void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restri
   at::parallel_for(0, a.B * a.G, 1, [&](int64_t begin, int64_t end) {
     std::vector<A> kb(Cg * R * Lrow), vb(Cvg * R * Lrow), gkb(Cg * R * Lrow),
         gvb(Cvg * R * Lrow);
-    std::vector<A> qb(std::max<int64_t>(1, Cg) * Wv), gyb(std::max<int64_t>(1, Cvg) * Wv),
-        gqb(std::max<int64_t>(1, Cg) * V), Db(Wv), lb(Wv);
-    // One column vector's q and grad_out rows, channel stride V.
-    std::vector<A> qv(std::max<int64_t>(1, Cg) * V), gv_(std::max<int64_t>(1, Cvg) * V);
-    std::vector<A> grel(rel ? Cg * KK * V : 0), gbias(bias ? KK * V : 0), qr(KK * V);
+    // Per output row of a pair: q, grad_out, D, lse rows; a column
+    // vector's q and grad_out (channel stride V), grad_q sums and q . r.
+    std::vector<A> qb[2], gyb[2], Db[2], lb[2], qv[2], gv_[2], gqb[2], qr[2];
+    for (int n = 0; n < 2; ++n) {
+      qb[n].resize(std::max<int64_t>(1, Cg) * Wv), gyb[n].resize(std::max<int64_t>(1, Cvg) * Wv);
+      Db[n].resize(Wv), lb[n].resize(Wv), qr[n].resize(KK * V);
+      qv[n].resize(std::max<int64_t>(1, Cg) * V), gv_[n].resize(std::max<int64_t>(1, Cvg) * V);
+      gqb[n].resize(std::max<int64_t>(1, Cg) * V);
+    }
+    std::vector<A> grel(rel ? Cg * KK * V : 0), gbias(bias ? KK * V : 0);
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / a.G, grp = bg % a.G;
       const A* rg = rel ? ra.data() + grp * Cg * KK : nullptr;
@@ -369,50 +439,76 @@ void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restri
       std::fill(gvb.begin(), gvb.end(), A(0));
       std::fill(grel.begin(), grel.end(), A(0));
       std::fill(gbias.begin(), gbias.end(), A(0));
-      for (int64_t i = 0; i < a.Ho; ++i) {
-        // The row's q, grad_out, lse and D = sum_c grad_out * out; lanes
+      // Rows in pairs at stride and dilation 1 (they share buffered rows).
+      const bool pairs = a.s == 1 && a.d == 1;
+      for (int64_t i0 = 0, nr; i0 < a.Ho; i0 += nr) {
+        nr = pairs && i0 + 1 < a.Ho ? 2 : 1;
+        // The rows' q, grad_out, lse and D = sum_c grad_out * out; lanes
         // past Wo are zeros, so their dlogit and P * grad_out are zero.
-        for (int64_t c = 0; c < Cg; ++c)
-          load_row(qb.data() + c * Wv, q + b * sq.b + (grp * Cg + c) * sq.c + i * sq.h, sq.w,
-                   a.Wo, Wv);
-        std::fill(Db.begin(), Db.end(), A(0));
-        for (int64_t c = 0; c < Cvg; ++c) {
-          const int64_t ch = grp * Cvg + c;
-          A* gr = gyb.data() + c * Wv;
-          load_row(gr, gy + b * sg.b + ch * sg.c + i * sg.h, sg.w, a.Wo, Wv);
-          const T* orow = out + b * so.b + ch * so.c + i * so.h;
-          for (int64_t j = 0; j < a.Wo; ++j) Db[j] += gr[j] * static_cast<A>(orow[j * so.w]);
-        }
-        load_row(lb.data(), lse + (bg * a.Ho + i) * a.Wo, 1, a.Wo, Wv);
-        for (int64_t jv = 0; jv < Wv; jv += V) {
-          std::fill(gqb.begin(), gqb.end(), A(0));
+        for (int64_t n = 0; n < nr; ++n) {
+          const int64_t i = i0 + n;
           for (int64_t c = 0; c < Cg; ++c)
-            std::memcpy(qv.data() + c * V, qb.data() + c * Wv + jv, sizeof(vec));
-          for (int64_t c = 0; c < Cvg; ++c)
-            std::memcpy(gv_.data() + c * V, gyb.data() + c * Wv + jv, sizeof(vec));
-          const vec lv = load_v<A, vec>(lb.data() + jv), Dv = load_v<A, vec>(Db.data() + jv);
-          if (rg || bgp) rel_logits<A, vec>(qr.data(), qv.data(), V, Cg, rg, bgp, KK);
-          for (int64_t u = 0; u < a.K; ++u) {
-            const int64_t rr = i * a.s + u * a.d;
+            load_row(qb[n].data() + c * Wv, q + b * sq.b + (grp * Cg + c) * sq.c + i * sq.h,
+                     sq.w, a.Wo, Wv);
+          std::fill(Db[n].begin(), Db[n].end(), A(0));
+          for (int64_t c = 0; c < Cvg; ++c) {
+            const int64_t ch = grp * Cvg + c;
+            A* gr = gyb[n].data() + c * Wv;
+            load_row(gr, gy + b * sg.b + ch * sg.c + i * sg.h, sg.w, a.Wo, Wv);
+            const T* orow = out + b * so.b + ch * so.c + i * so.h;
+            for (int64_t j = 0; j < a.Wo; ++j)
+              Db[n][j] += gr[j] * static_cast<A>(orow[j * so.w]);
+          }
+          load_row(lb[n].data(), lse + (bg * a.Ho + i) * a.Wo, 1, a.Wo, Wv);
+        }
+        for (int64_t jv = 0; jv < Wv; jv += V) {
+          BwdRow<A> row[2];
+          for (int64_t n = 0; n < nr; ++n) {
+            std::fill(gqb[n].begin(), gqb[n].end(), A(0));
+            for (int64_t c = 0; c < Cg; ++c)
+              std::memcpy(qv[n].data() + c * V, qb[n].data() + c * Wv + jv, sizeof(vec));
+            for (int64_t c = 0; c < Cvg; ++c)
+              std::memcpy(gv_[n].data() + c * V, gyb[n].data() + c * Wv + jv, sizeof(vec));
+            if (rg || bgp) rel_logits<A, vec>(qr[n].data(), qv[n].data(), V, Cg, rg, bgp, KK);
+            row[n] = BwdRow<A>{qv[n].data(), gv_[n].data(), nullptr, nullptr,
+                               lb[n].data() + jv, Db[n].data() + jv, gqb[n].data(),
+                               nullptr, nullptr};
+          }
+          // Buffered row rr = i0 * s + e * d; row n reads it through window
+          // row u = e - n (pairs: s = d = 1).
+          for (int64_t e = 0; e < a.K + nr - 1; ++e) {
+            const int64_t rr = i0 * a.s + e * a.d;
+            BwdRow<A> act[2];
+            int64_t us[2], ns[2], na = 0;
+            for (int64_t n = 0; n < nr; ++n)
+              if (e - n >= 0 && e - n < a.K) act[na] = row[n], ns[na] = n, us[na++] = e - n;
             const A* kr = kb.data() + rr * Lrow + jv;
             const A* vr = vb.data() + rr * Lrow + jv;
             A* gkr = gkb.data() + rr * Lrow + jv;
             A* gvr = gvb.data() + rr * Lrow + jv;
             for (int64_t v0 = 0; v0 < a.K; v0 += kTaps) {
-              const int64_t nt = std::min(kTaps, a.K - v0), tap = u * a.K + v0;
-              const A* init = rg || bgp ? qr.data() + tap * V : nullptr;
-              const A* rp = rg ? rg + tap : nullptr;
-              A* grp_rel = rel ? grel.data() + tap * V : nullptr;
-              A* grp_bias = bias ? gbias.data() + tap * V : nullptr;
-              MMEVO_ATTN_CHUNK(backward_chunk, nt, qv.data(), kr, vr, gv_.data(), R * Lrow,
-                               R * Lrow, off.data() + v0, Cg, Cvg, init, rp, KK, lv, Dv,
-                               gqb.data(), gkr, gvr, grp_rel, grp_bias)
+              const int64_t nt = std::min(kTaps, a.K - v0);
+              for (int64_t m = 0; m < na; ++m) {
+                const int64_t tap = us[m] * a.K + v0;
+                act[m].init = rg || bgp ? qr[ns[m]].data() + tap * V : nullptr;
+                act[m].rel = rg ? rg + tap : nullptr;
+                act[m].grel = rel ? grel.data() + tap * V : nullptr;
+                act[m].gbias = bias ? gbias.data() + tap * V : nullptr;
+              }
+              if (na == 2) {
+                MMEVO_ATTN_CHUNK(backward_two, nt, act, kr, vr, R * Lrow, R * Lrow,
+                                 off.data() + v0, Cg, Cvg, KK, gkr, gvr)
+              } else {
+                MMEVO_ATTN_CHUNK(backward_one, nt, act, kr, vr, R * Lrow, R * Lrow,
+                                 off.data() + v0, Cg, Cvg, KK, gkr, gvr)
+              }
             }
           }
           const int64_t nj = std::min(V, a.Wo - jv);
-          for (int64_t c = 0; c < Cg; ++c)
-            store_lanes<T, A>(gq + ((b * a.C + grp * Cg + c) * a.Ho + i) * a.Wo + jv,
-                              load_v<A, vec>(gqb.data() + c * V), nj);
+          for (int64_t n = 0; n < nr; ++n)
+            for (int64_t c = 0; c < Cg; ++c)
+              store_lanes<T, A>(gq + ((b * a.C + grp * Cg + c) * a.Ho + i0 + n) * a.Wo + jv,
+                                load_v<A, vec>(gqb[n].data() + c * V), nj);
         }
       }
       for (int64_t c = 0; c < Cg; ++c) {
