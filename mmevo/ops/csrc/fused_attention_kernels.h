@@ -392,8 +392,8 @@ void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restri
                         Strides4 sk, const T* __restrict__ val, Strides4 sv,
                         const T* __restrict__ rel, const T* __restrict__ bias,
                         T* __restrict__ gq, at::opmath_type<T>* __restrict__ gk,
-                        at::opmath_type<T>* __restrict__ gv, at::opmath_type<T>* __restrict__ partial,
-                        const AttnShape& a) {
+                        at::opmath_type<T>* __restrict__ gv,
+                        at::opmath_type<T>* __restrict__ partial, const AttnShape& a) {
   using A = at::opmath_type<T>;
   typedef A vec __attribute__((vector_size(kVecBytes)));
   constexpr int64_t V = kVecBytes / sizeof(A);
