@@ -15,6 +15,7 @@ from .evolution import (
     output_size,
     resolve_window,
 )
+from .fused_attention import fused_local_attention
 from .fused_involution import fused_involution
 from .torch_backend import window_softmax
 
@@ -23,6 +24,7 @@ __all__ = [
     'check_int',
     'evolution_aggregate',
     'fused_involution',
+    'fused_local_attention',
     'local_attention_weights',
     'local_correlation',
     'output_size',

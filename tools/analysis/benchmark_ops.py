@@ -33,6 +33,16 @@ here; by default only at maps of ``FUSED_MIN_PIXELS`` or more),
 asks for), ``stock`` (the module graph, ``use_cpu_fastpath`` off), and
 ``conv3x3``, the 3×3 convolution it replaces in ResNet-50 (no bias).
 
+``--attention`` times local self-attention at the ACmix-ResNet-50 /
+LocalSelfAttention stage shapes (B8, C 64/128/256/512 at 56²/28²/14²/7²,
+K = 7), forward + backward of query, key, value (and the relative
+embedding): ``fused`` (``mmevo.ops.fused_local_attention``, the weights
+never written) against ``stock`` (``local_attention_weights`` or
+``local_correlation`` + ``window_softmax``, then ``evolution_aggregate``),
+each with the pieces its layer adds: SASA (``LocalSelfAttention``: C/16
+heads, the ``q . r`` relative embedding, zero padding) and ACmix (4 heads,
+reflect padding, which the stock layer makes explicit with ``F.pad``).
+
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
     # on a busy machine:
@@ -41,6 +51,8 @@ Example:
         --cpu-time
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --involution \
         --cpu-time --repeat 9
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --attention \
+        --cpu-time --repeat 3
     python tools/analysis/benchmark_ops.py --device cuda --dtype float16
 """
 
@@ -52,7 +64,14 @@ from pathlib import Path
 import torch
 
 from mmevo.cli import device_arg, int_in_range
-from mmevo.ops import evolution_aggregate, use_backend
+from mmevo.ops import (
+    evolution_aggregate,
+    fused_local_attention,
+    local_attention_weights,
+    local_correlation,
+    use_backend,
+    window_softmax,
+)
 
 # run as a file: the repository root, for tools.analysis
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -203,6 +222,91 @@ def involution_layers(device, dtype, repeat, clock):
             )
 
 
+def sasa_stock(q, k, v, rel, heads):
+    """LocalSelfAttention's unfused path: the logits, ``q . r``, softmax,
+    aggregation (zero padding)."""
+    B, C, H, W = q.shape
+    logits = local_correlation(q, k, heads, K)
+    r = rel.view(heads, C // heads, K, K)
+    logits = logits + torch.einsum(
+        'bgdhw,gduv->bguvhw', q.view(B, heads, C // heads, H, W), r
+    )
+    return evolution_aggregate(v, window_softmax(logits))
+
+
+def acmix_stock(q, k, v, rel, heads):
+    """ACmix's attention branch: k and v reflection-padded by ``F.pad``,
+    the fused correlation + softmax, the aggregation."""
+    pad = (K // 2,) * 4
+    F = torch.nn.functional
+    kp, vp = F.pad(k, pad, mode='reflect'), F.pad(v, pad, mode='reflect')
+    weights = local_attention_weights(q, kp, heads, K, padding=0)
+    return evolution_aggregate(vp, weights, padding=0)
+
+
+def sasa_fused(q, k, v, rel, heads):
+    return fused_local_attention(q, k, v, heads, K, rel_embed=rel)
+
+
+def acmix_fused(q, k, v, rel, heads):
+    return fused_local_attention(q, k, v, heads, K, padding_mode='reflect')
+
+
+# layer -> (heads of C channels, relative embedding, {path: function})
+ATTENTION = {
+    'SASA': (
+        lambda C: C // 16,
+        True,
+        {'fused': sasa_fused, 'stock': sasa_stock},
+    ),
+    'ACmix': (
+        lambda C: 4,
+        False,
+        {'fused': acmix_fused, 'stock': acmix_stock},
+    ),
+}
+
+
+def attention_layers(device, dtype, repeat, clock):
+    """Forward + backward of local self-attention, fused and stock, at the
+    stage shapes of :data:`STAGES`, as SASA and ACmix run it."""
+    print(
+        '| layer | B·C·H²·K·heads | path | ms | peak MiB | time / fused | '
+        'memory / fused |\n|---|---|---|---|---|---|---|'
+    )
+    for layer, (heads_of, with_rel, paths) in ATTENTION.items():
+        for B, C, H, _ in STAGES:
+            heads = heads_of(C)
+            torch.manual_seed(0)
+
+            def leaf(*shape, scale=1.0):
+                t = torch.randn(*shape, device=device) * scale
+                return t.to(dtype).requires_grad_()
+
+            q = leaf(B, C, H, H, scale=(C // heads) ** -0.5)
+            k, v = leaf(B, C, H, H), leaf(B, C, H, H)
+            rel = leaf(C, K, K) if with_rel else None
+            gy = torch.randn(B, C, H, H, device=device, dtype=dtype)
+            leaves = [t for t in (q, k, v, rel) if t is not None]
+
+            def step(fn, leaves=leaves, args=(q, k, v, rel, heads), gy=gy):
+                reset_grads(*leaves)
+                fn(*args).backward(gy)
+
+            steps = {n: lambda fn=fn: step(fn) for n, fn in paths.items()}
+            ms = time_ms(steps, device, repeat, clock)
+            mib = {n: peak_bytes(s, device) / 2**20 for n, s in steps.items()}
+            reset_grads(*leaves)
+            for name in paths:
+                print(
+                    f'| {layer} | {B}·{C}·{H}²·{K}·{heads} | {name} | '
+                    f'{ms[name]:.1f} | {mib[name]:.1f} | '
+                    f'{ms[name] / ms["fused"]:.2f}× | '
+                    f'{mib[name] / mib["fused"]:.2f}× |',
+                    flush=True,
+                )
+
+
 def _positive_float(text):
     """An argparse ``type``: a float > 0 (a bandwidth divides)."""
     try:
@@ -259,6 +363,12 @@ def main():
         help='an Involution layer, fused and unfused, and a 3x3 conv, '
         'forward + backward at the stage-1 shape',
     )
+    parser.add_argument(
+        '--attention',
+        action='store_true',
+        help='local self-attention (SASA and ACmix), fused and stock, '
+        'forward + backward at the stage shapes',
+    )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -280,6 +390,15 @@ def main():
             'peak = tensor bytes above the inputs'
         )
         involution_layers(device, dtype, args.repeat, clock)
+        return
+    if args.attention:
+        print(
+            f'device={device} dtype={args.dtype} '
+            f'threads={torch.get_num_threads()} '
+            f'fwd+bwd median of {args.repeat} ({clock_name} time); '
+            'peak = tensor bytes above the inputs'
+        )
+        attention_layers(device, dtype, args.repeat, clock)
         return
     print(
         f'device={device} dtype={args.dtype} '
