@@ -14,10 +14,10 @@ in the kernels (reflected indices); grad_key and grad_value are then
 gathered on the padded map and folded onto the map
 (:func:`~mmevo.ops.reflect.fold_reflect`, deterministic).
 
-The tile configs are data, :data:`GPU_CONFIGS` (the autotuned candidates
-on CUDA, the AOT matrix's, pruned by the head's channels,
-:func:`head_configs`); under ``TRITON_INTERPRET=1`` one config each,
-:data:`CONFIGS`.
+The tile configs are data, :data:`GPU_CONFIGS` (the candidates on CUDA
+and the AOT matrix's), pruned to the widest tile that holds a head's
+channels without spilling (:func:`head_configs`); under
+``TRITON_INTERPRET=1`` one small tile, :data:`CONFIGS`.
 """
 
 import os
@@ -34,73 +34,73 @@ _INTERPRET = os.environ.get('TRITON_INTERPRET', '0') == '1'
 PARTIAL_FRACTION = 16
 
 
-def _configs(rows):
-    return [triton.Config({'BLOCK_P': bp}, num_warps=nw) for bp, nw in rows]
-
-
-# (BLOCK_P, num_warps): pixels of a tile, whose head channels (BLOCK_D x
-# BLOCK_P, BLOCK_DV x BLOCK_P) sit in registers.
-GPU_CONFIGS = {
-    'forward': _configs([(32, 4), (64, 4)]),
-    'grad_query': _configs([(16, 4), (32, 4)]),
-    'grad_kv': _configs([(16, 4), (32, 4)]),
-}
-# Widest tile (head channels x pixels) of each kernel: wider ones spill.
-MAX_TILE = {'forward': 4096, 'grad_query': 2048, 'grad_kv': 2048}
+# Elements of a (head channels x pixels) tile per thread: the widest tiles
+# of at most this many are run (more spill on sm_80 / sm_90 / sm_100).
+MAX_PER_THREAD = 8
+# (BLOCK_P, num_warps) of the three kernels: pixels of a tile, whose head
+# channels (BLOCK_D x BLOCK_P, BLOCK_DV x BLOCK_P) sit in registers.
+GPU_CONFIGS = [
+    triton.Config({'BLOCK_P': bp}, num_warps=nw)
+    for bp, nw in [(64, 4), (32, 4), (16, 4), (16, 8)]
+]
 # One small tile under the interpreter, which is slow: the tests' tiny
 # maps have several tiles and masked edges.
-INTERPRET_CONFIGS = {name: _configs([(16, 4)]) for name in GPU_CONFIGS}
+INTERPRET_CONFIGS = [triton.Config({'BLOCK_P': 16}, num_warps=4)]
 CONFIGS = INTERPRET_CONFIGS if _INTERPRET else GPU_CONFIGS
 # Tuned per layer type, not per map size (detection inputs vary in size).
 _KEY = ['C', 'Cv', 'G', 'K', 'stride', 'dilation']
 
 
-def head_configs(kernel, block_d, configs=None):
-    """Positions in ``configs`` (default ``GPU_CONFIGS[kernel]``) of the
-    tiles run for heads of ``block_d`` channels (C/G and C_v/G rounded up
-    to powers of 2, the wider): those of at most ``MAX_TILE[kernel]``
-    channels x pixels, at least the narrowest tile.
+def per_thread(config, block_d):
+    """Elements of a ``block_d`` x BLOCK_P tile per thread of ``config``."""
+    return block_d * config.kwargs['BLOCK_P'] / (32 * config.num_warps)
+
+
+def head_configs(block_d, fp64=False, configs=None):
+    """Positions in ``configs`` (default :data:`GPU_CONFIGS`) of the tiles
+    run for heads of ``block_d`` channels (C/G and C_v/G rounded up to
+    powers of 2, the wider): the widest of at most
+    :data:`MAX_PER_THREAD` elements per thread (else the narrowest), an
+    fp64 element counting twice.
 
     Example:
-        >>> head_configs('forward', 64), head_configs('grad_kv', 128)
-        ([0, 1], [0])
+        >>> head_configs(16), head_configs(64), head_configs(256)
+        ([0], [2], [3])
+        >>> head_configs(16, fp64=True)
+        [1]
     """
-    configs = GPU_CONFIGS[kernel] if configs is None else configs
-    kept = [
-        k
-        for k, c in enumerate(configs)
-        if c.kwargs['BLOCK_P'] * block_d <= MAX_TILE[kernel]
-    ]
-    return kept or [0]
+    configs = GPU_CONFIGS if configs is None else configs
+    words = 2 * block_d if fp64 else block_d
+    width = [per_thread(c, words) for c in configs]
+    fits = [w for w in width if w <= MAX_PER_THREAD]
+    best = max(fits) if fits else min(width)
+    return [k for k, w in enumerate(width) if w == best]
 
 
-def _pruner(kernel):
-    def prune(configs, named_args, **kwargs):
-        args = {**named_args, **kwargs}
-        block_d = max(args['BLOCK_D'], args['BLOCK_DV'])
-        return [configs[k] for k in head_configs(kernel, block_d, configs)]
-
-    return prune
+def _prune(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    block_d = max(args['BLOCK_D'], args['BLOCK_DV'])
+    kept = head_configs(block_d, args['IS_FP64'], configs)
+    return [configs[k] for k in kept]
 
 
-def _autotune(name, fn, **kwargs):
+def _autotune(fn, **kwargs):
     return triton.autotune(
-        configs=CONFIGS[name],
+        configs=CONFIGS,
         key=_KEY,
-        prune_configs_by={'early_config_prune': _pruner(name)},
+        prune_configs_by={'early_config_prune': _prune},
         **kwargs,
     )(fn)
 
 
 KERNELS = {
-    'forward': _autotune('forward', kernels.forward_kernel),
+    'forward': _autotune(kernels.forward_kernel),
     # the partials are accumulated: zeroed again before each timed run
     'grad_query': _autotune(
-        'grad_query',
         kernels.grad_query_kernel,
         reset_to_zero=['gr_ptr', 'gbias_ptr'],
     ),
-    'grad_kv': _autotune('grad_kv', kernels.grad_kv_kernel),
+    'grad_kv': _autotune(kernels.grad_kv_kernel),
 }
 
 
@@ -243,7 +243,7 @@ def backward(
     # the partials' buffers are allocated before the launch, so the strips
     # cannot depend on the autotuned BLOCK_P: sized for the smallest (a
     # larger tile takes fewer strips, the other rows stay zero)
-    least = min(c.kwargs['BLOCK_P'] for c in CONFIGS['grad_query'])
+    least = min(c.kwargs['BLOCK_P'] for c in CONFIGS)
     positions = optimization_hint(Ho * Wo)
     strips = (
         embed_strips(positions, C // groups, least)
@@ -328,7 +328,8 @@ def _rel_grads(gr, gb, rel_embed, rel_bias):
 
 
 # Head channels (BLOCK_D = BLOCK_DV) that the AOT matrix compiles: SASA's
-# and ACmix's heads, 16 to 128 channels.
+# and ACmix's heads, 16 to 128 channels, each config once. (fp64, left out
+# of the matrix, spills 24 to 88 bytes in grad_query at 128.)
 AOT_BLOCK_D = (16, 32, 64, 128)
 # (pointers, of which the first are in the tensors' dtype; the rest: lse,
 # D and the partials, in fp32 at least)
@@ -342,14 +343,14 @@ def aot_jobs(dtypes=('fp32', 'fp16', 'bf16', 'fp64')):
 
     Example:
         >>> len(aot_jobs(['fp16']))
-        21
+        12
     """
     return [
         dict(kernel=kernel, dtype=dtype, config=k, block_d=bd)
         for kernel in KERNELS
         for dtype in dtypes
         for bd in AOT_BLOCK_D
-        for k in head_configs(kernel, bd)
+        for k in head_configs(bd, dtype == 'fp64')
     ]
 
 
@@ -361,14 +362,14 @@ def aot_source(kernel, dtype, config, block_d=64, reflect=False):
     Args:
         kernel (str): a key of :data:`KERNELS`.
         dtype (str): 'fp32', 'fp16', 'bf16' or 'fp64'.
-        config (int): one of ``head_configs(kernel, block_d)``.
+        config (int): one of ``head_configs(block_d, dtype == 'fp64')``.
         block_d (int): the head channels (BLOCK_D = BLOCK_DV), a power
             of 2.
         reflect (bool): reflect padding instead of zeros (grad_kv's
             gradients are then fp32 buffers of the padded map).
 
     Example:
-        >>> src, options = aot_source('forward', 'fp16', 0)
+        >>> src, options = aot_source('forward', 'fp16', 2, block_d=64)
         >>> options['num_warps']
         4
     """
@@ -378,13 +379,13 @@ def aot_source(kernel, dtype, config, block_d=64, reflect=False):
         raise ValueError(
             f'kernel must be one of {list(KERNELS)}, got {kernel}'
         )
-    if config not in head_configs(kernel, block_d):
+    if config not in head_configs(block_d, dtype == 'fp64'):
         raise ValueError(
-            f'{kernel} config {config} is not run with block_d={block_d} '
+            f'config {config} is not run with block_d={block_d} '
             '(see head_configs)'
         )
     fn = KERNELS[kernel].fn
-    conf = GPU_CONFIGS[kernel][config]
+    conf = GPU_CONFIGS[config]
     consts = dict(
         HAS_EMBED=True,
         HAS_BIAS=True,

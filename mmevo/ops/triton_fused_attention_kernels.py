@@ -25,7 +25,8 @@ deterministic (no atomics; a fixed loop order):
   (:func:`mmevo.ops.reflect.fold_reflect`).
 
 Loads are converted to fp32 (fp64 stays fp64) and results are stored in
-their buffers' dtype. Channel and batch bases are int64.
+their buffers' dtype. A head's base offset is int64, offsets within a head
+int32 (int64 address tiles of channels x pixels spill).
 """
 
 import triton
@@ -128,17 +129,19 @@ def forward_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < Cg
     chan_d = g * Cg + d
-    chan = b.to(tl.int64) * C + chan_d
+    # the head's bases (int64); offsets within a head are int32, which
+    # keeps the (channels x pixels) address tiles small
+    head = b.to(tl.int64) * C + g * Cg
     dv = tl.arange(0, BLOCK_DV)
     dv_mask = dv < Cvg
-    chan_v = b.to(tl.int64) * Cv + g * Cvg + dv
+    head_v = b.to(tl.int64) * Cv + g * Cvg
     qv = tl.load(
-        q_ptr + chan[:, None] * P + pos[None, :],
+        q_ptr + head * P + d[:, None] * P + pos[None, :],
         mask=d_mask[:, None] & p_mask[None, :],
         other=0.0,
     ).to(acc_t)
-    k_rows = k_ptr + chan[:, None] * HW
-    v_rows = v_ptr + chan_v[:, None] * HW
+    k_h = k_ptr + head * HW
+    v_h = v_ptr + head_v * HW
     m = tl.full([BLOCK_P], float('-inf'), acc_t)
     total = tl.zeros([BLOCK_P], dtype=acc_t)
     acc = tl.zeros([BLOCK_DV, BLOCK_P], dtype=acc_t)
@@ -146,7 +149,7 @@ def forward_kernel(
         win, ok = _tap(i, j, uv, H, W, K, stride, padding, dilation, REFLECT)
         ok = ok & p_mask
         kv = tl.load(
-            k_rows + win[None, :],
+            k_h + d[:, None] * HW + win[None, :],
             mask=d_mask[:, None] & ok[None, :],
             other=0.0,
         ).to(acc_t)
@@ -169,14 +172,14 @@ def forward_kernel(
         p = tl.exp(s - m_new)
         total = total * alpha + p
         vv = tl.load(
-            v_rows + win[None, :],
+            v_h + dv[:, None] * HW + win[None, :],
             mask=dv_mask[:, None] & ok[None, :],
             other=0.0,
         ).to(acc_t)
         acc = acc * alpha[None, :] + p[None, :] * vv
         m = m_new
     tl.store(
-        out_ptr + chan_v[:, None] * P + pos[None, :],
+        out_ptr + head_v * P + dv[:, None] * P + pos[None, :],
         (acc / total[None, :]).to(out_ptr.dtype.element_ty),
         mask=dv_mask[:, None] & p_mask[None, :],
     )
@@ -237,12 +240,14 @@ def grad_query_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < Cg
     chan_d = g * Cg + d
-    chan = b.to(tl.int64) * C + chan_d
+    head = b.to(tl.int64) * C + g * Cg
     dv = tl.arange(0, BLOCK_DV)
     dv_mask = dv < Cvg
-    chan_v = b.to(tl.int64) * Cv + g * Cvg + dv
-    k_rows = k_ptr + chan[:, None] * HW
-    v_rows = v_ptr + chan_v[:, None] * HW
+    head_v = b.to(tl.int64) * Cv + g * Cvg
+    k_h = k_ptr + head * HW
+    v_h = v_ptr + head_v * HW
+    q_h = q_ptr + head * P
+    go_h = go_ptr + head_v * P
     # this program's rows of the partials: (B, STRIPS, C | G, K*K)
     part = b.to(tl.int64) * STRIPS + strip
     gr_part = gr_ptr + (part * C + chan_d) * KK
@@ -257,15 +262,15 @@ def grad_query_kernel(
         dp_mask = d_mask[:, None] & p_mask[None, :]
         vp_mask = dv_mask[:, None] & p_mask[None, :]
         qv = tl.load(
-            q_ptr + chan[:, None] * P + pos[None, :], mask=dp_mask, other=0.0
+            q_h + d[:, None] * P + pos[None, :], mask=dp_mask, other=0.0
         ).to(acc_t)
         gov = tl.load(
-            go_ptr + chan_v[:, None] * P + pos[None, :],
+            go_h + dv[:, None] * P + pos[None, :],
             mask=vp_mask,
             other=0.0,
         ).to(acc_t)
         ov = tl.load(
-            out_ptr + chan_v[:, None] * P + pos[None, :],
+            out_ptr + head_v * P + dv[:, None] * P + pos[None, :],
             mask=vp_mask,
             other=0.0,
         ).to(acc_t)
@@ -281,7 +286,7 @@ def grad_query_kernel(
             )
             ok = ok & p_mask
             kv = tl.load(
-                k_rows + win[None, :],
+                k_h + d[:, None] * HW + win[None, :],
                 mask=d_mask[:, None] & ok[None, :],
                 other=0.0,
             ).to(acc_t)
@@ -302,7 +307,7 @@ def grad_query_kernel(
             # pixels past the map: no weight (their partials stay exact)
             p = tl.where(p_mask, tl.exp(s - lse), 0.0)
             vv = tl.load(
-                v_rows + win[None, :],
+                v_h + dv[:, None] * HW + win[None, :],
                 mask=dv_mask[:, None] & ok[None, :],
                 other=0.0,
             ).to(acc_t)
@@ -315,7 +320,7 @@ def grad_query_kernel(
             if HAS_BIAS:
                 tl.store(gb_part + uv, tl.load(gb_part + uv) + tl.sum(ds, 0))
         tl.store(
-            gq_ptr + chan[:, None] * P + pos[None, :],
+            gq_ptr + head * P + d[:, None] * P + pos[None, :],
             gq.to(gq_ptr.dtype.element_ty),
             mask=dp_mask,
         )
@@ -386,22 +391,22 @@ def grad_kv_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < Cg
     chan_d = g * Cg + d
-    chan = b.to(tl.int64) * C + chan_d
+    head = b.to(tl.int64) * C + g * Cg
     dv = tl.arange(0, BLOCK_DV)
     dv_mask = dv < Cvg
-    chan_v = b.to(tl.int64) * Cv + g * Cvg + dv
+    head_v = b.to(tl.int64) * Cv + g * Cvg
     kv = tl.load(
-        k_ptr + chan[:, None] * HW + read[None, :],
+        k_ptr + head * HW + d[:, None] * HW + read[None, :],
         mask=d_mask[:, None] & t_mask[None, :],
         other=0.0,
     ).to(acc_t)
     vv = tl.load(
-        v_ptr + chan_v[:, None] * HW + read[None, :],
+        v_ptr + head_v * HW + dv[:, None] * HW + read[None, :],
         mask=dv_mask[:, None] & t_mask[None, :],
         other=0.0,
     ).to(acc_t)
-    q_rows = q_ptr + chan[:, None] * P
-    go_rows = go_ptr + chan_v[:, None] * P
+    q_h = q_ptr + head * P
+    go_h = go_ptr + head_v * P
     bg_p = bg.to(tl.int64) * P
     gk = tl.zeros([BLOCK_D, BLOCK_P], dtype=acc_t)
     gv = tl.zeros([BLOCK_DV, BLOCK_P], dtype=acc_t)
@@ -416,7 +421,7 @@ def grad_kv_kernel(
         ok = ok & (tj >= 0) & (tj % stride == 0) & (j < Wo)
         qpos = tl.where(ok, i * Wo + j, 0)
         qv = tl.load(
-            q_rows + qpos[None, :],
+            q_h + d[:, None] * P + qpos[None, :],
             mask=d_mask[:, None] & ok[None, :],
             other=0.0,
         ).to(acc_t)
@@ -437,7 +442,7 @@ def grad_kv_kernel(
         lse = tl.load(lse_ptr + bg_p + qpos, mask=ok, other=0.0)
         p = tl.where(ok, tl.exp(s - lse), 0.0)
         gov = tl.load(
-            go_rows + qpos[None, :],
+            go_h + dv[:, None] * P + qpos[None, :],
             mask=dv_mask[:, None] & ok[None, :],
             other=0.0,
         ).to(acc_t)
@@ -446,12 +451,12 @@ def grad_kv_kernel(
         gk += ds[None, :] * qv
         gv += p[None, :] * gov
     tl.store(
-        gk_ptr + chan[:, None] * HWt + tpos[None, :],
+        gk_ptr + head * HWt + d[:, None] * HWt + tpos[None, :],
         gk.to(gk_ptr.dtype.element_ty),
         mask=d_mask[:, None] & t_mask[None, :],
     )
     tl.store(
-        gv_ptr + chan_v[:, None] * HWt + tpos[None, :],
+        gv_ptr + head_v * HWt + dv[:, None] * HWt + tpos[None, :],
         gv.to(gv_ptr.dtype.element_ty),
         mask=dv_mask[:, None] & t_mask[None, :],
     )
