@@ -76,12 +76,16 @@ def matrix(targets_=None):
     from mmevo.ops.triton_kernels import GPU_CONFIGS
 
     ccs = targets() if targets_ is None else list(targets_)
-    return [
-        dict(kernel=k, dtype=dt, out_dtype=odt, config=i, target=cc)
-        for k, dt, odt in variants()
-        for i in range(len(GPU_CONFIGS))
-        for cc in ccs
-    ] + fused_matrix(ccs)
+    return (
+        [
+            dict(kernel=k, dtype=dt, out_dtype=odt, config=i, target=cc)
+            for k, dt, odt in variants()
+            for i in range(len(GPU_CONFIGS))
+            for cc in ccs
+        ]
+        + fused_matrix(ccs)
+        + attention_matrix(ccs)
+    )
 
 
 # The dtypes the fused involution's kernels compile in here: those models
@@ -97,6 +101,19 @@ def fused_matrix(ccs):
 
     return [
         dict(job, kernel='fused_' + job['kernel'], target=cc)
+        for job in aot_jobs(FUSED_DTYPES)
+        for cc in ccs
+    ]
+
+
+def attention_matrix(ccs):
+    """The compiles of :mod:`mmevo.ops.triton_fused_attention`'s kernels
+    (kernel ``'attn_<name>'``, its ``aot_jobs`` rows, in the dtypes of
+    :data:`FUSED_DTYPES`) for targets ``ccs``."""
+    from mmevo.ops.triton_fused_attention import aot_jobs
+
+    return [
+        dict(job, kernel='attn_' + job['kernel'], target=cc)
         for job in aot_jobs(FUSED_DTYPES)
         for cc in ccs
     ]

@@ -34,6 +34,14 @@ def _source(job):
     """Triton's ASTSource of a job: the kernel's own JITFunction."""
     from triton.compiler import ASTSource
 
+    if job['kernel'].startswith('attn_'):
+        from mmevo.ops import triton_fused_attention
+
+        name = job['kernel'][len('attn_') :]
+        src, options = triton_fused_attention.aot_source(
+            name, job['dtype'], job['config'], block_d=job['block_d']
+        )
+        return src, options, triton_fused_attention.GPU_CONFIGS[job['config']]
     if job['kernel'].startswith('fused_'):
         from mmevo.ops import triton_fused
 

@@ -43,9 +43,10 @@ def python(*args, stdin=None):
 # that keep both cores busy
 @pytest.mark.xdist_group('two_cores')
 def test_every_kernel_config_dtype_target_compiles_without_spills():
-    """336 compiles of the evolution ops' kernels and 45 per target of the
-    fused involution's, about 200 s of CPU in two processes, unless cached
-    (see the module's docstring)."""
+    """336 compiles of the evolution ops' kernels, 45 per target of the
+    fused involution's and 36 per target of the fused local attention's
+    (about 200 s and 35 s of CPU in two processes), unless cached (see the
+    module's docstring)."""
     rows = json.loads(
         python(
             '-m', 'tools.analysis.kernels.aot', '--processes', '2', '--cache'
@@ -57,18 +58,23 @@ def test_every_kernel_config_dtype_target_compiles_without_spills():
             'import json; from tools.analysis.kernels import aot as a; '
             'from mmevo.ops import triton_kernels as tk; '
             'from mmevo.ops.triton_fused import aot_jobs; '
+            'from mmevo.ops import triton_fused_attention as fa; '
             'print(json.dumps([a.targets(), '
             'len(tk.GPU_CONFIGS), list(tk.KERNELS), '
-            'len(aot_jobs(a.FUSED_DTYPES))]))',
+            'len(aot_jobs(a.FUSED_DTYPES)), '
+            'len(fa.aot_jobs(a.FUSED_DTYPES))]))',
         )
     )
-    targets, n_configs, kernels, n_fused = meta
+    targets, n_configs, kernels, n_fused, n_attention = meta
     assert {80, 90} <= set(targets)
     # 3 kernels x 4 dtypes, and the correlation's fp32 logits of fp16 / bf16
     unfused = (len(kernels) * 4 + 2) * n_configs * len(targets)
-    # the fused involution's forward, grad_input and grad_span
-    assert len(rows) == unfused + n_fused * len(targets)
+    # the fused involution's forward, grad_input and grad_span, and the
+    # fused local attention's forward, grad_query and grad_kv
+    fused_rows = (n_fused + n_attention) * len(targets)
+    assert len(rows) == unfused + fused_rows
     fused = {'fused_forward', 'fused_grad_input', 'fused_grad_span'}
+    fused |= {'attn_forward', 'attn_grad_query', 'attn_grad_kv'}
     assert {r['kernel'] for r in rows} == set(kernels) | fused
     errors = [r for r in rows if r['error']]
     assert not errors, errors[:3]
