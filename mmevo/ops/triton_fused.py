@@ -35,10 +35,12 @@ PARTIAL_FRACTION = 16
 HALO_FACTOR = 1.5
 
 
-def _configs(rows, names):
+def _configs(rows, names, maxnreg=None):
     return [
         triton.Config(
-            dict(zip(names, row[:-1], strict=True)), num_warps=row[-1]
+            dict(zip(names, row[:-1], strict=True)),
+            num_warps=row[-1],
+            maxnreg=maxnreg,
         )
         for row in rows
     ]
@@ -54,9 +56,12 @@ GPU_CONFIGS = {
         [(16, 64, 4), (16, 128, 4), (32, 64, 4), (8, 256, 4), (32, 128, 8)],
         ('BLOCK_C', 'BLOCK_P'),
     ),
+    # ptxas left to itself gives the backward 128 (8 warps) or 80 (4)
+    # registers and spills; given the most, it takes what it needs
     'backward': _configs(
         [(16, 16, 16, 128, 8), (16, 32, 16, 128, 8), (16, 16, 16, 64, 4)],
         _BACKWARD,
+        maxnreg=255,
     ),
 }
 # One tile under the interpreter, which is slow; small, so that the tests'
@@ -423,4 +428,6 @@ def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
     for k, n in enumerate(names[: _POINTERS[kernel]]):
         sig[n] = f'*{dtype if k < _DTYPED[kernel] else acc}'
     options = dict(num_warps=conf.num_warps, num_stages=conf.num_stages)
+    if conf.maxnreg is not None:
+        options['maxnreg'] = conf.maxnreg
     return ASTSource(fn, sig, consts), options

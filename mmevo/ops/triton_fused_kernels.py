@@ -65,10 +65,11 @@ def _tile(t, n_tw, rows, cols, lim_h, lim_w):
 
 
 @triton.jit
-def _positions(h0, w0, width, n, k, BLOCK: tl.constexpr):
-    """Rows, columns and mask of sub-tile ``k`` (``BLOCK`` positions, row
-    major) of a tile at (h0, w0), ``width`` wide, of ``n`` positions."""
-    q = k * BLOCK + tl.arange(0, BLOCK)
+def _positions(h0, w0, width, n, q0, BLOCK: tl.constexpr):
+    """Rows, columns and mask of the sub-tile of positions ``q0`` to ``q0 +
+    BLOCK`` (row major) of a tile at (h0, w0), ``width`` wide, of ``n``
+    positions."""
+    q = q0 + tl.arange(0, BLOCK)
     return h0 + q // width, w0 + q % width, q < n
 
 
@@ -138,8 +139,8 @@ def forward_kernel(
     chan = b.to(tl.int64) * C + g * Cg + cl
     x_rows = x_ptr + chan[:, None] * H * W
     z_b = z_ptr + b.to(tl.int64) * Cr * P
-    for k in range(tl.cdiv(n, BLOCK_P)):
-        i, j, p_mask = _positions(i0, j0, width, n, k, BLOCK_P)
+    for q0 in range(0, n, BLOCK_P):
+        i, j, p_mask = _positions(i0, j0, width, n, q0, BLOCK_P)
         pos = i * Wo + j
         acc = tl.zeros([BLOCK_C, BLOCK_P], dtype=acc_t)
         # One loop over the taps (fewer nested loops, fewer live registers).
@@ -223,8 +224,8 @@ def _kernel_grads(
     z_off = b.to(tl.int64) * Cr * P
     chan0 = b.to(tl.int64) * C
     tt = tl.arange(0, BLOCK_T)
-    for k in range(tl.cdiv(n, BLOCK_P)):
-        i, j, p_mask = _positions(i0, j0, width, n, k, BLOCK_P)
+    for q0 in range(0, n, BLOCK_P):
+        i, j, p_mask = _positions(i0, j0, width, n, q0, BLOCK_P)
         pos = i * Wo + j
         # C_r = 0: one block all the same, for grad_b
         for r0 in range(0, tl.maximum(Cr, 1), BLOCK_R):
@@ -330,8 +331,8 @@ def _input_grad(
     P = Ho * Wo
     Cg = C // G
     z_b = z_ptr + b.to(tl.int64) * Cr * P
-    for k in range(tl.cdiv(n, BLOCK_Q)):
-        h, col, q_mask = _positions(h0, w0, width, n, k, BLOCK_Q)
+    for q0 in range(0, n, BLOCK_Q):
+        h, col, q_mask = _positions(h0, w0, width, n, q0, BLOCK_Q)
         # the groups in the inner loop: the sub-tile's z halo stays cached
         for g in range(G):
             for c0 in range(0, Cg, BLOCK_C):

@@ -43,7 +43,7 @@ def python(*args, stdin=None):
 # that keep both cores busy
 @pytest.mark.xdist_group('two_cores')
 def test_every_kernel_config_dtype_target_compiles_without_spills():
-    """336 compiles of the evolution ops' kernels and 30 per target of the
+    """336 compiles of the evolution ops' kernels and 38 per target of the
     fused involution's, about 200 s of CPU in two processes, unless cached
     (see the module's docstring)."""
     rows = json.loads(
