@@ -137,7 +137,7 @@ def halo_reads(n_out, n_in, tile, kernel_size, stride, dilation):
 
 
 def _tilings(n_out, n_in, kernel_size, stride, dilation):
-    """{tile: (tiles, worst reads per element)} of one axis."""
+    """{tile: (tiles, :func:`halo_reads`)} of one axis."""
     out = {}
     for parts in range(1, n_out + 1):
         tile = -(-n_out // parts)
@@ -161,7 +161,7 @@ def tile_shape(in_hw, out_hw, kernel_size, stride, dilation, reduced_channels):
 
     Example:
         >>> tile_shape((56, 56), (56, 56), 7, 1, 1, 16)
-        (14, 28)
+        (19, 19)
     """
     most = max(
         1,

@@ -27,7 +27,7 @@ Example:
     >>> t = aggregate(64, 64, 4, (56, 56), Window(7, 1, 3, 1), block_p=128,
     ...               itemsize=2)
     >>> round(t['x'].requested / t['x'].minimal, 2)
-    1.41
+    1.43
 """
 
 from typing import NamedTuple
