@@ -1,16 +1,19 @@
-"""Fused involution on CUDA: the tile configs, the autotuning and the
-launches of the Triton kernels of :mod:`.triton_fused_kernels` (forward,
-grad_input, grad_span), which compute the involution kernel ``W = S z + b``
+"""Fused involution on CUDA: the tiling, the tile configs, the autotuning
+and the launches of the Triton kernels of :mod:`.triton_fused_kernels`
+(forward, backward), which compute the involution kernel ``W = S z + b``
 per tile in registers and never write it.
 
-grad_span's programs keep partial sums of grad_S and grad_b, summed in a
-fixed order afterwards (:func:`fused_involution_backward`), so a backward
-is bitwise repeatable; :func:`span_strips` keeps the partials at most
-1/:data:`PARTIAL_FRACTION` of the kernel map. The tile configs are data,
+Both kernels cut the output map into the tiles of :func:`tile_shape`: as
+many as keep each operand read at most :data:`HALO_FACTOR` times (the halo
+of the neighbouring tiles) and the backward's partial sums of grad_S and
+grad_b at most 1/:data:`PARTIAL_FRACTION` of the kernel map. The partials
+are summed in a fixed order afterwards (:func:`fused_involution_backward`),
+so a backward is bitwise repeatable. The tile configs are data,
 :data:`GPU_CONFIGS` (the autotuned candidates on CUDA, the AOT matrix's);
 under ``TRITON_INTERPRET=1`` one config each, :data:`CONFIGS`.
 """
 
+import functools
 import os
 
 import torch
@@ -20,46 +23,52 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from . import triton_fused_kernels as kernels
 
 _INTERPRET = os.environ.get('TRITON_INTERPRET', '0') == '1'
-# Widest z-channel block of grad_span (wider C_r: several blocks, each
+# Widest z-channel block of the backward (wider C_r: several blocks, each
 # recomputing dW).
 MAX_BLOCK_R = 64
-# grad_span's widest tile, BLOCK_P x BLOCK_R (see span_configs).
+# The backward's widest (BLOCK_P x BLOCK_R) kernel-gradient tile (see
+# span_configs).
 MAX_SPAN_TILE = 1024
-# grad_span's partials: at most this fraction of the kernel map's size.
+# The backward's partials: at most this fraction of the kernel map's size.
 PARTIAL_FRACTION = 16
+# Each operand read at most this many times its size (tile_shape).
+HALO_FACTOR = 1.5
 
 
-def _configs(rows, names):
+def _configs(rows, names, maxnreg=None):
     return [
         triton.Config(
-            dict(zip(names, row[:-1], strict=True)), num_warps=row[-1]
+            dict(zip(names, row[:-1], strict=True)),
+            num_warps=row[-1],
+            maxnreg=maxnreg,
         )
         for row in rows
     ]
 
 
-# (BLOCK_C, BLOCK_P, num_warps) of forward and grad_input; (BLOCK_T: rows
-# of the kernel map per step, BLOCK_P, num_warps) of grad_span, whose
-# BLOCK_R is C_r's (see block_r). tl.dot needs every side >= 16.
+# (BLOCK_C, BLOCK_P, num_warps) of the forward; (BLOCK_T: rows of the
+# kernel map per step, BLOCK_P, BLOCK_C, BLOCK_Q: grad_x's channels and
+# positions per step, num_warps) of the backward, whose BLOCK_R is C_r's
+# (see block_r). tl.dot needs every side >= 16.
+_BACKWARD = ('BLOCK_T', 'BLOCK_P', 'BLOCK_C', 'BLOCK_Q')
 GPU_CONFIGS = {
     'forward': _configs(
         [(16, 64, 4), (16, 128, 4), (32, 64, 4), (8, 256, 4), (32, 128, 8)],
         ('BLOCK_C', 'BLOCK_P'),
     ),
-    'grad_input': _configs(
-        [(16, 64, 4), (16, 128, 4), (32, 64, 4), (8, 256, 4), (32, 128, 8)],
-        ('BLOCK_C', 'BLOCK_P'),
-    ),
-    'grad_span': _configs(
-        [(16, 16, 8), (16, 32, 8), (16, 16, 4)], ('BLOCK_T', 'BLOCK_P')
+    # ptxas left to itself gives the backward 128 (8 warps) or 80 (4)
+    # registers and spills; given the most, it takes what it needs
+    'backward': _configs(
+        [(16, 16, 16, 128, 8), (16, 32, 16, 128, 8), (16, 16, 16, 64, 4)],
+        _BACKWARD,
+        maxnreg=255,
     ),
 }
 # One tile under the interpreter, which is slow; small, so that the tests'
-# tiny maps have several tiles and masked edges.
+# tiny maps have several sub-tiles and masked edges.
 INTERPRET_CONFIGS = {
     'forward': _configs([(4, 16, 4)], ('BLOCK_C', 'BLOCK_P')),
-    'grad_input': _configs([(4, 16, 4)], ('BLOCK_C', 'BLOCK_P')),
-    'grad_span': _configs([(16, 16, 4)], ('BLOCK_T', 'BLOCK_P')),
+    'backward': _configs([(16, 16, 4, 16, 4)], _BACKWARD),
 }
 CONFIGS = INTERPRET_CONFIGS if _INTERPRET else GPU_CONFIGS
 # Tuned per layer type, not per map size (detection inputs vary in size).
@@ -67,8 +76,8 @@ _KEY = ['C', 'Cr', 'G', 'K', 'stride', 'dilation']
 
 
 def span_configs(block_r, fp64=False, configs=None):
-    """Positions in ``configs`` (default ``GPU_CONFIGS['grad_span']``) of
-    the grad_span tiles run with z-channel block ``block_r``: those of at
+    """Positions in ``configs`` (default ``GPU_CONFIGS['backward']``) of
+    the backward's tiles run with z-channel block ``block_r``: those of at
     most :data:`MAX_SPAN_TILE` (BLOCK_P x BLOCK_R) elements (wider ones
     spill on sm_100), on 4 warps for fp64 and 8 for the other dtypes
     (each spills on sm_80 / sm_90 on the other count).
@@ -77,7 +86,7 @@ def span_configs(block_r, fp64=False, configs=None):
         >>> span_configs(64), span_configs(16, fp64=True)
         ([0], [2])
     """
-    configs = GPU_CONFIGS['grad_span'] if configs is None else configs
+    configs = GPU_CONFIGS['backward'] if configs is None else configs
     return [
         k
         for k, c in enumerate(configs)
@@ -98,56 +107,106 @@ def _autotune(name, fn, **kwargs):
 
 
 def block_r(reduced_channels):
-    """grad_span's z-channel block: C_r rounded up to a power of 2, from 16
-    (``tl.dot``'s least) to :data:`MAX_BLOCK_R`."""
+    """The backward's z-channel block: C_r rounded up to a power of 2, from
+    16 (``tl.dot``'s least) to :data:`MAX_BLOCK_R`."""
     return min(max(triton.next_power_of_2(reduced_channels), 16), MAX_BLOCK_R)
 
 
-def span_strips(positions, reduced_channels, block_p):
-    """Strips of grad_span's programs over ``positions`` output positions
-    (tiles of ``block_p``): as many as keep the partials of grad_S at most
-    1/:data:`PARTIAL_FRACTION` of the kernel map.
+def halo_reads(n_out, n_in, tile, kernel_size, stride, dilation):
+    """Along one axis cut in tiles of ``tile`` output lines: the input
+    lines the tiles' windows read, and the output lines that the taps of
+    their input tiles (``stride`` times theirs) come from, summed over the
+    tiles, per line of each map: (x's, grad_y's) reads per element.
+    Intervals: at least the lines the kernels load.
 
     Example:
-        >>> span_strips(56 * 56, 16, 64)
-        12
+        >>> halo_reads(56, 56, 14, 7, 1, 1)
+        (1.3214285714285714, 1.3214285714285714)
     """
-    tiles = triton.cdiv(positions, block_p)
-    most = max(1, positions // (PARTIAL_FRACTION * max(reduced_channels, 1)))
-    return max(1, min(tiles, most))
+    span = (kernel_size - 1) * dilation
+    pad = span // 2
+    x = g = 0
+    for r0 in range(0, n_out, tile):
+        r1 = min(r0 + tile, n_out)
+        x += min(n_in, stride * (r1 - 1) - pad + span + 1)
+        x -= max(0, stride * r0 - pad)
+        first = -(-(stride * r0 + pad - span) // stride)
+        last = (min(stride * r1, n_in) - 1 + pad) // stride
+        g += min(n_out - 1, last) - max(0, first) + 1
+    return x / n_in, g / n_out
+
+
+def _tilings(n_out, n_in, kernel_size, stride, dilation):
+    """{tile: (tiles, :func:`halo_reads`)} of one axis."""
+    out = {}
+    for parts in range(1, n_out + 1):
+        tile = -(-n_out // parts)
+        if tile not in out:
+            reads = halo_reads(
+                n_out, n_in, tile, kernel_size, stride, dilation
+            )
+            out[tile] = (-(-n_out // tile), reads)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def tile_shape(in_hw, out_hw, kernel_size, stride, dilation, reduced_channels):
+    """(TILE_H, TILE_W) output positions of a program of both kernels: the
+    most tiles (parallelism) with every operand read at most
+    :data:`HALO_FACTOR` times (:func:`halo_reads`, x over its windows and
+    grad_y and z over the taps' sources) and the backward's partials (a
+    grad_S per tile) at most 1/:data:`PARTIAL_FRACTION` of the kernel map
+    (one tile always qualifies); of those, the fewest reads, then the
+    widest.
+
+    Example:
+        >>> tile_shape((56, 56), (56, 56), 7, 1, 1, 16)
+        (19, 19)
+    """
+    most = max(
+        1,
+        out_hw[0] * out_hw[1] // (PARTIAL_FRACTION * max(reduced_channels, 1)),
+    )
+    window = (kernel_size, stride, dilation)
+    best = None
+    for th, (nh, (xh, gh)) in _tilings(out_hw[0], in_hw[0], *window).items():
+        for tw, (nw, (xw, gw)) in _tilings(
+            out_hw[1], in_hw[1], *window
+        ).items():
+            reads = max(xh * xw, gh * gw)
+            fits = nh * nw <= most and reads <= HALO_FACTOR
+            key = (fits, nh * nw, -reads, tw)
+            if best is None or key > best[0]:
+                best = key, (th, tw)
+    return best[1]
 
 
 KERNELS = {
     'forward': _autotune('forward', kernels.forward_kernel),
-    'grad_input': _autotune('grad_input', kernels.grad_input_kernel),
     # the partials are accumulated: zeroed again before each timed run
-    'grad_span': _autotune(
-        'grad_span',
-        kernels.grad_span_kernel,
+    'backward': _autotune(
+        'backward',
+        kernels.backward_kernel,
         reset_to_zero=['gs_ptr', 'gb_ptr'],
         prune_configs_by={'early_config_prune': _prune_span},
     ),
 }
 
 
-def _window(input, z, kernel_size, stride, dilation, groups):
-    """The scalar arguments shared by the three kernels."""
+def _window(input, z, kernel_size, stride, dilation, groups, tile):
+    """The scalar arguments shared by the two kernels, and the tile count
+    of one batch."""
     _B, C, H, W = input.shape
     Cr, Ho, Wo = z.shape[1:]
+    if tile is None:
+        hint = tuple(int(optimization_hint(n)) for n in (H, W, Ho, Wo))
+        tile = tile_shape(
+            hint[:2], hint[2:], kernel_size, stride, dilation, Cr
+        )
     padding = dilation * (kernel_size - 1) // 2
-    return (
-        C,
-        Cr,
-        H,
-        W,
-        groups,
-        Ho,
-        Wo,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-    )
+    scalars = (C, Cr, H, W, groups, Ho, Wo, kernel_size, stride, padding)
+    tiles = triton.cdiv(Ho, tile[0]) * triton.cdiv(Wo, tile[1])
+    return (*scalars, dilation, *tile), tiles
 
 
 def _consts(input, span_bias):
@@ -156,16 +215,33 @@ def _consts(input, span_bias):
     )
 
 
-def _grid(n):
-    return lambda meta: (n(meta),)
+def _check_tile(tile):
+    if tile is not None and not (
+        len(tile) == 2 and all(isinstance(n, int) and n >= 1 for n in tile)
+    ):
+        raise ValueError(
+            f'tile must be (rows, columns) of ints >= 1, got {tile!r}'
+        )
 
 
 def fused_involution_forward(
-    input, z, span_weight, span_bias, kernel_size, stride, dilation, groups
+    input,
+    z,
+    span_weight,
+    span_bias,
+    kernel_size,
+    stride,
+    dilation,
+    groups,
+    tile=None,
 ):
     """The fused involution's output (arguments as
     :func:`mmevo.ops.fused_involution`'s, checked by the caller): NCHW,
     the dtype of ``input``.
+
+    Args:
+        tile (tuple[int, int], optional): (rows, columns) of output
+            positions per program; default :func:`tile_shape`'s.
 
     Example:
         >>> x, z = torch.randn(2, 8, 5, 7), torch.randn(2, 4, 5, 7)
@@ -173,6 +249,7 @@ def fused_involution_forward(
         >>> fused_involution_forward(x, z, s, b, 3, 1, 1, 2).shape
         torch.Size([2, 8, 5, 7])
     """
+    _check_tile(tile)
     input, z, span_weight = (t.contiguous() for t in (input, z, span_weight))
     bias = span_weight if span_bias is None else span_bias.contiguous()
     B, C = input.shape[:2]
@@ -180,23 +257,17 @@ def fused_involution_forward(
     y = input.new_empty(B, C, Ho, Wo)
     if y.numel() == 0:
         return y.zero_()
+    scalars, tiles = _window(
+        input, z, kernel_size, stride, dilation, groups, tile
+    )
 
-    def n(meta):
+    def grid(meta):
         return (
-            B
-            * groups
-            * triton.cdiv(C // groups, meta['BLOCK_C'])
-            * triton.cdiv(Ho * Wo, meta['BLOCK_P'])
+            B * groups * triton.cdiv(C // groups, meta['BLOCK_C']) * tiles,
         )
 
-    KERNELS['forward'][_grid(n)](
-        input,
-        z,
-        span_weight,
-        bias,
-        y,
-        *_window(input, z, kernel_size, stride, dilation, groups),
-        **_consts(input, span_bias),
+    KERNELS['forward'][grid](
+        input, z, span_weight, bias, y, *scalars, **_consts(input, span_bias)
     )
     return y
 
@@ -211,11 +282,18 @@ def fused_involution_backward(
     stride,
     dilation,
     groups,
+    tile=None,
 ):
     """(grad_input, grad_z, grad_span_weight, grad_span_bias) of the fused
     involution, from ``grad`` (B, C, H_out, W_out) and the saved ``input``
     and ``z``; each grad in its argument's dtype (grad_span_bias in
-    ``span_weight``'s, also without a bias).
+    ``span_weight``'s, also without a bias). One launch: a program per
+    (batch, tile) computes its tile's grad_z, grad_x and partials of
+    grad_S and grad_b.
+
+    Args:
+        tile (tuple[int, int], optional): as
+            :func:`fused_involution_forward`'s.
 
     Example:
         >>> x, z = torch.randn(2, 8, 5, 7), torch.randn(2, 4, 3, 4)
@@ -224,15 +302,16 @@ def fused_involution_backward(
         ...     gy, x, z, s, None, 3, 2, 1, 1)]
         [2, 2, 9, 9]
     """
+    _check_tile(tile)
     grad, input, z, span_weight = (
         t.contiguous() for t in (grad, input, z, span_weight)
     )
     bias = span_weight if span_bias is None else span_bias.contiguous()
-    B, C, H, W = input.shape
+    B, C = input.shape[:2]
     Cr, Ho, Wo = z.shape[1:]
     rows = span_weight.shape[0]
     acc = torch.promote_types(input.dtype, torch.float32)
-    # every element is written by the kernels
+    # every element is written by the kernel
     gx, gz = torch.empty_like(input), torch.empty_like(z)
     if B == 0 or C == 0 or Ho * Wo == 0:
         return (
@@ -244,45 +323,25 @@ def fused_involution_backward(
                 span_weight,
             ),
         )
-    window = _window(input, z, kernel_size, stride, dilation, groups)
-    consts = _consts(input, span_bias)
-
-    def n_input(meta):
-        return (
-            B
-            * groups
-            * triton.cdiv(C // groups, meta['BLOCK_C'])
-            * triton.cdiv(H * W, meta['BLOCK_P'])
-        )
-
-    KERNELS['grad_input'][_grid(n_input)](
-        grad, z, span_weight, bias, gx, *window, **consts
+    scalars, tiles = _window(
+        input, z, kernel_size, stride, dilation, groups, tile
     )
-    # the partials' buffers are allocated before the launch, so the strips
-    # cannot depend on the autotuned BLOCK_P: sized for the smallest (a
-    # larger tile leaves the last strips empty)
-    strips = span_strips(
-        optimization_hint(Ho * Wo),
-        Cr,
-        min(c.kwargs['BLOCK_P'] for c in CONFIGS['grad_span']),
-    )
-    # a row of grad_S and one of grad_b per (batch, strip), in fp32 at least
-    gs = span_weight.new_zeros(B * strips, rows, Cr, dtype=acc)
-    gb = span_weight.new_zeros(B * strips, rows, dtype=acc)
-    br = block_r(Cr)
-    n_span = B * strips * max(1, triton.cdiv(Cr, br))
-    KERNELS['grad_span'][_grid(lambda meta: n_span)](
+    # a grad_S and a grad_b per program, in fp32 at least
+    gs = span_weight.new_zeros(B * tiles, rows, Cr, dtype=acc)
+    gb = span_weight.new_zeros(B * tiles, rows, dtype=acc)
+    KERNELS['backward'][(B * tiles,)](
         grad,
         input,
         z,
         span_weight,
+        bias,
+        gx,
         gz,
         gs,
         gb,
-        *window,
-        strips,
-        IS_FP64=consts['IS_FP64'],
-        BLOCK_R=br,
+        *scalars,
+        **_consts(input, span_bias),
+        BLOCK_R=block_r(Cr),
     )
     return gx, gz, *_span_grads(gs, gb, span_weight)
 
@@ -294,13 +353,13 @@ def _span_grads(gs, gb, span_weight):
     return gs.sum(0).to(dtype).reshape(span_weight.shape), gb.sum(0).to(dtype)
 
 
-# grad_span's z-channel blocks that the AOT matrix compiles: RedNet's C_r
-# (C / 4 of 64 to 512 channels) rounded up, and the widest.
+# The backward's z-channel blocks that the AOT matrix compiles: RedNet's
+# C_r (C / 4 of 64 to 512 channels) rounded up, and the widest.
 AOT_BLOCK_R = (16, 32, 64)
-_POINTERS = {'forward': 5, 'grad_input': 5, 'grad_span': 7}
-# Pointers in the dtype of the tensors (the rest: the grad_span partials,
+_POINTERS = {'forward': 5, 'backward': 9}
+# Pointers in the dtype of the tensors (the rest: the backward's partials,
 # in fp32 at least).
-_DTYPED = {'forward': 5, 'grad_input': 5, 'grad_span': 5}
+_DTYPED = {'forward': 5, 'backward': 7}
 
 
 def aot_jobs(dtypes=('fp32', 'fp16', 'bf16', 'fp64')):
@@ -310,12 +369,12 @@ def aot_jobs(dtypes=('fp32', 'fp16', 'bf16', 'fp64')):
 
     Example:
         >>> len(aot_jobs(['fp16']))
-        15
+        10
     """
     jobs = []
     for kernel in KERNELS:
         for dtype in dtypes:
-            if kernel != 'grad_span':
+            if kernel != 'backward':
                 jobs += [
                     dict(kernel=kernel, dtype=dtype, config=k, block_r=None)
                     for k in range(len(GPU_CONFIGS[kernel]))
@@ -336,11 +395,10 @@ def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
     Args:
         kernel (str): a key of :data:`KERNELS`.
         dtype (str): 'fp32', 'fp16', 'bf16' or 'fp64'.
-        config (int): position in ``GPU_CONFIGS[kernel]`` (for grad_span,
-            one of ``span_configs(block_r, dtype == 'fp64')``).
-        has_bias (bool): the span convolution has a bias (forward and
-            grad_input).
-        block_r (int, optional): grad_span's ``BLOCK_R``, one of
+        config (int): position in ``GPU_CONFIGS[kernel]`` (for the
+            backward, one of ``span_configs(block_r, dtype == 'fp64')``).
+        has_bias (bool): the span convolution has a bias.
+        block_r (int, optional): the backward's ``BLOCK_R``, one of
             :data:`AOT_BLOCK_R` (default the widest).
 
     Example:
@@ -356,20 +414,20 @@ def aot_source(kernel, dtype, config, has_bias=True, block_r=None):
         )
     fn = KERNELS[kernel].fn
     conf = GPU_CONFIGS[kernel][config]
-    consts = dict(IS_FP64=dtype == 'fp64', **conf.kwargs)
-    if kernel == 'grad_span':
+    consts = dict(IS_FP64=dtype == 'fp64', HAS_BIAS=has_bias, **conf.kwargs)
+    if kernel == 'backward':
         consts['BLOCK_R'] = block_r or MAX_BLOCK_R
         if config not in span_configs(consts['BLOCK_R'], dtype == 'fp64'):
             raise ValueError(
-                f'grad_span config {config} is not run with block_r='
+                f'backward config {config} is not run with block_r='
                 f'{consts["BLOCK_R"]} (see span_configs)'
             )
-    else:
-        consts['HAS_BIAS'] = has_bias
     acc = 'fp64' if dtype == 'fp64' else 'fp32'
     names = fn.arg_names
     sig = {n: 'constexpr' if n in consts else 'i32' for n in names}
     for k, n in enumerate(names[: _POINTERS[kernel]]):
         sig[n] = f'*{dtype if k < _DTYPED[kernel] else acc}'
     options = dict(num_warps=conf.num_warps, num_stages=conf.num_stages)
+    if conf.maxnreg is not None:
+        options['maxnreg'] = conf.maxnreg
     return ASTSource(fn, sig, consts), options

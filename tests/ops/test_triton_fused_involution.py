@@ -28,7 +28,7 @@ GEOMETRIES = [
     (1, 6, 1, 5, 5, 7, 3, 2, 2),
     (1, 4, 2, 2, 7, 5, 7, 1, 1),
     (1, 4, 1, 2, 6, 5, 7, 2, 2),
-    # one z channel: grad_span's programs split the map into two strips
+    # one z channel: the default tiles split the map in two (5 x 4, 5 x 3)
     (1, 4, 1, 1, 5, 7, 3, 1, 1),
     # 65 z channels: two z-channel blocks
     (1, 4, 2, 65, 5, 5, 3, 2, 1),
@@ -71,10 +71,10 @@ def reference(inputs, grad, geom):
     return y.detach(), grads
 
 
-def fused(inputs, grad, geom):
+def fused(inputs, grad, geom, tile=None):
     _, _, G, _, _, _, K, s, d = geom
-    y = fused_involution_forward(*inputs, K, s, d, G)
-    grads = fused_involution_backward(grad, *inputs, K, s, d, G)
+    y = fused_involution_forward(*inputs, K, s, d, G, tile)
+    grads = fused_involution_backward(grad, *inputs, K, s, d, G, tile)
     return y, grads
 
 
@@ -89,6 +89,38 @@ def test_float64_values_and_gradients(geom):
     ):
         assert got.shape == want.shape, name
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize(
+    ('geom', 'tile'),
+    [
+        (GEOMETRIES[0], (1, 1)),  # a program per position
+        (GEOMETRIES[0], (2, 3)),  # partial tiles on both edges
+        (GEOMETRIES[3], (2, 1)),  # stride and dilation 2: input tiles 4 x 2
+        (GEOMETRIES[5], (1, 2)),  # stride 2, two z-channel blocks
+        (GEOMETRIES[1], (3, 4)),  # one tile: the whole map
+    ],
+)
+def test_any_tiling_gives_the_reference(geom, tile):
+    """The tiles partition the output map, and stride times them the
+    input map: every tiling computes the same values and gradients."""
+    inputs, grad = make_inputs(geom, torch.float64, 5)
+    y, grads = fused(inputs, grad, geom, tile)
+    y_ref, grads_ref = reference(inputs, grad, geom)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for name, got, want in zip(
+        ('x', 'z', 'S', 'b'), grads, grads_ref, strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize('tile', [(0, 2), (2,), (2, 2.0)])
+def test_bad_tile_is_refused(tile):
+    inputs, grad = make_inputs(GEOMETRIES[0], torch.float64, 6)
+    with pytest.raises(ValueError, match='tile must be'):
+        fused_involution_forward(*inputs, 3, 1, 1, 2, tile)
+    with pytest.raises(ValueError, match='tile must be'):
+        fused_involution_backward(grad, *inputs, 3, 1, 1, 2, tile)
 
 
 def test_without_bias():

@@ -89,9 +89,8 @@ def matrix(targets_=None):
 
 
 # The dtypes the fused involution's kernels compile in here: those models
-# train in. fp64 (the float64 tests', interpreted) is left out: its
-# grad_span spills 8 bytes on sm_100.
-FUSED_DTYPES = ('fp32', 'fp16', 'bf16')
+# train in, and fp64 (the float64 tests').
+FUSED_DTYPES = ('fp32', 'fp16', 'bf16', 'fp64')
 
 
 def fused_matrix(ccs):

@@ -2,8 +2,11 @@
 
 One function per kernel of :mod:`mmevo.ops.triton_kernels`, using its own
 tiling helpers (:func:`~mmevo.ops.triton_kernels.block_w`,
-:func:`~mmevo.ops.triton_kernels.strip_rows`), so the model changes with the
-kernels.
+:func:`~mmevo.ops.triton_kernels.strip_rows`), and of the fused
+involution's :mod:`mmevo.ops.triton_fused` (:func:`fused_forward`,
+:func:`fused_backward`, with :func:`~mmevo.ops.triton_fused.tile_shape`),
+so the model changes with the kernels. The fused kernels' minimum has no
+kernel map: it is never written.
 Each gives, per operand, three byte counts of one launch:
 
 * ``minimal``: the operand read (or written) once, whole;
@@ -24,11 +27,12 @@ Example:
     >>> t = aggregate(64, 64, 4, (56, 56), Window(7, 1, 3, 1), block_p=128,
     ...               itemsize=2)
     >>> round(t['x'].requested / t['x'].minimal, 2)
-    1.41
+    1.43
 """
 
 from typing import NamedTuple
 
+from mmevo.ops.triton_fused import tile_shape
 from mmevo.ops.triton_kernels import block_w, strip_rows
 
 # The H200's L2 and DRAM bandwidth (the roofline of docs/benchmarks.md).
@@ -239,6 +243,149 @@ KERNELS = {
     'aggregate_transpose': aggregate_transpose,
     'correlate': correlate,
 }
+
+
+def _fused_tiles(in_hw, window, reduced, tile):
+    """The output map, the fused kernels' tile and, per axis, the tiles'
+    output lines (``blocks``), the input lines their windows read
+    (``reads``) and the output lines the taps of their input tiles come
+    from, with their own (``sources``)."""
+    out_hw = tuple(window.output_size(s) for s in in_hw)
+    k, s, d = window.kernel_size, window.stride, window.dilation
+    tile = tile or tile_shape(tuple(in_hw), out_hw, k, s, d, reduced)
+    axes = []
+    for n_in, n_out, t in zip(in_hw, out_hw, tile, strict=True):
+        blocks = _blocks(n_out, t)
+        inputs = [range(s * b[0], min(s * b[-1] + s, n_in)) for b in blocks]
+        axes.append(
+            dict(
+                blocks=blocks,
+                reads=[_window(b, n_in, window) for b in blocks],
+                sources=[
+                    set(b).union(*_sources(i, n_out, window))
+                    for b, i in zip(blocks, inputs, strict=True)
+                ],
+            )
+        )
+    return out_hw, tile, axes
+
+
+def _area(axes, key):
+    """(summed over the tiles, union) positions of ``key``'s rectangles."""
+    rows, cols = (a[key] for a in axes)
+    per_tile = sum(map(len, rows)) * sum(map(len, cols))
+    return per_tile, len(set().union(*rows)) * len(set().union(*cols))
+
+
+def fused_forward(
+    batch,
+    channels,
+    groups,
+    reduced,
+    in_hw,
+    window,
+    block_c,
+    itemsize,
+    tile=None,
+    bias=True,
+):
+    """Traffic of ``triton_fused.fused_involution_forward`` (Y = A(X, S z +
+    b)): a program per (batch, group, ``block_c`` channels, tile) reads its
+    tile of z's C_r channels and its group's rows of S.
+
+    Args:
+        batch, channels, groups (int): B, C, G.
+        reduced (int): C_r, z's channels.
+        in_hw (tuple[int, int]): X's map.
+        window (Window): the op's "same" window
+            (:func:`mmevo.ops.fused_involution.same_window`).
+        block_c (int): the config's ``BLOCK_C``.
+        itemsize (int): bytes of an element of every tensor.
+        tile (tuple[int, int], optional): the kernel's ``tile`` (default
+            :func:`~mmevo.ops.triton_fused.tile_shape`'s).
+        bias (bool): the span convolution has a bias.
+
+    Returns:
+        dict[str, Traffic]: ``x``, ``z``, ``s``, ``bias`` (loads), ``y``
+        (store).
+    """
+    out_hw, _, axes = _fused_tiles(in_hw, window, reduced, tile)
+    P = out_hw[0] * out_hw[1]
+    tiles = len(axes[0]['blocks']) * len(axes[1]['blocks'])
+    kk = window.kernel_size**2
+    outer = batch * groups * -(-channels // groups // block_c)
+    x_req, x_touched = _area(axes, 'reads')
+    n_x = batch * channels * in_hw[0] * in_hw[1]
+    n_s, n_b = groups * kk * reduced, groups * kk if bias else 0
+    parts = dict(
+        x=(n_x, batch * channels * x_req, batch * channels * x_touched),
+        z=(batch * reduced * P, outer * reduced * P, batch * reduced * P),
+        s=(n_s, outer * tiles * n_s // groups, n_s),
+        bias=(n_b, outer * tiles * n_b // groups, n_b),
+        y=(batch * channels * P,) * 3,
+    )
+    parts = {k: tuple(n * itemsize for n in v) for k, v in parts.items()}
+    # z, S and b are re-read by the next channel block's or group's
+    # programs, ``tiles`` programs later
+    return _with_l2(parts, tiles, outer * tiles)
+
+
+def fused_backward(
+    batch,
+    channels,
+    groups,
+    reduced,
+    in_hw,
+    window,
+    itemsize,
+    tile=None,
+    bias=True,
+):
+    """Traffic of ``triton_fused.fused_involution_backward``: a program per
+    (batch, tile) reads grad_y and z over its tile and the sources of its
+    input tile's taps, x over its tile's windows and the whole of S, and
+    writes grad_x (its input tile), grad_z (its tile) and its partials of
+    grad_S and grad_b (fp32 at least; minimal: the gradients once).
+
+    Args:
+        batch, channels, groups, reduced, in_hw, window, itemsize, tile,
+            bias: as :func:`fused_forward`'s.
+
+    Returns:
+        dict[str, Traffic]: ``grad``, ``x``, ``z``, ``s``, ``bias``
+        (loads), ``grad_x``, ``grad_z`` (stores), ``grad_s``, ``grad_b``
+        (the partials, read and written).
+    """
+    out_hw, _, axes = _fused_tiles(in_hw, window, reduced, tile)
+    P = out_hw[0] * out_hw[1]
+    programs = batch * len(axes[0]['blocks']) * len(axes[1]['blocks'])
+    rows = groups * window.kernel_size**2
+    acc = max(itemsize, 4)
+    x_req, x_touched = _area(axes, 'reads')
+    g_req, g_touched = _area(axes, 'sources')
+    n_x = batch * channels * in_hw[0] * in_hw[1]
+    n_s = rows * reduced
+    parts = dict(
+        grad=(batch * channels * P, g_req, g_touched),
+        x=(n_x, x_req, x_touched),
+        z=(batch * reduced * P, g_req, g_touched),
+    )
+    scale = dict(grad=channels, x=channels, z=reduced)
+    parts = {
+        k: (m * itemsize, *(n * batch * scale[k] * itemsize for n in rt))
+        for k, (m, *rt) in parts.items()
+    }
+    for k, n in dict(s=n_s, bias=rows if bias else 0).items():
+        parts[k] = (n * itemsize, programs * n * itemsize, n * itemsize)
+    parts['grad_x'] = (n_x * itemsize,) * 3
+    parts['grad_z'] = (batch * reduced * P * itemsize,) * 3
+    for k, n in dict(grad_s=n_s, grad_b=rows).items():
+        parts[k] = (n * acc,) + (programs * n * acc,) * 2
+    # a tile's halo is shared with the next tile row, n_tw programs later
+    return _with_l2(parts, len(axes[1]['blocks']), programs)
+
+
+FUSED_KERNELS = {'forward': fused_forward, 'backward': fused_backward}
 
 
 def roofline_seconds(traffic):

@@ -43,7 +43,7 @@ def python(*args, stdin=None):
 # that keep both cores busy
 @pytest.mark.xdist_group('two_cores')
 def test_every_kernel_config_dtype_target_compiles_without_spills():
-    """336 compiles of the evolution ops' kernels, 45 per target of the
+    """336 compiles of the evolution ops' kernels, 38 per target of the
     fused involution's and 36 per target of the fused local attention's
     (about 200 s and 35 s of CPU in two processes), unless cached (see the
     module's docstring)."""
@@ -69,11 +69,11 @@ def test_every_kernel_config_dtype_target_compiles_without_spills():
     assert {80, 90} <= set(targets)
     # 3 kernels x 4 dtypes, and the correlation's fp32 logits of fp16 / bf16
     unfused = (len(kernels) * 4 + 2) * n_configs * len(targets)
-    # the fused involution's forward, grad_input and grad_span, and the
-    # fused local attention's forward, grad_query and grad_kv
+    # the fused involution's forward and backward, and the fused local
+    # attention's forward, grad_query and grad_kv
     fused_rows = (n_fused + n_attention) * len(targets)
     assert len(rows) == unfused + fused_rows
-    fused = {'fused_forward', 'fused_grad_input', 'fused_grad_span'}
+    fused = {'fused_forward', 'fused_backward'}
     fused |= {'attn_forward', 'attn_grad_query', 'attn_grad_kv'}
     assert {r['kernel'] for r in rows} == set(kernels) | fused
     errors = [r for r in rows if r['error']]
