@@ -173,6 +173,71 @@ __attribute__((always_inline)) inline void scatter_row(A* const* a, const A* con
   }
 }
 
+// dW of a backward tile: dw[(u*K + v)*PL + n*Wv + j] = sum_c y[c][n][j] *
+// x[c][n*s + u*d][j + voff[v]] for its kFB rows n and Wv columns j, y rows
+// Wv and channels ys apart, x rows xr and channels xc apart. Plain values,
+// not a lambda's captures: the vector stores (memcpy) may alias anything in
+// memory, so captured sizes would be reloaded after each one.
+template <typename A, typename vec>
+void correlate_block(A* __restrict__ dw, int64_t PL, const A* __restrict__ y, int64_t Wv,
+                     int64_t ys, const A* __restrict__ x, int64_t xr, int64_t xc, int64_t Cg,
+                     int64_t K, int64_t s, int64_t d, const int64_t* __restrict__ voff) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  const bool unit = s == 1 && d == 1;
+  for (int64_t jv = 0; jv < Wv; jv += V)
+    for (int64_t v = 0; v < K; ++v)
+      for (int64_t u0 = 0; u0 < K; u0 += kUs) {
+        const int64_t nu = std::min(kUs, K - u0);
+        vec acc[kCRows][kUs] = {};
+        const A* xq = x + u0 * d * xr + jv + voff[v];
+        const A* yq = y + jv;
+#define MMEVO_FUSED_TILE(NU)                                                         \
+  (unit ? correlate_tile<A, vec, NU, true>(acc, yq, Wv, ys, xq, xr, xc, Cg, 1, 1) \
+        : correlate_tile<A, vec, NU, false>(acc, yq, Wv, ys, xq, xr, xc, Cg, s, d))
+        switch (nu) {
+          case 4: MMEVO_FUSED_TILE(4); break;
+          case 3: MMEVO_FUSED_TILE(3); break;
+          case 2: MMEVO_FUSED_TILE(2); break;
+          default: MMEVO_FUSED_TILE(1);
+        }
+#undef MMEVO_FUSED_TILE
+        A* out = dw + (u0 * K + v) * PL + jv;
+        for (int64_t m = 0; m < nu; ++m, out += K * PL)
+#pragma GCC unroll 4
+          for (int n = 0; n < kFB; ++n) std::memcpy(out + n * Wv, &acc[n][m], sizeof(vec));
+      }
+}
+
+// grad_x of a backward tile, tap column by tap column: gx[c][rr][j +
+// voff[v]] += sum_n w[wrow[rr][n] + v*PL][j] * y[c][n][j] over the rows n
+// of mask[rr], for the buffered input rows rr in [rlo, rhi) (rows Lrow and
+// channels gc apart in gx). A gradient row is read again only after many
+// other stores (an overlapping store just before stalls the load).
+template <typename A, typename vec>
+void scatter_block(A* __restrict__ gx, int64_t gc, int64_t Lrow, const A* __restrict__ w,
+                   int64_t PL, const A* __restrict__ y, int64_t Wv, int64_t ys, int64_t Cg,
+                   int64_t K, const int64_t* __restrict__ voff, const int64_t* __restrict__ wrow,
+                   const int64_t* __restrict__ mask, int64_t rlo, int64_t rhi) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  for (int64_t v = 0; v < K; ++v)
+    for (int64_t jv = 0; jv < Wv; jv += V)
+      for (int64_t c4 = 0; c4 < Cg; c4 += kCh) {
+        vec gv[kCh][kFB];
+        for (int k = 0; k < kCh; ++k)
+          for (int n = 0; n < kFB; ++n)
+            std::memcpy(&gv[k][n], y + (c4 + k) * ys + n * Wv + jv, sizeof(vec));
+        const A* wv = w + v * PL + jv;
+        A* g0 = gx + c4 * gc + jv + voff[v];
+        for (int64_t rr = rlo; rr < rhi; ++rr) {
+          A* a[kCh];
+          const A* wr[kFB];
+          for (int k = 0; k < kCh; ++k) a[k] = g0 + k * gc + rr * Lrow;
+          for (int n = 0; n < kFB; ++n) wr[n] = wv + wrow[rr * kFB + n];
+          scatter_row<A, vec>(a, wr, mask[rr], gv);
+        }
+      }
+}
+
 // dst[j] += src[j], j < n.
 template <typename A>
 inline void add_row(A* __restrict__ dst, const A* __restrict__ src, int64_t n) {
@@ -342,11 +407,10 @@ void fused_backward(const T* __restrict__ gy, const T* __restrict__ x, const T* 
   load_span(sa, ba, S, bias, g.G, KK, KKp, Cr, Cp);
   std::vector<int64_t> voff(g.K);
   for (int64_t v = 0; v < g.K; ++v) voff[v] = phases.offset(v, g.d);
-  const bool unit = g.s == 1 && g.d == 1;
 
   struct Buffers {
     std::vector<A> xs, ys, zs, wb, dwb, gxs, gzs, gsv, gbv;
-    std::vector<int64_t> u_of, mask;
+    std::vector<int64_t> u_of, mask, wrow;
   };
   const auto strip = [&](int64_t b, int64_t st, A* sums, Buffers& buf) {
     const int64_t i_a = st * SR, i_b = std::min(g.Ho, i_a + SR), nrows = i_b - i_a;
@@ -383,63 +447,29 @@ void fused_backward(const T* __restrict__ gy, const T* __restrict__ x, const T* 
         // grad_y is zero), every tap summed over the group's channels.
         const A* xt = buf.xs.data() + off * g.s * Lrow;
         const A* yt = buf.ys.data() + off * Wv;
-        for (int64_t jv = 0; jv < Wv; jv += V)
-          for (int64_t v = 0; v < g.K; ++v)
-            for (int64_t u0 = 0; u0 < g.K; u0 += kUs) {
-              const int64_t nu = std::min(kUs, g.K - u0);
-              vec acc[kCRows][kUs] = {};
-              const A* xq = xt + u0 * g.d * Lrow + jv + voff[v];
-              const A* yq = yt + jv;
-#define MMEVO_FUSED_TILE(NU)                                                                  \
-  (unit ? correlate_tile<A, vec, NU, true>(acc, yq, Wv, SR * Wv, xq, Lrow, XR * Lrow, Cg, 1, 1) \
-        : correlate_tile<A, vec, NU, false>(acc, yq, Wv, SR * Wv, xq, Lrow, XR * Lrow, Cg, g.s, \
-                                            g.d))
-              switch (nu) {
-                case 4: MMEVO_FUSED_TILE(4); break;
-                case 3: MMEVO_FUSED_TILE(3); break;
-                case 2: MMEVO_FUSED_TILE(2); break;
-                default: MMEVO_FUSED_TILE(1);
-              }
-#undef MMEVO_FUSED_TILE
-              for (int64_t m = 0; m < nu; ++m)
-                for (int64_t n = 0; n < kFB; ++n)
-                  std::memcpy(buf.dwb.data() + ((u0 + m) * g.K + v) * PL + n * Wv + jv,
-                              &acc[n][m], sizeof(vec));
-            }
+        correlate_block<A, vec>(buf.dwb.data(), PL, yt, Wv, SR * Wv, xt, Lrow, XR * Lrow, Cg, g.K,
+                                g.s, g.d, voff.data());
         weight_grad_tile<A, vec>(buf.gsv.data(), buf.gbv.data(), buf.dwb.data(), PL, zt, GZ, Cp,
                                  KKp, PL);
         span_transpose_tile<A, vec>(buf.gzs.data() + off * Wv, GZ, sg, Cp, buf.dwb.data(), PL,
                                     Cp, KKp, PL);
-        // grad_x, tap by tap: a gradient row is read again only after many
-        // other stores (an overlapping store just before stalls the load).
+        // grad_x: each buffered row's kernel rows (any row where the mask
+        // has no bit), then the scatter.
         const int64_t r0 = i0 * g.s - g.p, nr = (ni - 1) * g.s + span + 1;
         const int64_t rlo = std::max<int64_t>(0, -r0), rhi = std::min(nr, g.H - r0);
         int64_t* const u_of = buf.u_of.data();
         tile_taps(u_of, R, ni, span, g.d, 0, -g.s, -1);
         for (int64_t rr = rlo; rr < rhi; ++rr) {
           buf.mask[rr] = 0;
-          for (int64_t n = 0; n < kFB; ++n) buf.mask[rr] |= int64_t(u_of[rr * kRows + n] >= 0) << n;
+          for (int64_t n = 0; n < kFB; ++n) {
+            const int64_t u = u_of[rr * kRows + n];
+            buf.mask[rr] |= int64_t(u >= 0) << n;
+            buf.wrow[rr * kFB + n] = std::max<int64_t>(0, u) * g.K * PL + n * Wv;
+          }
         }
-        A* const gxt = buf.gxs.data() + off * g.s * Lrow;
-        for (int64_t v = 0; v < g.K; ++v)
-          for (int64_t jv = 0; jv < Wv; jv += V)
-            for (int64_t c4 = 0; c4 < Cg; c4 += kCh) {
-              vec gv[kCh][kFB];
-              for (int k = 0; k < kCh; ++k)
-                for (int n = 0; n < kFB; ++n)
-                  std::memcpy(&gv[k][n], yt + ((c4 + k) * SR + n) * Wv + jv, sizeof(vec));
-              for (int64_t rr = rlo; rr < rhi; ++rr) {
-                A* a[kCh];
-                const A* wr[kFB];
-                for (int k = 0; k < kCh; ++k)
-                  a[k] = gxt + ((c4 + k) * XR + rr) * Lrow + jv + voff[v];
-                for (int n = 0; n < kFB; ++n) {
-                  const int64_t u = std::max<int64_t>(0, u_of[rr * kRows + n]);
-                  wr[n] = buf.wb.data() + (u * g.K + v) * PL + n * Wv + jv;
-                }
-                scatter_row<A, vec>(a, wr, buf.mask[rr], gv);
-              }
-            }
+        scatter_block<A, vec>(buf.gxs.data() + off * g.s * Lrow, XR * Lrow, Lrow, buf.wb.data(),
+                              PL, yt, Wv, SR * Wv, Cg, g.K, voff.data(), buf.wrow.data(),
+                              buf.mask.data(), rlo, rhi);
       }
       for (int64_t k = 0; k < KK; ++k) {
         A* srow = sums + (grp * KK + k) * Cr;
@@ -477,7 +507,8 @@ void fused_backward(const T* __restrict__ gy, const T* __restrict__ x, const T* 
                   std::vector<A>(Cp * GZ, A(0)), std::vector<A>(KKp * PL),
                   std::vector<A>(KKp * PL, A(0)), std::vector<A>(Cg4 * XR * Lrow),
                   std::vector<A>(Cp * GZ), std::vector<A>(KKp * Cp * V), std::vector<A>(KKp * V),
-                  std::vector<int64_t>(R * kRows), std::vector<int64_t>(R)};
+                  std::vector<int64_t>(R * kRows), std::vector<int64_t>(R),
+                  std::vector<int64_t>(R * kFB)};
       for (int64_t slot = begin; slot < end; ++slot)
         for (int64_t t = slot * ntasks / plan.nslots; t < (slot + 1) * ntasks / plan.nslots; ++t)
           if (t % plan.nstrips % 2 == parity)
