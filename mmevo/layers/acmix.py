@@ -4,11 +4,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmevo.ops import check_int, local_attention_weights
+from mmevo.ops import (
+    check_int,
+    fused_local_attention,
+    local_attention_weights,
+)
 from mmevo.registry import MODELS
 
 from .base import EvolutionLayer, InitCfg, check_divisible
-from .fastpath import cpu_fastpath_default, pointwise, takes_cpu_fastpath
+from .fastpath import (
+    cpu_fastpath_default,
+    pointwise,
+    takes_cpu_fastpath,
+    takes_fused_cpu,
+)
 
 
 def position_map(
@@ -93,19 +102,26 @@ class _SplitProjection(torch.autograd.Function):
 class _Mix(torch.autograd.Function):
     """``rate1 * out_att + out_conv`` in one pass, in out_att's NCHW layout
     (that of the rest of the network): an elementwise op would take the
-    channels_last layout of the conv path's output, its first operand."""
+    channels_last layout of the conv path's output, its first operand. The
+    dtype is the stock sum's: under autocast, the float32 rates promote the
+    half-precision paths."""
 
     @staticmethod
     def forward(ctx, out_att, out_conv, rate1):
         ctx.save_for_backward(out_att, rate1)
-        out = torch.empty_like(out_att, memory_format=torch.contiguous_format)
+        out = torch.empty_like(
+            out_att,
+            dtype=torch.promote_types(out_att.dtype, rate1.dtype),
+            memory_format=torch.contiguous_format,
+        )
         return torch.addcmul(out_conv, out_att, rate1, out=out)
 
     @staticmethod
     def backward(ctx, grad):
         out_att, rate1 = ctx.saved_tensors
         grad = grad.contiguous()
-        g_rate1 = torch.dot(grad.view(-1), out_att.reshape(-1)).view(1)
+        att = out_att.reshape(-1).to(grad.dtype)
+        g_rate1 = torch.dot(grad.view(-1), att).view(1)
         return grad * rate1, grad, g_rate1
 
 
@@ -132,7 +148,13 @@ class ACmix(EvolutionLayer):
     On CPU in eager mode, while ``use_cpu_fastpath`` is True (see
     :mod:`mmevo.layers.fastpath`), :meth:`forward` runs the same numbers
     fused (:meth:`_forward_cpu`): q, k and v as one matmul, ``fc`` folded
-    into ``dep_conv``. :meth:`generate` always runs the published graph.
+    into ``dep_conv``; and, unless a kernel hook must see the attention map
+    (or autocast is on, or another backend is forced), the correlation,
+    softmax and aggregation as one op,
+    :func:`mmevo.ops.fused_local_attention` (C++, reflection included),
+    which never writes the (B, head, K, K, H_out, W_out) map: faster at
+    every ACmix-ResNet-50 stage, in less memory (``docs/benchmarks.md``).
+    :meth:`generate` always runs the published graph.
 
     Args:
         in_planes (int): input channels.
@@ -342,7 +364,20 @@ class ACmix(EvolutionLayer):
             self.stride,
             self.head_dim**-0.5,
         )
-        out_att = self.aggregate(value, self._attention(query, key))
+        if takes_fused_cpu(self, x, self.conv1.weight.dtype):
+            out_att = fused_local_attention(
+                query,
+                key,
+                value,
+                self.head,
+                self.kernel_size,
+                self.stride,
+                self.padding,
+                self.dilation,
+                self.padding_mode,
+            )
+        else:
+            out_att = self.aggregate(value, self._attention(query, key))
         fc = self.fc.weight.view(self.kernel_conv**2, -1) * self.rate2
         weight = torch.einsum('otuv,tj->ojuv', self.dep_conv.weight, fc)
         out_conv = F.conv2d(

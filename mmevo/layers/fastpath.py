@@ -25,13 +25,16 @@ next to its stock forward, and takes it only when
   which is cheaper than keeping the module calls in every rewrite
   (``docs/benchmarks.md``).
 
-Only torch is imported here.
+A layer whose fast path is a fused C++ op (the involution, local
+attention) takes it only when :func:`takes_fused_cpu` also holds.
 """
 
 import os
 
 import torch
 from torch import nn
+
+from mmevo.ops.backends import backend_name
 
 ENV_VAR = 'MMEVO_CPU_FASTPATH'
 
@@ -152,6 +155,32 @@ def takes_cpu_fastpath(module: nn.Module, x: torch.Tensor) -> bool:
         and x.device.type == 'cpu'
         and not _capturing()
         and not has_hooks(module)
+    )
+
+
+def takes_fused_cpu(
+    module: nn.Module, x: torch.Tensor, dtype: torch.dtype
+) -> bool:
+    """Whether an evolution layer's fused C++ op takes the call on ``x``.
+
+    Args:
+        module (nn.Module): an :class:`~mmevo.layers.EvolutionLayer` with a
+            ``use_cpu_fastpath`` attribute.
+        x (Tensor): its input.
+        dtype (torch.dtype): the dtype of the layer's weights.
+
+    Returns:
+        bool: :func:`takes_cpu_fastpath` holds, no kernel hook waits for the
+        kernel (the fused op never writes it), ``x`` has the weights' dtype,
+        autocast is off (the stock graph casts op by op) and the C++
+        backend runs ``x`` (no other one forced).
+    """
+    return (
+        not module._kernel_hooks
+        and x.dtype == dtype
+        and not torch.is_autocast_enabled('cpu')
+        and takes_cpu_fastpath(module, x)
+        and backend_name(x) == 'cpp'
     )
 
 

@@ -5,12 +5,16 @@ import torch.nn as nn
 from mmcv.cnn import ConvModule
 
 from mmevo.ops import check_int
-from mmevo.ops.backends import backend_name
 from mmevo.ops.fused_involution import fused_involution
 from mmevo.registry import MODELS
 
 from .base import EvolutionLayer, InitCfg, check_divisible, check_layer_cfg
-from .fastpath import cpu_fastpath_default, pointwise, takes_cpu_fastpath
+from .fastpath import (
+    cpu_fastpath_default,
+    pointwise,
+    takes_cpu_fastpath,
+    takes_fused_cpu,
+)
 
 #: The smallest output map (pixels per image) where the fused op runs. At
 #: 56² and above it is faster than the unfused path; at 28² (RedNet-50's
@@ -141,13 +145,8 @@ class Involution(EvolutionLayer):
             return False
         s = self.stride
         pixels = -(-x.shape[-2] // s) * -(-x.shape[-1] // s)
-        return (
-            pixels >= FUSED_MIN_PIXELS
-            and self.conv2.conv.weight.dtype == x.dtype
-            and not self._kernel_hooks
-            and not torch.is_autocast_enabled('cpu')
-            and takes_cpu_fastpath(self, x)
-            and backend_name(x) == 'cpp'
+        return pixels >= FUSED_MIN_PIXELS and takes_fused_cpu(
+            self, x, self.conv2.conv.weight.dtype
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -3,10 +3,22 @@
 import torch
 import torch.nn as nn
 
-from mmevo.ops import check_int, local_correlation, window_softmax
+from mmevo.ops import (
+    check_int,
+    fused_local_attention,
+    local_correlation,
+    window_softmax,
+)
 from mmevo.registry import MODELS
 
 from .base import EvolutionLayer, InitCfg, check_divisible
+from .fastpath import cpu_fastpath_default, takes_fused_cpu
+
+#: The smallest output map (pixels per image) where the fused op runs: from
+#: 14² it is 1.3x faster than the stock ops; at 7² it is 5% slower (for
+#: 1.7x less memory of a layer that holds little), so the stock ops run
+#: there (``docs/benchmarks.md``).
+FUSED_MIN_PIXELS = 14 * 14
 
 
 @MODELS.register_module()
@@ -21,6 +33,18 @@ class LocalSelfAttention(EvolutionLayer):
     The logits come from :func:`mmevo.ops.local_correlation`, never from an
     unfolded key tensor. With zero q/k projections and only ``b``, the layer
     is a static depth-wise convolution of v with ``softmax(b)`` per head.
+
+    On CPU in eager mode, while ``use_cpu_fastpath`` is True (see
+    :mod:`mmevo.layers.fastpath`), output maps of at least
+    :data:`FUSED_MIN_PIXELS` pixels run the correlation, softmax and
+    aggregation as one op, :func:`mmevo.ops.fused_local_attention` (C++),
+    which never writes the (B, heads, K, K, H_out, W_out) attention map and
+    saves a per-pixel log-sum-exp for the backward instead: the same
+    numbers, faster and in less memory (``docs/benchmarks.md``). The q, k
+    and v projections are still called as modules. It steps aside for a
+    kernel hook (which must see the attention map), a module hook, and
+    where the C++ kernel cannot take the call (autocast, an input dtype
+    other than the layer's, another backend forced).
 
     Args:
         in_channels (int): input channels.
@@ -93,6 +117,7 @@ class LocalSelfAttention(EvolutionLayer):
             if rel_pos_bias
             else None
         )
+        self.use_cpu_fastpath = cpu_fastpath_default()
 
     def relative_embedding(self) -> torch.Tensor:
         """r (C_out, K, K): row embedding for the first half, column for the
@@ -105,14 +130,59 @@ class LocalSelfAttention(EvolutionLayer):
             ]
         )
 
-    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(v, attention)``; attention (B, heads, K, K, Ho, Wo)."""
+    def _projections(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (scaled, at the window centres), k and v of ``x``."""
         self.check_input(x, self.in_channels)
         s = self.stride
         # A 1x1 projection commutes with subsampling: project only the
         # query pixels.
         q = self.query(x[:, :, ::s, ::s]) * self.scale
-        k, v = self.key(x), self.value(x)
+        return q, self.key(x), self.value(x)
+
+    def _takes_fused(self, x: torch.Tensor) -> bool:
+        """Whether the fused op runs this call (see the class docstring)."""
+        if x.dim() != 4:
+            return False
+        s = self.stride
+        pixels = -(-x.shape[-2] // s) * -(-x.shape[-1] // s)
+        return pixels >= FUSED_MIN_PIXELS and takes_fused_cpu(
+            self, x, self.query.weight.dtype
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attend over each pixel's window (fused on CPU).
+
+        Args:
+            x (Tensor): (B, in_channels, H, W).
+
+        Returns:
+            Tensor: (B, out_channels, H_out, W_out).
+        """
+        if not (isinstance(x, torch.Tensor) and self._takes_fused(x)):
+            return super().forward(x)
+        q, k, v = self._projections(x)
+        return fused_local_attention(
+            q,
+            k,
+            v,
+            self.num_heads,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.padding_mode,
+            rel_embed=(
+                self.relative_embedding() if self.rel_h is not None else None
+            ),
+            rel_bias=self.rel_pos_bias,
+        )
+
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(v, attention)``; attention (B, heads, K, K, Ho, Wo)."""
+        q, k, v = self._projections(x)
+        s = self.stride
         B, C, H_out, W_out = q.shape
         logits = local_correlation(
             q,

@@ -44,7 +44,7 @@ def python(*args, stdin=None):
 @pytest.mark.xdist_group('two_cores')
 def test_every_kernel_config_dtype_target_compiles_without_spills():
     """336 compiles of the evolution ops' kernels, 38 per target of the
-    fused involution's and 36 per target of the fused local attention's
+    fused involution's and 48 per target of the fused local attention's
     (about 200 s and 35 s of CPU in two processes), unless cached (see the
     module's docstring)."""
     rows = json.loads(
