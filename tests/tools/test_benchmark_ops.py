@@ -27,3 +27,36 @@ def test_inference_rows(monkeypatch, capsys):
         assert abs(float(ratio) - float(cl) / float(nchw)) <= 0.01 + 2e-3 * (
             float(cl) / float(nchw)
         )
+
+
+def test_attention_rows(monkeypatch, capsys):
+    """--attention at two small stage shapes: a fused and a stock row per
+    layer and shape, each ratio that of the stock and fused figures."""
+    tool = load_tool('analysis/benchmark_ops')
+    monkeypatch.setattr(tool, 'STAGES', [(2, 32, 28, 2), (1, 64, 14, 4)])
+    monkeypatch.setattr(
+        sys, 'argv', ['benchmark_ops', '--attention', '--repeat', '1']
+    )
+    tool.main()
+    rows = re.findall(
+        r'^\| (SASA|ACmix) \| (\d+)·(\d+)·(\d+)²·(\d+)·(\d+) \| (fused|stock) '
+        r'\| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× \| ([\d.]+)× \|$',
+        capsys.readouterr().out,
+        re.M,
+    )
+    heads = {'SASA': lambda C: C // 16, 'ACmix': lambda C: 4}
+    assert [(r[0], tuple(int(v) for v in r[1:6]), r[6]) for r in rows] == [
+        (layer, (B, C, H, tool.K, heads[layer](C)), path)
+        for layer in ('SASA', 'ACmix')
+        for B, C, H, _ in tool.STAGES
+        for path in ('fused', 'stock')
+    ]
+    for fused, stock in zip(rows[::2], rows[1::2], strict=True):
+        assert fused[-2:] == ('1.00', '1.00')
+        for col, ratio in ((7, -2), (8, -1)):
+            f, s = float(fused[col]), float(stock[col])
+            # the figures are rounded to 0.1, the ratio to 0.01
+            slack = 0.01 + s / f * (0.05 / s + 0.05 / f)
+            assert abs(float(stock[ratio]) - s / f) <= slack
+        # the fused op never writes the weights: less memory
+        assert float(stock[8]) > float(fused[8])

@@ -11,8 +11,10 @@ machine first. Two steps:
 * on CUDA, the ``benchmark_*`` scripts: the aggregation at the RedNet-50
   stage shapes against ``unfold`` and shift-and-add (fp32, bf16), the
   fused involution op's Triton kernels against the unfused composition
-  (and the default of ``MMEVO_FUSED_TRITON`` that supports), and RedNet-50
-  against ResNet-50 train steps.
+  (and the default of ``MMEVO_FUSED_TRITON`` that supports), the fused
+  local attention's Triton kernels against the stock ops
+  (``benchmark_ops.py --attention``), and RedNet-50 against ResNet-50
+  train steps.
 
 Without CUDA the tests run on CPU tensors under ``TRITON_INTERPRET=1``,
 small, and the CUDA-only tests and the timings are skipped (CI). Writes
@@ -43,7 +45,8 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 def benchmarks():
-    """(name, arguments) of each timing, run from the repository root."""
+    """(name, arguments[, environment]) of each timing, run from the
+    repository root; the environment adds to this process's."""
     return [
         (
             'aggregation fp32',
@@ -68,6 +71,16 @@ def benchmarks():
         (
             'fused involution op',
             ['tools/analysis/benchmark_fused_op.py', '--device', 'cuda'],
+        ),
+        (
+            'fused local attention',
+            [
+                'tools/analysis/benchmark_ops.py',
+                '--attention',
+                '--device',
+                'cuda',
+            ],
+            {'MMEVO_FUSED_TRITON': '1'},
         ),
         (
             'train step',
@@ -171,7 +184,7 @@ def run_tests(files, out_dir, workers, pytest_args):
 def run_benchmarks(repeat):
     """Each of :func:`benchmarks`: its printed tables, status and time."""
     results = []
-    for name, args in benchmarks():
+    for name, args, *env in benchmarks():
         cmd = (
             [sys.executable]
             + args
@@ -180,7 +193,12 @@ def run_benchmarks(repeat):
         print(f'gpu_check: {name}: ' + ' '.join(cmd[1:]), flush=True)
         start = time.perf_counter()
         proc = subprocess.run(
-            cmd, cwd=REPO, capture_output=True, text=True, timeout=900
+            cmd,
+            cwd=REPO,
+            env={**os.environ, **env[0]} if env else None,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         print(proc.stdout + proc.stderr[-4000:], flush=True)
         results.append(

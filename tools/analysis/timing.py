@@ -47,7 +47,9 @@ def median_times(steps, device, warmup, iters, clock=time.perf_counter):
 def peak_bytes(step, device):
     """Peak tensor bytes allocated during one ``step()`` above the level
     before it: on CUDA ``max_memory_allocated``; on CPU the allocation and
-    free records of the PyTorch profiler, replayed in time order."""
+    free records of the PyTorch profiler, replayed in time order. A tensor
+    held before the step and freed in it (a previous step's gradients)
+    lowers the level, so callers free those first."""
     if device.type == 'cuda':
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
