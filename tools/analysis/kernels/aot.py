@@ -88,8 +88,8 @@ def matrix(targets_=None):
     )
 
 
-# The dtypes the fused kernels (involution, local attention) compile in: those models
-# train in, and fp64 (the float64 tests').
+# The dtypes the fused kernels (involution, local attention) compile in:
+# those models train in, and fp64 (the float64 tests').
 FUSED_DTYPES = ('fp32', 'fp16', 'bf16', 'fp64')
 
 
