@@ -20,6 +20,7 @@
 // time, where contiguous copies of the inputs would add 4 ms each (8 of
 // them per step, 0.4x).
 #include "evolution.h"
+#include "fused_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -104,14 +105,10 @@ constexpr int kVecBytes = 16;
 
 namespace {
 
-// The instruction set evolution.cpp selected (MMEVO_CPU_ISA included).
-int isa_level() {
-  static const int level = [] {
-    const std::string name = isa_name();
-    return name == "avx512" ? 2 : name == "avx2" ? 1 : 0;
-  }();
-  return level;
-}
+using fused::check_floating;
+using fused::checked_out;
+using fused::isa_level;
+using fused::kInt64Max;
 
 #ifdef MMEVO_ATTN_X86
 #define MMEVO_ATTN_CALL(ns_call)                     \
@@ -121,30 +118,6 @@ int isa_level() {
 #define MMEVO_ATTN_CALL(ns_call) base::ns_call
 #endif
 
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
-
-void check_floating(const char* name, const at::Tensor& t, const at::Tensor& query) {
-  const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kDouble || st == at::kFloat || st == at::kBFloat16 ||
-                       st == at::kHalf,
-                   name, " must be a floating point tensor (float64, float32, bfloat16 or "
-                   "float16), got ", st);
-  TORCH_CHECK_TYPE(st == query.scalar_type(), "query and ", name,
-                   " must have the same dtype, got ", query.scalar_type(), " and ", st);
-  TORCH_CHECK_VALUE(t.device() == query.device(), "query and ", name,
-                    " must be on the same device, got ", query.device(), " and ", t.device());
-}
-
-int64_t checked_out(const char* name, int64_t size, int64_t K, int64_t s, int64_t p, int64_t d) {
-  TORCH_CHECK_VALUE(size >= 1, name, " must be >= 1, got ", size);
-  TORCH_CHECK_VALUE(p <= (kInt64Max - size) / 2, "padding=", p, " with ", name, " ", size,
-                    ": ", name, " + 2 * padding does not fit in int64");
-  const int64_t room = size + 2 * p - (K - 1) * d;
-  TORCH_CHECK_VALUE(room >= 1, name, " of ", size, " is too small for kernel_size=", K,
-                    ", dilation=", d, ", padding=", p, ": output would be empty");
-  return (room - 1) / s + 1;
-}
-
 // Every relation of the arguments (those of mmevo/ops/fused_attention.py).
 AttnShape check_args(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                      const std::optional<at::Tensor>& rel_embed,
@@ -153,11 +126,11 @@ AttnShape check_args(const at::Tensor& query, const at::Tensor& key, const at::T
   TORCH_CHECK_VALUE(query.dim() == 4, "query must be (B, C, H_out, W_out), got ", query.sizes());
   TORCH_CHECK_VALUE(key.dim() == 4, "key must be (B, C, H, W), got ", key.sizes());
   TORCH_CHECK_VALUE(value.dim() == 4, "value must be (B, C_v, H, W), got ", value.sizes());
-  check_floating("query", query, query);
-  check_floating("key", key, query);
-  check_floating("value", value, query);
-  if (rel_embed) check_floating("rel_embed", *rel_embed, query);
-  if (rel_bias) check_floating("rel_bias", *rel_bias, query);
+  check_floating("query", query, "query", query);
+  check_floating("key", key, "query", query);
+  check_floating("value", value, "query", query);
+  if (rel_embed) check_floating("rel_embed", *rel_embed, "query", query);
+  if (rel_bias) check_floating("rel_bias", *rel_bias, "query", query);
   TORCH_CHECK_VALUE(G >= 1, "groups must be >= 1, got ", G);
   TORCH_CHECK_VALUE(K >= 1, "kernel_size must be >= 1, got ", K);
   TORCH_CHECK_VALUE(s >= 1, "stride must be >= 1, got ", s);
@@ -251,8 +224,8 @@ Grads fused_local_attention_backward_cpu(
   TORCH_CHECK_VALUE(query.device().is_cpu(),
                     "fused_local_attention_backward's C++ kernel runs CPU tensors, got ",
                     query.device());
-  check_floating("grad", grad, query);
-  check_floating("out", out, query);
+  check_floating("grad", grad, "query", query);
+  check_floating("out", out, "query", query);
   for (const auto* t : {&grad, &out})
     TORCH_CHECK_VALUE(t->dim() == 4 && t->size(0) == a.B && t->size(1) == a.Cv &&
                           t->size(2) == a.Ho && t->size(3) == a.Wo,

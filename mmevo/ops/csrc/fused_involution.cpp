@@ -10,6 +10,7 @@
 // strides or dilations) run the unfused composition instead: W by a matmul,
 // then the mmevo window operators.
 #include "evolution.h"
+#include "fused_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -71,14 +72,10 @@ constexpr int kVecBytes = 16;
 
 namespace {
 
-// The instruction set evolution.cpp selected (MMEVO_CPU_ISA included).
-int isa_level() {
-  static const int level = [] {
-    const std::string name = isa_name();
-    return name == "avx512" ? 2 : name == "avx2" ? 1 : 0;
-  }();
-  return level;
-}
+using fused::check_floating;
+using fused::checked_out;
+using fused::isa_level;
+using fused::kInt64Max;
 
 #ifdef MMEVO_FUSED_X86
 #define MMEVO_FUSED_CALL(ns_call)                     \
@@ -87,30 +84,6 @@ int isa_level() {
 #else
 #define MMEVO_FUSED_CALL(ns_call) base::ns_call
 #endif
-
-constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
-
-void check_floating(const char* name, const at::Tensor& t, const at::Tensor& input) {
-  const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kDouble || st == at::kFloat || st == at::kBFloat16 ||
-                       st == at::kHalf,
-                   name, " must be a floating point tensor (float64, float32, bfloat16 or "
-                   "float16), got ", st);
-  TORCH_CHECK_TYPE(st == input.scalar_type(), "input and ", name,
-                   " must have the same dtype, got ", input.scalar_type(), " and ", st);
-  TORCH_CHECK_VALUE(t.device() == input.device(), "input and ", name,
-                    " must be on the same device, got ", input.device(), " and ", t.device());
-}
-
-int64_t checked_out(const char* name, int64_t size, int64_t K, int64_t s, int64_t p, int64_t d) {
-  TORCH_CHECK_VALUE(size >= 1, name, " must be >= 1, got ", size);
-  TORCH_CHECK_VALUE(p <= (kInt64Max - size) / 2, "padding=", p, " with ", name, " ", size,
-                    ": ", name, " + 2 * padding does not fit in int64");
-  const int64_t room = size + 2 * p - (K - 1) * d;
-  TORCH_CHECK_VALUE(room >= 1, name, " of ", size, " is too small for kernel_size=", K,
-                    ", dilation=", d, ": output would be empty");
-  return (room - 1) / s + 1;
-}
 
 // Every relation of the arguments (those of mmevo/ops/fused_involution.py);
 // returns the geometry, with p = d * (K - 1) / 2.
@@ -121,10 +94,10 @@ Geometry check_args(const at::Tensor& input, const at::Tensor& z, const at::Tens
   TORCH_CHECK_VALUE(z.dim() == 4, "z must be (B, C_r, H_out, W_out), got ", z.sizes());
   TORCH_CHECK_VALUE(weight.dim() == 4 && weight.size(2) == 1 && weight.size(3) == 1,
                     "span_weight must be (G*K*K, C_r, 1, 1), got ", weight.sizes());
-  check_floating("input", input, input);
-  check_floating("z", z, input);
-  check_floating("span_weight", weight, input);
-  if (bias) check_floating("span_bias", *bias, input);
+  check_floating("input", input, "input", input);
+  check_floating("z", z, "input", input);
+  check_floating("span_weight", weight, "input", input);
+  if (bias) check_floating("span_bias", *bias, "input", input);
   TORCH_CHECK_VALUE(K >= 1 && K % 2 == 1, "kernel_size must be odd and >= 1, got ", K);
   TORCH_CHECK_VALUE(s >= 1, "stride must be >= 1, got ", s);
   TORCH_CHECK_VALUE(d >= 1, "dilation must be >= 1, got ", d);
@@ -267,7 +240,7 @@ Grads fused_involution_backward_cpu(const at::Tensor& grad, const at::Tensor& in
   TORCH_CHECK_VALUE(input.device().is_cpu(),
                     "fused_involution_backward's C++ kernel runs CPU tensors, got ",
                     input.device());
-  check_floating("grad", grad, input);
+  check_floating("grad", grad, "input", input);
   TORCH_CHECK_VALUE(grad.dim() == 4 && grad.size(0) == g.B && grad.size(1) == g.C &&
                         grad.size(2) == g.Ho && grad.size(3) == g.Wo,
                     "grad must be (B, C, H_out, W_out) = (", g.B, ", ", g.C, ", ", g.Ho, ", ",
