@@ -22,38 +22,7 @@
 
 namespace mmevo {
 
-// bf16 / fp16 accumulate in fp32; fp32 and fp64 in their own type.
-template <typename T> struct Acc { using type = T; };
-template <> struct Acc<c10::BFloat16> { using type = float; };
-template <> struct Acc<c10::Half> { using type = float; };
-
-// Tasks per parallel chunk: at least ~32K FMAs each, so that small maps (and
-// gradcheck-sized ones) run inline instead of paying for a parallel region.
-inline int64_t grain_for(int64_t fmas_per_task) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, fmas_per_task));
-}
-
-#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
-#define MMEVO_X86_DISPATCH 1
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")
-namespace avx512 {
-constexpr int kVecBytes = 64;
-#include "evolution_kernels.h"
-}  // namespace avx512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace avx2 {
-constexpr int kVecBytes = 32;
-#include "evolution_kernels.h"
-}  // namespace avx2
-#pragma GCC pop_options
-#endif
-namespace base {
-constexpr int kVecBytes = 16;
-#include "evolution_kernels.h"
-}  // namespace base
+#include "isa_kernels.h"
 
 enum class Isa { kBase, kAvx2, kAvx512 };
 

@@ -42,16 +42,6 @@
 #include <vector>
 
 namespace mmevo {
-namespace {
-
-// As evolution.cpp's (which the included kernels expect to find).
-template <typename T> struct Acc { using type = at::opmath_type<T>; };
-
-inline int64_t grain_for(int64_t fmas_per_task) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, fmas_per_task));
-}
-
-}  // namespace
 
 // A checked attention geometry: query (B, C, Ho, Wo), key (B, C, H, W),
 // value (B, Cv, H, W), G dividing C and Cv, B >= 1.
@@ -78,45 +68,14 @@ inline int64_t source_index(int64_t pos, int64_t size, bool reflect) {
   return r >= size ? period - r : r;
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
-#define MMEVO_ATTN_X86 1
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")
-namespace avx512 {
-constexpr int kVecBytes = 64;
-#include "evolution_kernels.h"
-#include "fused_attention_kernels.h"
-}  // namespace avx512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace avx2 {
-constexpr int kVecBytes = 32;
-#include "evolution_kernels.h"
-#include "fused_attention_kernels.h"
-}  // namespace avx2
-#pragma GCC pop_options
-#endif
-namespace base {
-constexpr int kVecBytes = 16;
-#include "evolution_kernels.h"
-#include "fused_attention_kernels.h"
-}  // namespace base
+#define MMEVO_UNIT_KERNELS "fused_attention_kernels.h"
+#include "isa_kernels.h"
 
 namespace {
 
 using fused::check_floating;
 using fused::checked_out;
-using fused::isa_level;
 using fused::kInt64Max;
-
-#ifdef MMEVO_ATTN_X86
-#define MMEVO_ATTN_CALL(ns_call)                     \
-  (isa_level() == 2   ? avx512::ns_call              \
-   : isa_level() == 1 ? avx2::ns_call : base::ns_call)
-#else
-#define MMEVO_ATTN_CALL(ns_call) base::ns_call
-#endif
 
 // Every relation of the arguments (those of mmevo/ops/fused_attention.py).
 AttnShape check_args(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -200,7 +159,7 @@ std::tuple<at::Tensor, at::Tensor> fused_local_attention_cpu(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(),
                                   "fused_local_attention", [&] {
     using A = at::opmath_type<scalar_t>;
-    MMEVO_ATTN_CALL(attention_forward<scalar_t>(
+    MMEVO_ISA_CALL(attention_forward<scalar_t>(
         query.data_ptr<scalar_t>(), strides(query), key.data_ptr<scalar_t>(), strides(key),
         value.data_ptr<scalar_t>(), strides(value),
         r.defined() ? r.data_ptr<scalar_t>() : nullptr,
@@ -254,7 +213,7 @@ Grads fused_local_attention_backward_cpu(
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(),
                                     "fused_local_attention_backward", [&] {
       using A = at::opmath_type<scalar_t>;
-      MMEVO_ATTN_CALL(attention_backward<scalar_t>(
+      MMEVO_ISA_CALL(attention_backward<scalar_t>(
           grad.data_ptr<scalar_t>(), strides(grad), out.data_ptr<scalar_t>(), strides(out),
           l.data_ptr<A>(), query.data_ptr<scalar_t>(), strides(query), key.data_ptr<scalar_t>(),
           strides(key), value.data_ptr<scalar_t>(), strides(value),

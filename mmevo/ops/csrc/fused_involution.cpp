@@ -31,44 +31,9 @@
 #include <vector>
 
 namespace mmevo {
-namespace {
 
-// As evolution.cpp's (which the included kernels expect to find).
-template <typename T> struct Acc { using type = at::opmath_type<T>; };
-
-inline int64_t grain_for(int64_t fmas_per_task) {
-  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, fmas_per_task));
-}
-
-}  // namespace
-
-// The kernels of evolution_kernels.h and fused_involution_kernels.h for each
-// instruction set, as evolution.cpp compiles them (the same templates and
-// targets, so the two translation units share their instances).
-#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
-#define MMEVO_FUSED_X86 1
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")
-namespace avx512 {
-constexpr int kVecBytes = 64;
-#include "evolution_kernels.h"
-#include "fused_involution_kernels.h"
-}  // namespace avx512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace avx2 {
-constexpr int kVecBytes = 32;
-#include "evolution_kernels.h"
-#include "fused_involution_kernels.h"
-}  // namespace avx2
-#pragma GCC pop_options
-#endif
-namespace base {
-constexpr int kVecBytes = 16;
-#include "evolution_kernels.h"
-#include "fused_involution_kernels.h"
-}  // namespace base
+#define MMEVO_UNIT_KERNELS "fused_involution_kernels.h"
+#include "isa_kernels.h"
 
 namespace {
 
@@ -76,14 +41,6 @@ using fused::check_floating;
 using fused::checked_out;
 using fused::isa_level;
 using fused::kInt64Max;
-
-#ifdef MMEVO_FUSED_X86
-#define MMEVO_FUSED_CALL(ns_call)                     \
-  (isa_level() == 2   ? avx512::ns_call               \
-   : isa_level() == 1 ? avx2::ns_call : base::ns_call)
-#else
-#define MMEVO_FUSED_CALL(ns_call) base::ns_call
-#endif
 
 // Every relation of the arguments (those of mmevo/ops/fused_involution.py);
 // returns the geometry, with p = d * (K - 1) / 2.
@@ -169,7 +126,7 @@ at::Tensor fused_involution_cpu(const at::Tensor& input, const at::Tensor& z,
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_involution",
                                   [&] {
     const scalar_t* bp = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
-    MMEVO_FUSED_CALL(fused_forward<scalar_t>(x.data_ptr<scalar_t>(), zc.data_ptr<scalar_t>(),
+    MMEVO_ISA_CALL(fused_forward<scalar_t>(x.data_ptr<scalar_t>(), zc.data_ptr<scalar_t>(),
                                              S.data_ptr<scalar_t>(), bp,
                                              y.data_ptr<scalar_t>(), g, Cr));
   });
@@ -220,7 +177,7 @@ at::Tensor backward_kernel(const at::Tensor& gy, const at::Tensor& x, const at::
     kernel(gy.data_ptr<T>(), x.data_ptr<T>(), z.data_ptr<T>(), S.data_ptr<T>(), bp,
            gx.data_ptr<A>(), gz.data_ptr<T>(), partial.data_ptr<A>(), g, Cr, plan);
   };
-#ifdef MMEVO_FUSED_X86
+#ifdef MMEVO_X86_DISPATCH
   if (isa_level() == 2) run(avx512::FusedPlan(g, Cr), avx512::fused_backward<T>);
   else if (isa_level() == 1) run(avx2::FusedPlan(g, Cr), avx2::fused_backward<T>);
   else run(base::FusedPlan(g, Cr), base::fused_backward<T>);
