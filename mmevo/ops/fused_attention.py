@@ -266,6 +266,26 @@ def _unfused_backward(
     return grad_q.to(dt), grad_k, grad_v, grad_r, grad_b
 
 
+def _cpu_kernel_fits(query, key, window):
+    """Whether the C++ kernel's buffers stay within a few times the map.
+
+    A task of the C++ CPU kernel buffers, per channel, the rows of the
+    padded map its windows read: in the backward ``(H_out - 1) * s + span +
+    1`` rows of ``s * W_out`` (rounded up to 16) ``+ span`` columns. Where
+    padding and dilation are far larger than the map (windows of zeros,
+    e.g. dilation 1000 on a 4x4 map: ~1 GB and ~1 s for 128 values), the
+    stock composition runs instead: its attention map is then small. Other
+    backends take every geometry."""
+    if key.device.type != 'cpu' or backends.backend_name(key) != 'cpp':
+        return True
+    Ho, Wo = query.shape[-2:]
+    H, W = key.shape[-2:]
+    s, span = window.stride, (window.kernel_size - 1) * window.dilation
+    rows = (Ho - 1) * s + span + 1
+    cols = s * -(-Wo // 16) * 16 + span
+    return rows * cols <= max(1 << 16, 4 * (H + 16) * (W + 16))
+
+
 def _fused_triton(query):
     """Whether the fused Triton kernels run: the triton backend,
     ``MMEVO_FUSED_TRITON=1``, and the module of the kernels present."""
@@ -496,5 +516,10 @@ def fused_local_attention(
         check_tensor('rel_bias', rel_bias, 3, '(G, K, K)')
         query, rel_bias = _autocast(query, rel_bias)
     args = (rel_embed, rel_bias, groups, kernel_size, *window.scalars())
+    if not _cpu_kernel_fits(query, key, window):
+        check_fused_local_attention(query, key, value, *args)
+        return fused_local_attention_reference(
+            query, key, value, rel_embed, rel_bias, groups, window
+        )
     out, _ = _fused(query, key, value, *args)
     return out

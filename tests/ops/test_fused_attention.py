@@ -302,6 +302,52 @@ def test_backward_saves_no_attention_map():
     assert max(saved) < B * G * K * K * H * H
 
 
+# Dilations and paddings far beyond a 4x4 map: windows of zeros or of
+# repeated reflections, which the C++ kernel would buffer as rows of the
+# padded map (the stock composition runs them).
+FAR_CASES = [
+    (2, 8, 8, 4, 4, 2, 3, 1, 1000, 1000, 'zeros', True, True),
+    (1, 6, 3, 4, 5, 3, 5, 2, 600, 300, 'reflect', True, False),
+]
+
+
+@pytest.mark.parametrize('case', FAR_CASES, ids=str)
+def test_far_windows_equal_stock_float64(case):
+    tensors, args = case_args(case)
+    assert_matches_stock(tensors, args)
+
+
+@needs_cpp
+@pytest.mark.skipif(
+    not os.path.exists('/proc/self/clear_refs'), reason='Linux /proc only'
+)
+def test_far_windows_stay_small():
+    """Dilation 1000 on a 4x4 map takes a few MiB (the C++ kernel's row
+    buffers would have taken ~0.5 GB and ~1 s). A fresh process, whose
+    peak resident size is reset just before the call."""
+    code = """if True:
+        import torch
+        from mmevo.ops import fused_local_attention
+        def kib(key):
+            with open('/proc/self/status') as f:
+                return next(int(l.split()[1]) for l in f if l.startswith(key))
+        q, k, v = (torch.randn(1, 8, 4, 4, requires_grad=True) for _ in 'qkv')
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        before = kib('VmRSS:')
+        y = fused_local_attention(q, k, v, 1, 3, dilation=1000)
+        y.sum().backward()
+        print((kib('VmHWM:') - before) // 1024)
+    """
+    run = subprocess.run(
+        [sys.executable, '-c', code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(run.stdout.split()[-1]) < 64, run.stdout  # MiB
+
+
 @pytest.mark.parametrize('rel', [True, False])
 def test_opcheck(rel):
     """Schemas, autograd registration, fake kernels and AOT dispatch (the
