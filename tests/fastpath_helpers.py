@@ -105,3 +105,18 @@ def assert_paths_equal(model, x, has_fast_path=True):
         assert fast[3] < stock[3]
     else:
         assert fast[3] == stock[3]
+
+
+def saved_bytes(model, x):
+    """Bytes of the distinct storages autograd saves in one forward, the
+    parameters' left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return sum(n for ptr, n in storages.items() if ptr not in params)

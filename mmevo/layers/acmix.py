@@ -45,39 +45,41 @@ def position_map(
 
 
 class _SplitProjection(torch.autograd.Function):
-    """One fused q/k/v projection -> the inputs of both ACmix paths.
+    """One fused q/k/v projection -> the inputs of both ACmix paths, in one
+    buffer.
 
     ``proj`` (B, 3C, H, W) holds q, k and v with channels ordered
     (head_dim, {q, k, v}, head): the order in which the conv path's grouped
-    convolution reads them, so its input is ``proj`` itself in channels_last
-    memory (oneDNN's grouped backward is ~15x faster on it). The attention
-    path gets head-major copies: the query (strided, times ``q_scale``), the
-    key minus ``pe`` (1, head_dim, H, W) and the value. One node rather than
-    slicing, so that the backward writes the four gradients into one buffer
-    instead of summing zero-filled copies of ``proj``.
+    convolution reads them. It is copied once to channels_last memory
+    (oneDNN's grouped backward is ~15x faster on it), where the query rows
+    are scaled by ``q_scale`` and ``pe`` (1, head_dim, H, W) is taken from
+    the key rows in place. Outputs: the attention path's query (at stride
+    s), key and value as grouped views (B, head, head_dim, ., .) of that
+    buffer, and the buffer as the conv path's (B, 3C, H, W) input (which
+    undoes the scale and shift in its weights, see ``ACmix._forward_cpu``),
+    so that the buffer is all the backward keeps of them. One node rather
+    than slicing, so that the backward writes the four gradients into one
+    buffer instead of summing zero-filled copies of ``proj``.
     """
 
     @staticmethod
     def forward(ctx, proj, pe, head, stride, q_scale):
         B, C3, H, W = proj.shape
-        C, s = C3 // 3, stride
-        hd = C // head
-        rows = proj.view(B, hd, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
-        # Copied into head-major buffers, then scaled / shifted in place (not
-        # out=: under torch.compile an out= result takes the source's strides).
-        query = proj.new_empty(B, head, hd, -(-H // s), -(-W // s))
-        query.copy_(rows[:, 0, ..., ::s, ::s]).mul_(q_scale)
-        key = proj.new_empty(B, head, hd, H, W)
-        key.copy_(rows[:, 1]).sub_(pe)
-        value = rows[:, 2].contiguous()
-        conv_input = proj.view(B, C3, H * W).transpose(1, 2).contiguous()
-        conv_input = conv_input.view(B, H, W, C3).permute(0, 3, 1, 2)
+        hd, s = C3 // 3 // head, stride
+        # A new buffer even where the transpose is contiguous (a 1x1 map):
+        # it is written in place.
+        buf = proj.new_empty(B, H * W, C3)
+        buf.copy_(proj.view(B, C3, H * W).transpose(1, 2))
+        rows = buf.view(B, H, W, hd, 3, head)
+        rows[..., 0, :].mul_(q_scale)
+        rows[..., 1, :].sub_(pe.permute(0, 2, 3, 1).unsqueeze(-1))
+        heads = rows.permute(0, 4, 5, 3, 1, 2)  # (B, 3, head, hd, H, W)
         ctx.geometry = (head, s, q_scale)
         return (
-            query.view(B, C, *query.shape[-2:]),
-            key.view(B, C, H, W),
-            value.view(B, C, H, W),
-            conv_input,
+            heads[:, 0, ..., ::s, ::s],
+            heads[:, 1],
+            heads[:, 2],
+            buf.view(B, H, W, C3).permute(0, 3, 1, 2),
         )
 
     @staticmethod
@@ -85,36 +87,38 @@ class _SplitProjection(torch.autograd.Function):
         head, s, q_scale = ctx.geometry
         B, C3, H, W = g_conv.shape
         hd = C3 // 3 // head
-        grad = g_conv.permute(0, 2, 3, 1).reshape(B, H * W, C3)
-        grad = grad.transpose(1, 2).contiguous()
+        grad = g_conv.new_empty(B, C3, H * W)
+        grad.view(B, C3, H, W).copy_(g_conv)
         rows = grad.view(B, hd, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
-
-        def heads(g):  # (B, C, h, w) -> (B, head, head_dim, h, w)
-            return g.reshape(B, head, hd, *g.shape[-2:])
-
-        rows[:, 0, ..., ::s, ::s].add_(heads(g_query), alpha=q_scale)
-        rows[:, 1].add_(heads(g_key))
-        g_pe = heads(g_key).sum((0, 1), keepdim=True).neg_()
-        rows[:, 2].add_(heads(g_value))
-        return grad.view(B, C3, H, W), g_pe[0], None, None, None
+        rows[:, 0, ..., ::s, ::s].add_(g_query)
+        rows[:, 0].mul_(q_scale)
+        rows[:, 1].add_(g_key)
+        # The conv path's share of pe's gradient, -sum(g_conv[k rows]), is
+        # cancelled exactly by that of its correction (ACmix._forward_cpu),
+        # so both are left out: in low precision their sum is noise.
+        g_pe = g_key.sum((0, 1)).neg_()
+        rows[:, 2].add_(g_value)
+        return grad.view(B, C3, H, W), g_pe.unsqueeze(0), None, None, None
 
 
 class _Mix(torch.autograd.Function):
-    """``rate1 * out_att + out_conv`` in one pass, in out_att's NCHW layout
-    (that of the rest of the network): an elementwise op would take the
-    channels_last layout of the conv path's output, its first operand. The
-    dtype is the stock sum's: under autocast, the float32 rates promote the
-    half-precision paths."""
+    """``rate1 * out_att + out_conv + out_pe`` in one pass, in out_att's
+    NCHW layout (that of the rest of the network): an elementwise op would
+    take the channels_last layout of the conv path's output, its first
+    operand; ``out_pe`` (1, C, H_out, W_out) is broadcast over the batch.
+    The dtype is the stock sum's: under autocast, the float32 rates promote
+    the half-precision paths."""
 
     @staticmethod
-    def forward(ctx, out_att, out_conv, rate1):
+    def forward(ctx, out_att, out_conv, out_pe, rate1):
         ctx.save_for_backward(out_att, rate1)
+        ctx.pe_dtype = out_pe.dtype
         out = torch.empty_like(
             out_att,
             dtype=torch.promote_types(out_att.dtype, rate1.dtype),
             memory_format=torch.contiguous_format,
         )
-        return torch.addcmul(out_conv, out_att, rate1, out=out)
+        return torch.addcmul(out_conv, out_att, rate1, out=out).add_(out_pe)
 
     @staticmethod
     def backward(ctx, grad):
@@ -122,7 +126,8 @@ class _Mix(torch.autograd.Function):
         grad = grad.contiguous()
         att = out_att.reshape(-1).to(grad.dtype)
         g_rate1 = torch.dot(grad.view(-1), att).view(1)
-        return grad * rate1, grad, g_rate1
+        g_pe = grad.sum(0, keepdim=True, dtype=ctx.pe_dtype)
+        return grad * rate1, grad, g_pe, g_rate1
 
 
 @MODELS.register_module()
@@ -334,11 +339,12 @@ class ACmix(EvolutionLayer):
         """:meth:`forward` fused for oneDNN's CPU convolutions, whose 1x1
         and grouped backward passes are many times slower at these widths.
 
-        q, k and v come from one ``baddbmm`` (:class:`_SplitProjection`
-        splits it); ``fc`` mixes the 3 * head heads of each (channel, pixel)
-        and ``dep_conv`` is grouped by channel, so ``rate2 * fc`` folds into
-        ``dep_conv``'s weights: one grouped convolution reads the projection
-        (channels_last), and :class:`_Mix` adds the attention path.
+        q, k and v come from one ``baddbmm``, copied once to a channels_last
+        buffer (:class:`_SplitProjection`) of which the fused attention
+        reads its heads in place; ``fc`` mixes the 3 * head heads of each
+        (channel, pixel) and ``dep_conv`` is grouped by channel, so ``rate2
+        * fc`` folds into ``dep_conv``'s weights: one grouped convolution
+        reads the buffer, and :class:`_Mix` adds the attention path.
         """
         B, C_in, H, W = x.shape
         pe = pointwise(
@@ -357,12 +363,14 @@ class ACmix(EvolutionLayer):
             weight.reshape(1, -1, C_in).expand(B, -1, -1),
             x.reshape(B, C_in, H * W),
         )
+        q_scale = self.head_dim**-0.5
+        pe = pe.to(proj.dtype)
         query, key, value, conv_input = _SplitProjection.apply(
             proj.view(B, 3 * self.out_planes, H, W),
-            pe.to(proj.dtype),
+            pe,
             self.head,
             self.stride,
-            self.head_dim**-0.5,
+            q_scale,
         )
         if takes_fused_cpu(self, x, self.conv1.weight.dtype):
             out_att = fused_local_attention(
@@ -377,16 +385,19 @@ class ACmix(EvolutionLayer):
                 self.padding_mode,
             )
         else:
+            query, key, value = (t.flatten(1, 2) for t in (query, key, value))
             out_att = self.aggregate(value, self._attention(query, key))
         fc = self.fc.weight.view(self.kernel_conv**2, -1) * self.rate2
         weight = torch.einsum('otuv,tj->ojuv', self.dep_conv.weight, fc)
+        # conv_input holds q * q_scale and k - pe, both undone by linearity:
+        # the query columns divided by q_scale, and the convolution of pe
+        # (one map for all heads and images, so one small conv) added. The
+        # conv path then does not depend on pe: no gradient flows to it
+        # through either term (see _SplitProjection.backward).
+        w_q, w_k, w_v = weight.split(self.head, 1)
+        conv = (self.stride, self.kernel_conv // 2, 1, self.head_dim)
         out_conv = F.conv2d(
-            conv_input,
-            weight,
-            None,
-            self.stride,
-            self.kernel_conv // 2,
-            1,
-            self.head_dim,
+            conv_input, torch.cat([w_q / q_scale, w_k, w_v], 1), None, *conv
         )
-        return _Mix.apply(out_att, out_conv, self.rate1)
+        out_pe = F.conv2d(pe.detach(), w_k.sum(1, keepdim=True), None, *conv)
+        return _Mix.apply(out_att, out_conv, out_pe, self.rate1)

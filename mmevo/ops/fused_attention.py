@@ -25,6 +25,8 @@ adds the fake kernels and autograd):
   the last two of shape (0,) when rel_embed / rel_bias is None.
 
 ``lse`` is (B, G, H_out, W_out) in float32 (float64 for float64 inputs).
+query, key and value are (B, C, H, W) maps or grouped views of them, (B,
+G, C / G, H, W); the gradients take the shapes of the inputs.
 Backends: the C++ kernel (CPU); on the Triton backend, with
 ``MMEVO_FUSED_TRITON=1``, the fused Triton kernels of
 ``mmevo.ops.triton_fused_attention`` when that module exists; elsewhere the
@@ -70,6 +72,47 @@ if not cpp_backend.available():  # else the extension defined them
 #: the module of the fused Triton kernels (written separately; optional)
 TRITON_MODULE = 'mmevo.ops.triton_fused_attention'
 
+#: the forms of query, key and value: as such, or grouped
+FORMS = {
+    'query': ('(B, C, H_out, W_out)', '(B, G, C / G, H_out, W_out)'),
+    'key': ('(B, C, H, W)', '(B, G, C / G, H, W)'),
+    'value': ('(B, C_v, H, W)', '(B, G, C_v / G, H, W)'),
+}
+
+
+def check_map(name: str, t: torch.Tensor, groups: int) -> tuple:
+    """``t`` (query, key or value) as (B, C, H, W) or grouped, (B, G, C /
+    G, H, W) with G = ``groups``; returns its (B, C, H, W)."""
+    flat, grouped = FORMS[name]
+    if isinstance(t, torch.Tensor) and t.dim() == 5:
+        check_tensor(name, t, 5, grouped)
+        if t.shape[1] != groups:
+            raise ValueError(
+                f'{name} must be {flat} or {grouped} with G = groups = '
+                f'{groups}, got {tuple(t.shape)}'
+            )
+        return (t.shape[0], t.shape[1] * t.shape[2], *t.shape[3:])
+    check_tensor(name, t, 4, f'{flat} or {grouped}')
+    return tuple(t.shape)
+
+
+def _flat(t):
+    """A grouped map as (B, C, H, W): a view where the strides allow."""
+    return t.flatten(1, 2) if t.dim() == 5 else t
+
+
+def _channels(t):
+    """The channel count of a map, grouped or not."""
+    return t.shape[1] * t.shape[2] if t.dim() == 5 else t.shape[1]
+
+
+def _out_layout(value):
+    return (
+        library.output_layout(value)
+        if value.dim() == 4
+        else torch.contiguous_format
+    )
+
 
 def check_fused_local_attention(
     query: torch.Tensor,
@@ -97,9 +140,11 @@ def check_fused_local_attention(
         ...                             'zeros')
         (5, 6)
     """
-    check_tensor('query', query, 4, '(B, C, H_out, W_out)')
-    check_tensor('key', key, 4, '(B, C, H, W)')
-    check_tensor('value', value, 4, '(B, C_v, H, W)')
+    check_int('groups', groups, 1)
+    shape_q, shape_k, shape_v = (
+        check_map(name, t, groups)
+        for name, t in (('query', query), ('key', key), ('value', value))
+    )
     check_pair('query', query, 'key', key)
     check_pair('query', query, 'value', value)
     if rel_embed is not None:
@@ -108,12 +153,11 @@ def check_fused_local_attention(
     if rel_bias is not None:
         check_tensor('rel_bias', rel_bias, 3, '(G, K, K)')
         check_pair('query', query, 'rel_bias', rel_bias)
-    check_int('groups', groups, 1)
     window = Window.resolve(
         kernel_size, stride, padding, dilation, padding_mode
     )
-    B, C = size_of(key.shape[0]), size_of(key.shape[1])
-    Cv, K = size_of(value.shape[1]), kernel_size
+    B, C = size_of(shape_k[0]), size_of(shape_k[1])
+    Cv, K = size_of(shape_v[1]), kernel_size
     if C % groups:
         raise ValueError(
             f'key channels ({C}) must be divisible by groups={groups}'
@@ -122,7 +166,7 @@ def check_fused_local_attention(
         raise ValueError(
             f'value channels ({Cv}) must be divisible by groups={groups}'
         )
-    if (value.shape[0], *value.shape[2:]) != (key.shape[0], *key.shape[2:]):
+    if (shape_v[0], *shape_v[2:]) != (shape_k[0], *shape_k[2:]):
         raise ValueError(
             f'value must be (B, C_v, H, W) with the B, H, W of key '
             f'{tuple(key.shape)}, got {tuple(value.shape)}'
@@ -130,10 +174,10 @@ def check_fused_local_attention(
     Ho, Wo = (
         map_size(name, size_of(n), window)
         for name, n in zip(
-            ('key height', 'key width'), key.shape[2:], strict=True
+            ('key height', 'key width'), shape_k[2:], strict=True
         )
     )
-    if tuple(query.shape) != (B, C, Ho, Wo):
+    if shape_q != (B, C, Ho, Wo):
         raise ValueError(
             f'query must be (B, C, H_out, W_out) = {(B, C, Ho, Wo)} for key '
             f'{tuple(key.shape)} and the window {window}, got '
@@ -159,7 +203,7 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _check_backward(grad, out, lse, query, key, value, *args):
     Ho, Wo = check_fused_local_attention(query, key, value, *args)
-    expected = (value.shape[0], value.shape[1], Ho, Wo)
+    expected = (value.shape[0], _channels(value), Ho, Wo)
     for name, t in (('grad', grad), ('out', out)):
         check_tensor(name, t, 4, '(B, C_v, H_out, W_out)')
         check_pair('query', query, name, t)
@@ -213,6 +257,7 @@ def fused_local_attention_reference(
     relative terms, :func:`~mmevo.ops.window_softmax`,
     :func:`~mmevo.ops.evolution_aggregate`), differentiable to any order;
     ``window`` resolved."""
+    query, key, value = _flat(query), _flat(key), _flat(value)
     logits = library.OPS['local_correlation'](
         query, key, groups, window.kernel_size, *window.scalars()
     )
@@ -304,7 +349,8 @@ def _python_forward(query, key, value, rel_embed, rel_bias, groups, *window):
     window = Window(*window)
     B, G = query.shape[0], groups
     Ho, Wo = query.shape[-2:]
-    layout = library.output_layout(value)
+    layout = _out_layout(value)
+    query, key, value = _flat(query), _flat(key), _flat(value)
     if B == 0:
         return (
             value.new_empty(B, value.shape[1], Ho, Wo),
@@ -333,13 +379,17 @@ def _python_backward(
             for t in (rel_embed, rel_bias)
         )
         return (*grads, *extra)
-    if _fused_triton(query) and query.shape[1] and value.shape[1]:
+    shapes = (query.shape, key.shape, value.shape)
+    tensors = (grad, out, lse, *map(_flat, tensors[3:6]), *tensors[6:])
+    if _fused_triton(query) and tensors[3].shape[1] and tensors[5].shape[1]:
         grads = list(_triton_module().backward(*tensors, groups, window))
         for i in (3, 4):
             if grads[i] is None:
                 grads[i] = query.new_empty(0)
     else:
-        grads = _unfused_backward(*tensors, groups, window)
+        grads = list(_unfused_backward(*tensors, groups, window))
+    for i, shape in enumerate(shapes):  # those of the inputs, grouped or not
+        grads[i] = grads[i].reshape(shape)
     return tuple(g.contiguous() for g in grads)
 
 
@@ -357,8 +407,8 @@ def _(query, key, value, rel_embed, rel_bias, groups, *window):
         query, key, value, rel_embed, rel_bias, groups, *window
     )
     B = query.shape[0]
-    out = value.new_empty(B, value.shape[1], Ho, Wo).contiguous(
-        memory_format=library.output_layout(value)
+    out = value.new_empty(B, _channels(value), Ho, Wo).contiguous(
+        memory_format=_out_layout(value)
     )
     lse = query.new_empty(B, groups, Ho, Wo, dtype=lse_dtype(query.dtype))
     return out, lse
@@ -467,6 +517,12 @@ def fused_local_attention(
     backward, and the backward saves the inputs, the output and a per-pixel
     log-sum-exp only.
 
+    query, key and value may each also be given grouped, (B, G, C / G, H,
+    W): a view of any strides, which the C++ kernel reads in place (ACmix
+    reads its heads so from the channels-last projection that its
+    convolution path also takes). Other backends copy such a view to (B,
+    C, H, W) where it is not one.
+
     Args:
         query (Tensor): (B, C, H_out, W_out), already scaled and taken at
             the window centres; B and C may be 0.
@@ -489,7 +545,8 @@ def fused_local_attention(
     Returns:
         Tensor: (B, C_v, H_out, W_out), the dtype of ``query`` (under
         autocast, the autocast dtype, to which every tensor is cast);
-        channels-last when ``value`` is (and is not also contiguous).
+        channels-last when ``value`` is (B, C_v, H, W) channels-last (and
+        not also contiguous).
 
     Example:
         >>> q, k = torch.randn(2, 32, 9, 11), torch.randn(2, 32, 9, 11)
@@ -500,10 +557,9 @@ def fused_local_attention(
         >>> y.shape
         torch.Size([2, 32, 9, 11])
     """
-    check_tensor('query', query, 4, '(B, C, H_out, W_out)')
-    check_tensor('key', key, 4, '(B, C, H, W)')
-    check_tensor('value', value, 4, '(B, C_v, H, W)')
     check_int('groups', groups, 1)  # before the schema's int64 cast
+    for name, t in (('query', query), ('key', key), ('value', value)):
+        check_map(name, t, groups)
     window = Window.resolve(
         kernel_size, stride, padding, dilation, padding_mode
     )

@@ -12,7 +12,7 @@ import torch
 from mmevo.layers import ACmix, LocalSelfAttention, set_cpu_fastpath
 from mmevo.ops import cpp_backend, use_backend
 
-from fastpath_helpers import assert_paths_equal, randomised
+from fastpath_helpers import assert_paths_equal, randomised, saved_bytes
 
 pytestmark = pytest.mark.skipif(
     not cpp_backend.available(), reason='the fused path runs C++ kernels'
@@ -227,3 +227,18 @@ def test_tracing_sees_the_stock_graph(name):
     assert 'mmevo::evolution_aggregate' in ops
     assert 'mmevo::fused_local_attention' not in ops
     torch.testing.assert_close(traced(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_acmix_keeps_one_projection_buffer():
+    """ACmix's fused path reads its heads in place from the channels-last
+    projection buffer that its convolution path keeps anyway: the backward
+    holds x, that (B, 3C, H, W) buffer, the attention output, its
+    log-sum-exp and small tensors (weights, batch-1 terms of the positional
+    encoding: small per pixel at B = 8), and no copies of q, k or v (another
+    3C * H * W)."""
+    layer = ACmix(16, 16, 7, 4)
+    x = torch.randn(8, 16, 12, 10, requires_grad=True)
+    saved = saved_bytes(layer, x)
+    pixels = 8 * 12 * 10
+    maps = 16 + 48 + 16 + 4  # x, the buffer, the output, lse (4 heads)
+    assert saved < 4 * pixels * (maps + 16), saved

@@ -73,19 +73,6 @@ def test_every_block_and_layer_has_the_switch():
     assert not any(m.use_cpu_fastpath for m in switches)
 
 
-def _saved_bytes(model, x):
-    """Bytes of the distinct storages autograd saves in one forward."""
-    storages = {}
-
-    def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize('size', [48, 64])
 @pytest.mark.parametrize('cls,tiny', BACKBONES)
 def test_fast_path_saves_no_more_than_stock(cls, tiny, size):
@@ -95,6 +82,6 @@ def test_fast_path_saves_no_more_than_stock(cls, tiny, size):
     torch.manual_seed(0)
     model = cls(26, **tiny).train()
     x = torch.rand(2, 3, size, size)
-    fast = _saved_bytes(set_cpu_fastpath(model, True), x)
-    stock = _saved_bytes(set_cpu_fastpath(model, False), x)
+    fast = helpers.saved_bytes(set_cpu_fastpath(model, True), x)
+    stock = helpers.saved_bytes(set_cpu_fastpath(model, False), x)
     assert fast <= stock, (fast, stock)

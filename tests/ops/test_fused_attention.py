@@ -302,6 +302,53 @@ def test_backward_saves_no_attention_map():
     assert max(saved) < B * G * K * K * H * H
 
 
+def grouped(t, G, stride=1):
+    """``t`` (B, C, H, W) as a grouped view (B, G, C / G, H, W) of a
+    channels-last buffer whose channels interleave the groups (as ACmix's
+    projection does), every ``stride``-th pixel of a larger map."""
+    B, C, H, W = t.shape
+    buf = t.new_zeros(B, H * stride, W * stride, C // G, G)
+    view = buf.permute(0, 4, 3, 1, 2)[..., ::stride, ::stride]
+    return view.copy_(t.view(B, G, C // G, H, W))
+
+
+@pytest.mark.parametrize('backend', ['auto', 'torch'])
+@pytest.mark.parametrize('case', CASES[:5] + CASES[8:], ids=str)
+def test_grouped_views_equal_stock_float64(case, backend):
+    """query (strided), key and value as grouped views of any strides: the
+    stock numbers of the maps, with each gradient in its view's shape."""
+    tensors, args = case_args(case)
+    views = [
+        grouped(t, args[0], 2 if i == 0 else 1)  # the query strided
+        for i, t in enumerate(tensors[:3])
+    ]
+    with use_backend(backend):
+        y, grads = values_and_grads(fused, (*views[:3], *tensors[3:]), args)
+    y_ref, grads_ref = values_and_grads(stock, tensors, args)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    assert y.is_contiguous()
+    for name, view in zip(NAMES[:3], views[:3], strict=True):
+        assert grads[name].shape == view.shape
+        torch.testing.assert_close(
+            grads[name].flatten(1, 2), grads_ref[name], rtol=1e-10, atol=1e-9
+        )
+
+
+@needs_cpp
+def test_grouped_views_are_read_in_place():
+    """The backward keeps the views (their buffers), no copies."""
+    tensors, args = case_args(CASES[0])
+    views = [grouped(t, args[0]).requires_grad_() for t in tensors[:3]]
+    saved = set()
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.add(t.untyped_storage().data_ptr()) or t, lambda t: t
+    ):
+        y = fused(*views, *tensors[3:], *args)
+    y.sum().backward()
+    assert {v.untyped_storage().data_ptr() for v in views} <= saved
+    assert len(saved) == 3 + 2 + 2  # the views, rel terms, out and lse
+
+
 # Dilations and paddings far beyond a 4x4 map: windows of zeros or of
 # repeated reflections, which the C++ kernel would buffer as rows of the
 # padded map (the stock composition runs them).
@@ -503,6 +550,12 @@ f64 = torch.float64
 BAD = [
     (dict(query=torch.randn(8, 9, 9)), ValueError, r'query must be \(B, C'),
     (dict(key=[1.0]), TypeError, 'key must be a Tensor'),
+    (
+        dict(key=torch.randn(2, 4, 2, 9, 9, dtype=f64)),
+        ValueError,
+        r'key must be \(B, C, H, W\) or \(B, G, C / G, H, W\) with G = '
+        r'groups = 2, got \(2, 4, 2, 9, 9\)',
+    ),
     (
         dict(value=torch.zeros(2, 4, 9, 9, dtype=torch.int64)),
         TypeError,

@@ -31,6 +31,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -44,15 +45,17 @@
 namespace mmevo {
 
 // A checked attention geometry: query (B, C, Ho, Wo), key (B, C, H, W),
-// value (B, Cv, H, W), G dividing C and Cv, B >= 1.
+// value (B, Cv, H, W), G dividing C and Cv, B >= 1; each map may also be a
+// grouped view, (B, G, C / G, H, W), of any strides.
 struct AttnShape {
   int64_t B, C, Cv, H, W, G, K, Ho, Wo, s, p, d;
   bool reflect;
 };
 
-// Strides (elements) of a (B, C, H, W) tensor.
-struct Strides4 {
-  int64_t b, c, h, w;
+// Strides (elements) of a map read as (B, G, C / G, H, W): g steps a group,
+// c a channel within it.
+struct GroupStrides {
+  int64_t b, g, c, h, w;
 };
 
 // The map index that position pos of a padded axis of `size` reads: itself
@@ -77,20 +80,30 @@ using fused::check_floating;
 using fused::checked_out;
 using fused::kInt64Max;
 
+// The (B, C, H, W) of a map given as such or grouped, (B, G, C / G, H, W).
+std::array<int64_t, 4> flat_sizes(const char* name, const at::Tensor& t, int64_t G,
+                                  const char* form, const char* grouped) {
+  TORCH_CHECK_VALUE(t.dim() == 4 || (t.dim() == 5 && t.size(1) == G), name, " must be ", form,
+                    " or ", grouped, " with G = groups = ", G, ", got ", t.sizes());
+  if (t.dim() == 4) return {t.size(0), t.size(1), t.size(2), t.size(3)};
+  return {t.size(0), t.size(1) * t.size(2), t.size(3), t.size(4)};
+}
+
 // Every relation of the arguments (those of mmevo/ops/fused_attention.py).
 AttnShape check_args(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                      const std::optional<at::Tensor>& rel_embed,
                      const std::optional<at::Tensor>& rel_bias, int64_t G, int64_t K,
                      int64_t s, int64_t p, int64_t d, c10::string_view mode) {
-  TORCH_CHECK_VALUE(query.dim() == 4, "query must be (B, C, H_out, W_out), got ", query.sizes());
-  TORCH_CHECK_VALUE(key.dim() == 4, "key must be (B, C, H, W), got ", key.sizes());
-  TORCH_CHECK_VALUE(value.dim() == 4, "value must be (B, C_v, H, W), got ", value.sizes());
+  TORCH_CHECK_VALUE(G >= 1, "groups must be >= 1, got ", G);
+  const auto qs =
+      flat_sizes("query", query, G, "(B, C, H_out, W_out)", "(B, G, C / G, H_out, W_out)");
+  const auto ks = flat_sizes("key", key, G, "(B, C, H, W)", "(B, G, C / G, H, W)");
+  const auto vs = flat_sizes("value", value, G, "(B, C_v, H, W)", "(B, G, C_v / G, H, W)");
   check_floating("query", query, "query", query);
   check_floating("key", key, "query", query);
   check_floating("value", value, "query", query);
   if (rel_embed) check_floating("rel_embed", *rel_embed, "query", query);
   if (rel_bias) check_floating("rel_bias", *rel_bias, "query", query);
-  TORCH_CHECK_VALUE(G >= 1, "groups must be >= 1, got ", G);
   TORCH_CHECK_VALUE(K >= 1, "kernel_size must be >= 1, got ", K);
   TORCH_CHECK_VALUE(s >= 1, "stride must be >= 1, got ", s);
   TORCH_CHECK_VALUE(d >= 1, "dilation must be >= 1, got ", d);
@@ -100,17 +113,15 @@ AttnShape check_args(const at::Tensor& query, const at::Tensor& key, const at::T
   TORCH_CHECK_VALUE(K == 1 || d <= kInt64Max / (K - 1), "dilation=", d, " with kernel_size=", K,
                     ": the window span (kernel_size - 1) * dilation does not fit in int64");
   TORCH_CHECK_VALUE(K <= 3037000499, "kernel_size=", K, ": K * K does not fit in int64");
-  const int64_t B = key.size(0), C = key.size(1), Cv = value.size(1);
+  const int64_t B = ks[0], C = ks[1], Cv = vs[1];
   TORCH_CHECK_VALUE(C % G == 0, "key channels (", C, ") must be divisible by groups=", G);
   TORCH_CHECK_VALUE(Cv % G == 0, "value channels (", Cv, ") must be divisible by groups=", G);
-  TORCH_CHECK_VALUE(value.size(0) == B && value.size(2) == key.size(2) &&
-                        value.size(3) == key.size(3),
+  TORCH_CHECK_VALUE(vs[0] == B && vs[2] == ks[2] && vs[3] == ks[3],
                     "value must be (B, C_v, H, W) with the B, H, W of key ", key.sizes(),
                     ", got ", value.sizes());
-  const int64_t Ho = checked_out("key height", key.size(2), K, s, p, d);
-  const int64_t Wo = checked_out("key width", key.size(3), K, s, p, d);
-  TORCH_CHECK_VALUE(query.size(0) == B && query.size(1) == C && query.size(2) == Ho &&
-                        query.size(3) == Wo,
+  const int64_t Ho = checked_out("key height", ks[2], K, s, p, d);
+  const int64_t Wo = checked_out("key width", ks[3], K, s, p, d);
+  TORCH_CHECK_VALUE(qs[0] == B && qs[1] == C && qs[2] == Ho && qs[3] == Wo,
                     "query must be (B, C, H_out, W_out) = (", B, ", ", C, ", ", Ho, ", ", Wo,
                     ") for key ", key.sizes(), ", got ", query.sizes());
   if (rel_embed)
@@ -123,7 +134,7 @@ AttnShape check_args(const at::Tensor& query, const at::Tensor& key, const at::T
                           rel_bias->size(1) == K && rel_bias->size(2) == K,
                       "rel_bias must be (G, K, K) = (", G, ", ", K, ", ", K, "), got ",
                       rel_bias->sizes());
-  return AttnShape{B, C, Cv, key.size(2), key.size(3), G, K, Ho, Wo, s, p, d,
+  return AttnShape{B, C, Cv, ks[2], ks[3], G, K, Ho, Wo, s, p, d,
                    mode == "reflect" && p > 0};
 }
 
@@ -131,14 +142,16 @@ at::ScalarType acc_type(const at::Tensor& t) {
   return at::isReducedFloatingType(t.scalar_type()) ? at::kFloat : t.scalar_type();
 }
 
-Strides4 strides(const at::Tensor& t) {
-  return Strides4{t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+GroupStrides strides(const at::Tensor& t, int64_t G) {
+  if (t.dim() == 5) return {t.stride(0), t.stride(1), t.stride(2), t.stride(3), t.stride(4)};
+  return {t.stride(0), t.size(1) / G * t.stride(1), t.stride(1), t.stride(2), t.stride(3)};
 }
 
-// The layout of out: value's, as the aggregation's output follows its input.
+// The layout of out: value's, as the aggregation's output follows its input
+// (contiguous for a grouped value).
 at::MemoryFormat out_layout(const at::Tensor& value) {
-  return strictly_channels_last(value) ? at::MemoryFormat::ChannelsLast
-                                       : at::MemoryFormat::Contiguous;
+  return value.dim() == 4 && strictly_channels_last(value) ? at::MemoryFormat::ChannelsLast
+                                                           : at::MemoryFormat::Contiguous;
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_local_attention_cpu(
@@ -160,11 +173,11 @@ std::tuple<at::Tensor, at::Tensor> fused_local_attention_cpu(
                                   "fused_local_attention", [&] {
     using A = at::opmath_type<scalar_t>;
     MMEVO_ISA_CALL(attention_forward<scalar_t>(
-        query.data_ptr<scalar_t>(), strides(query), key.data_ptr<scalar_t>(), strides(key),
-        value.data_ptr<scalar_t>(), strides(value),
+        query.data_ptr<scalar_t>(), strides(query, a.G), key.data_ptr<scalar_t>(),
+        strides(key, a.G), value.data_ptr<scalar_t>(), strides(value, a.G),
         r.defined() ? r.data_ptr<scalar_t>() : nullptr,
         bias.defined() ? bias.data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(),
-        strides(out), lse.data_ptr<A>(), a));
+        strides(out, a.G), lse.data_ptr<A>(), a));
   });
   return {out, lse};
 }
@@ -214,9 +227,10 @@ Grads fused_local_attention_backward_cpu(
                                     "fused_local_attention_backward", [&] {
       using A = at::opmath_type<scalar_t>;
       MMEVO_ISA_CALL(attention_backward<scalar_t>(
-          grad.data_ptr<scalar_t>(), strides(grad), out.data_ptr<scalar_t>(), strides(out),
-          l.data_ptr<A>(), query.data_ptr<scalar_t>(), strides(query), key.data_ptr<scalar_t>(),
-          strides(key), value.data_ptr<scalar_t>(), strides(value),
+          grad.data_ptr<scalar_t>(), strides(grad, a.G), out.data_ptr<scalar_t>(),
+          strides(out, a.G), l.data_ptr<A>(), query.data_ptr<scalar_t>(), strides(query, a.G),
+          key.data_ptr<scalar_t>(), strides(key, a.G), value.data_ptr<scalar_t>(),
+          strides(value, a.G),
           r.defined() ? r.data_ptr<scalar_t>() : nullptr,
           bias.defined() ? bias.data_ptr<scalar_t>() : nullptr, gq.data_ptr<scalar_t>(),
           gk.data_ptr<A>(), gv.data_ptr<A>(), partial.data_ptr<A>(), a));
@@ -233,7 +247,9 @@ Grads fused_local_attention_backward_cpu(
   auto gb = rel_bias
                 ? sums.narrow(1, part - KK, KK).reshape({a.G, a.K, a.K}).to(st).contiguous()
                 : at::empty({0}, opts);
-  return {gq, gk.to(st), gv.to(st), gr, gb};
+  // In the shapes of the inputs (grouped or not), as the fake kernel says.
+  return {gq.view(query.sizes()), gk.to(st).view(key.sizes()), gv.to(st).view(value.sizes()), gr,
+          gb};
 }
 
 }  // namespace

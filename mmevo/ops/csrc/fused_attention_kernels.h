@@ -195,10 +195,10 @@ std::vector<A> to_acc(const T* src, int64_t n) {
 // Task: (b, g, kAttnRows output rows), every channel of the group; it
 // writes its pixels whole (no races, the same bits for any thread count).
 template <typename T>
-void attention_forward(const T* __restrict__ q, Strides4 sq, const T* __restrict__ k,
-                       Strides4 sk, const T* __restrict__ val, Strides4 sv,
+void attention_forward(const T* __restrict__ q, GroupStrides sq, const T* __restrict__ k,
+                       GroupStrides sk, const T* __restrict__ val, GroupStrides sv,
                        const T* __restrict__ rel, const T* __restrict__ bias,
-                       T* __restrict__ out, Strides4 so, at::opmath_type<T>* __restrict__ lse,
+                       T* __restrict__ out, GroupStrides so, at::opmath_type<T>* __restrict__ lse,
                        const AttnShape& a) {
   using A = at::opmath_type<T>;
   typedef A vec __attribute__((vector_size(kVecBytes)));
@@ -223,16 +223,16 @@ void attention_forward(const T* __restrict__ q, Strides4 sq, const T* __restrict
       const A* rg = rel ? ra.data() + grp * Cg * KK : nullptr;
       const A* bgp = bias ? ba.data() + grp * KK : nullptr;
       for (int64_t c = 0; c < Cg; ++c) {
-        const T* kp = k + b * sk.b + (grp * Cg + c) * sk.c;
+        const T* kp = k + b * sk.b + grp * sk.g + c * sk.c;
         for (int64_t rr = 0; rr < nr; ++rr)
           maps.load(kb.data() + (c * R + rr) * Lrow, kp, source_index(r0 + rr, a.H, a.reflect),
                     sk.h, sk.w);
-        const T* qp = q + b * sq.b + (grp * Cg + c) * sq.c;
+        const T* qp = q + b * sq.b + grp * sq.g + c * sq.c;
         for (int64_t n = 0; n < ni; ++n)
           load_row(qb.data() + (c * kAttnRows + n) * Wv, qp + (i0 + n) * sq.h, sq.w, a.Wo, Wv);
       }
       for (int64_t c = 0; c < Cvg; ++c) {
-        const T* vp = val + b * sv.b + (grp * Cvg + c) * sv.c;
+        const T* vp = val + b * sv.b + grp * sv.g + c * sv.c;
         for (int64_t rr = 0; rr < nr; ++rr)
           maps.load(vb.data() + (c * R + rr) * Lrow, vp, source_index(r0 + rr, a.H, a.reflect),
                     sv.h, sv.w);
@@ -386,10 +386,10 @@ inline void backward_two(const BwdRow<A>* rows, const A* kb, const A* vb, int64_
 // grad_value go to buffers of the whole (padded) map, folded in at the end,
 // so there are no races and the bits do not depend on the thread count.
 template <typename T>
-void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restrict__ out,
-                        Strides4 so, const at::opmath_type<T>* __restrict__ lse,
-                        const T* __restrict__ q, Strides4 sq, const T* __restrict__ k,
-                        Strides4 sk, const T* __restrict__ val, Strides4 sv,
+void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __restrict__ out,
+                        GroupStrides so, const at::opmath_type<T>* __restrict__ lse,
+                        const T* __restrict__ q, GroupStrides sq, const T* __restrict__ k,
+                        GroupStrides sk, const T* __restrict__ val, GroupStrides sv,
                         const T* __restrict__ rel, const T* __restrict__ bias,
                         T* __restrict__ gq, at::opmath_type<T>* __restrict__ gk,
                         at::opmath_type<T>* __restrict__ gv,
@@ -424,13 +424,13 @@ void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restri
       const A* rg = rel ? ra.data() + grp * Cg * KK : nullptr;
       const A* bgp = bias ? ba.data() + grp * KK : nullptr;
       for (int64_t c = 0; c < Cg; ++c) {
-        const T* kp = k + b * sk.b + (grp * Cg + c) * sk.c;
+        const T* kp = k + b * sk.b + grp * sk.g + c * sk.c;
         for (int64_t rr = 0; rr < R; ++rr)
           maps.load(kb.data() + (c * R + rr) * Lrow, kp, source_index(rr - a.p, a.H, a.reflect),
                     sk.h, sk.w);
       }
       for (int64_t c = 0; c < Cvg; ++c) {
-        const T* vp = val + b * sv.b + (grp * Cvg + c) * sv.c;
+        const T* vp = val + b * sv.b + grp * sv.g + c * sv.c;
         for (int64_t rr = 0; rr < R; ++rr)
           maps.load(vb.data() + (c * R + rr) * Lrow, vp, source_index(rr - a.p, a.H, a.reflect),
                     sv.h, sv.w);
@@ -448,7 +448,7 @@ void attention_backward(const T* __restrict__ gy, Strides4 sg, const T* __restri
         for (int64_t n = 0; n < nr; ++n) {
           const int64_t i = i0 + n;
           for (int64_t c = 0; c < Cg; ++c)
-            load_row(qb[n].data() + c * Wv, q + b * sq.b + (grp * Cg + c) * sq.c + i * sq.h,
+            load_row(qb[n].data() + c * Wv, q + b * sq.b + grp * sq.g + c * sq.c + i * sq.h,
                      sq.w, a.Wo, Wv);
           std::fill(Db[n].begin(), Db[n].end(), A(0));
           for (int64_t c = 0; c < Cvg; ++c) {
