@@ -13,6 +13,7 @@ from mmevo.registry import MODELS
 
 from .base import EvolutionLayer, InitCfg, check_divisible
 from .fastpath import (
+    _SINGLE_MATMUL_PIXELS,
     cpu_fastpath_default,
     pointwise,
     takes_cpu_fastpath,
@@ -44,39 +45,93 @@ def position_map(
     ).unsqueeze(0)
 
 
-class _SplitProjection(torch.autograd.Function):
-    """One fused q/k/v projection -> the inputs of both ACmix paths, in one
-    buffer.
+def _row_scale(weight, head, q_scale):
+    """(3C, 1): ``q_scale`` on the query rows of the (head_dim, {q, k, v},
+    head)-ordered projection, 1 on the others."""
+    scale = weight.new_ones(weight.shape[0] // 3 // head, 3, head)
+    scale[:, 0] = q_scale
+    return scale.view(-1, 1)
 
-    ``proj`` (B, 3C, H, W) holds q, k and v with channels ordered
-    (head_dim, {q, k, v}, head): the order in which the conv path's grouped
-    convolution reads them. It is copied once to channels_last memory
-    (oneDNN's grouped backward is ~15x faster on it), where the query rows
-    are scaled by ``q_scale`` and ``pe`` (1, head_dim, H, W) is taken from
-    the key rows in place. Outputs: the attention path's query (at stride
-    s), key and value as grouped views (B, head, head_dim, ., .) of that
-    buffer, and the buffer as the conv path's (B, 3C, H, W) input (which
-    undoes the scale and shift in its weights, see ``ACmix._forward_cpu``),
-    so that the buffer is all the backward keeps of them. One node rather
-    than slicing, so that the backward writes the four gradients into one
-    buffer instead of summing zero-filled copies of ``proj``.
+
+class _Projection(torch.autograd.Function):
+    """The fused q/k/v projection of ``x`` (B, C_in, H, W) as
+    (B, H * W, 3C): the pixels as rows, i.e. channels_last, with no
+    transpose pass (oneDNN's grouped backward is ~15x faster on it).
+
+    ``weight`` (3C, C_in) and ``bias`` (3C,) hold the rows of q, k and v
+    ordered (head_dim, {q, k, v}, head): the order in which the conv path's
+    grouped convolution reads them. The query rows come out scaled by
+    ``q_scale`` and ``pe`` (1, head_dim, H, W) subtracted from the key rows,
+    in place. ``pe`` is taken as a constant here: its gradient is
+    :class:`_SplitProjection`'s. The backward keeps x alone, and takes the
+    matmuls of the channels_last gradient as they are (no transpose).
     """
 
     @staticmethod
-    def forward(ctx, proj, pe, head, stride, q_scale):
-        B, C3, H, W = proj.shape
-        hd, s = C3 // 3 // head, stride
-        # A new buffer even where the transpose is contiguous (a 1x1 map):
-        # it is written in place.
-        buf = proj.new_empty(B, H * W, C3)
-        buf.copy_(proj.view(B, C3, H * W).transpose(1, 2))
+    def forward(ctx, x, weight, bias, pe, head, q_scale):
+        B, C_in, H, W = x.shape
+        hd = weight.shape[0] // 3 // head
+        buf = torch.baddbmm(
+            bias,
+            x.reshape(B, C_in, H * W).transpose(1, 2),
+            weight.t().expand(B, -1, -1),
+        )
         rows = buf.view(B, H, W, hd, 3, head)
         rows[..., 0, :].mul_(q_scale)
-        rows[..., 1, :].sub_(pe.permute(0, 2, 3, 1).unsqueeze(-1))
+        rows[..., 1, :].sub_(
+            pe.to(buf.dtype).permute(0, 2, 3, 1).unsqueeze(-1)
+        )
+        ctx.save_for_backward(x, weight)
+        ctx.geometry = (head, q_scale)
+        return buf
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        head, q_scale = ctx.geometry
+        B, P, C3 = grad.shape
+        C_in = x.shape[1]
+        # In the dtype the forward ran in (autocast's, if it was on).
+        x3 = x.reshape(B, C_in, P).to(grad.dtype)
+        weight = weight.to(grad.dtype)
+        scale = _row_scale(weight, head, q_scale)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            w = (weight * scale).t().expand(B, -1, -1)
+            grad_x = torch.bmm(w, grad.transpose(1, 2)).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            # One matmul over all pixels (copying x) where the B products
+            # would be short, or larger than x.
+            if P < max(_SINGLE_MATMUL_PIXELS, C3):
+                x2 = x3.transpose(0, 1).reshape(C_in, B * P)
+                grad_w = torch.mm(x2, grad.reshape(B * P, C3))
+            else:
+                grad_w = torch.bmm(x3, grad).sum(0)
+            grad_w = grad_w.t() * scale
+        if ctx.needs_input_grad[2]:
+            grad_b = grad.sum((0, 1)) * scale.view(-1)
+        return grad_x, grad_w, grad_b, None, None, None
+
+
+class _SplitProjection(torch.autograd.Function):
+    """:class:`_Projection`'s buffer (B, H * W, 3C) -> the inputs of both
+    ACmix paths, as views of it: the attention path's query (at stride s),
+    key and value as grouped views (B, head, head_dim, ., .), and the conv
+    path's (B, 3C, H, W) input (which undoes the scale and shift in its
+    weights, see ``ACmix._forward_cpu``), so that the buffer is all the
+    backward keeps of them. One node rather than slicing, so that the
+    backward writes the four gradients into one buffer instead of summing
+    zero-filled copies of it; ``pe`` is taken for its gradient alone.
+    """
+
+    @staticmethod
+    def forward(ctx, buf, pe, head, stride, H, W):
+        B, _, C3 = buf.shape
+        rows = buf.view(B, H, W, C3 // 3 // head, 3, head)
         heads = rows.permute(0, 4, 5, 3, 1, 2)  # (B, 3, head, hd, H, W)
-        ctx.geometry = (head, s, q_scale)
+        ctx.geometry = (head, stride)
         return (
-            heads[:, 0, ..., ::s, ::s],
+            heads[:, 0, ..., ::stride, ::stride],
             heads[:, 1],
             heads[:, 2],
             buf.view(B, H, W, C3).permute(0, 3, 1, 2),
@@ -84,21 +139,27 @@ class _SplitProjection(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_query, g_key, g_value, g_conv):
-        head, s, q_scale = ctx.geometry
+        head, s = ctx.geometry
         B, C3, H, W = g_conv.shape
+        grad = g_conv.new_empty(B, H, W, C3)
+        grad.copy_(g_conv.permute(0, 2, 3, 1))
         hd = C3 // 3 // head
-        grad = g_conv.new_empty(B, C3, H * W)
-        grad.view(B, C3, H, W).copy_(g_conv)
-        rows = grad.view(B, hd, 3, head, H, W).permute(0, 2, 3, 1, 4, 5)
+        rows = grad.view(B, H, W, hd, 3, head).permute(0, 4, 5, 3, 1, 2)
         rows[:, 0, ..., ::s, ::s].add_(g_query)
-        rows[:, 0].mul_(q_scale)
         rows[:, 1].add_(g_key)
+        rows[:, 2].add_(g_value)
         # The conv path's share of pe's gradient, -sum(g_conv[k rows]), is
         # cancelled exactly by that of its correction (ACmix._forward_cpu),
         # so both are left out: in low precision their sum is noise.
         g_pe = g_key.sum((0, 1)).neg_()
-        rows[:, 2].add_(g_value)
-        return grad.view(B, C3, H, W), g_pe.unsqueeze(0), None, None, None
+        return (
+            grad.view(B, H * W, C3),
+            g_pe.unsqueeze(0),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class _Mix(torch.autograd.Function):
@@ -339,14 +400,15 @@ class ACmix(EvolutionLayer):
         """:meth:`forward` fused for oneDNN's CPU convolutions, whose 1x1
         and grouped backward passes are many times slower at these widths.
 
-        q, k and v come from one ``baddbmm``, copied once to a channels_last
-        buffer (:class:`_SplitProjection`) of which the fused attention
-        reads its heads in place; ``fc`` mixes the 3 * head heads of each
-        (channel, pixel) and ``dep_conv`` is grouped by channel, so ``rate2
-        * fc`` folds into ``dep_conv``'s weights: one grouped convolution
-        reads the buffer, and :class:`_Mix` adds the attention path.
+        q, k and v come from one ``baddbmm`` into a channels_last buffer
+        (:class:`_Projection`, :class:`_SplitProjection`) of which the fused
+        attention reads its heads in place; ``fc`` mixes the 3 * head heads
+        of each (channel, pixel) and ``dep_conv`` is grouped by channel, so
+        ``rate2 * fc`` folds into ``dep_conv``'s weights: one grouped
+        convolution reads the buffer, and :class:`_Mix` adds the attention
+        path.
         """
-        B, C_in, H, W = x.shape
+        _, C_in, H, W = x.shape
         pe = pointwise(
             self._positions(x), self.conv_p.weight, self.conv_p.bias
         )
@@ -358,19 +420,17 @@ class ACmix(EvolutionLayer):
         bias = torch.stack(
             [c.bias.view(self.head, self.head_dim) for c in convs]
         ).permute(2, 0, 1)
-        proj = torch.baddbmm(
-            bias.reshape(-1, 1),
-            weight.reshape(1, -1, C_in).expand(B, -1, -1),
-            x.reshape(B, C_in, H * W),
-        )
         q_scale = self.head_dim**-0.5
-        pe = pe.to(proj.dtype)
-        query, key, value, conv_input = _SplitProjection.apply(
-            proj.view(B, 3 * self.out_planes, H, W),
-            pe,
+        buf = _Projection.apply(
+            x,
+            weight.reshape(-1, C_in),
+            bias.reshape(-1),
+            pe.detach(),
             self.head,
-            self.stride,
             q_scale,
+        )
+        query, key, value, conv_input = _SplitProjection.apply(
+            buf, pe, self.head, self.stride, H, W
         )
         if takes_fused_cpu(self, x, self.conv1.weight.dtype):
             out_att = fused_local_attention(

@@ -83,6 +83,9 @@ LAYERS = {
         (1, 8, 11, 9),
     ),
     'acmix_tiny_map': (lambda: ACmix(8, 8, 7, 2), (2, 8, 3, 2)),
+    # More pixels than the projection has rows: its weight gradient is B
+    # matmuls summed (one over all pixels on the smaller maps above).
+    'acmix_wide_map': (lambda: ACmix(8, 8, 5, 2), (3, 8, 13, 11)),
 }
 
 
