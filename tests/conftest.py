@@ -58,6 +58,16 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: item.get_closest_marker('slow') is None)
 
 
+@pytest.fixture(params=[1, 2], ids=['1_thread', '2_threads'])
+def threads(request):
+    """Runs the test with 1 and with 2 torch threads (PyTorch picks some
+    CPU kernels by the thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def device():
     """``cuda`` on a GPU, else ``cpu`` (Triton kernels interpreted)."""

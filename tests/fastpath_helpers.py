@@ -120,3 +120,50 @@ def saved_bytes(model, x):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x)
     return sum(n for ptr, n in storages.items() if ptr not in params)
+
+
+def float32_errors(model, ref, x):
+    """Relative L2 errors of ``model``'s float32 train step (the outputs,
+    the input gradient and each parameter gradient) against ``ref``'s in
+    float64, on the same input and output gradients."""
+
+    def step(net, dtype):
+        inp = x.detach().to(dtype).requires_grad_()
+        net.zero_grad(set_to_none=True)
+        outs = net(inp)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        gen = torch.Generator().manual_seed(1)
+        loss = sum(
+            (o * torch.randn(o.shape, generator=gen).to(dtype)).sum()
+            for o in outs
+        )
+        loss.backward()
+        grads = {n: p.grad for n, p in net.named_parameters()}
+        return [*outs, inp.grad], grads
+
+    (vals, grads), (vals_ref, grads_ref) = (
+        step(model, torch.float32),
+        step(ref, torch.float64),
+    )
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+    errors = {
+        f'value {i}': rel(a, b)
+        for i, (a, b) in enumerate(zip(vals, vals_ref, strict=True))
+    }
+    errors.update({n: rel(g, grads_ref[n]) for n, g in grads.items()})
+    return errors
+
+
+def assert_float32_as_accurate(model, stock, ref, x):
+    """``model``'s float32 train step (its fast path) is as close to
+    ``ref``'s in float64 as ``stock``'s (the same model on its stock
+    graph) in float32: every output and gradient within 3x the stock
+    error (float32 BatchNorm over a small batch amplifies rounding)."""
+    fast_err = float32_errors(model, ref, x)
+    stock_err = float32_errors(stock, ref, x)
+    for name, err in fast_err.items():
+        assert err <= 3 * stock_err[name] + 1e-6, (name, err, stock_err[name])
+    assert max(fast_err.values()) < 1e-2  # rounding, not a wrong formula

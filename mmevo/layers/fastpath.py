@@ -32,6 +32,7 @@ attention) takes it only when :func:`takes_fused_cpu` also holds.
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mmevo.ops.backends import backend_name
@@ -214,15 +215,30 @@ def _pointwise_forward(x, weight, bias):
     return y.view(B, C_out, H, W)
 
 
+def _onednn_conv1x1(x, weight, bias=None):
+    return torch.mkldnn_convolution(
+        x.contiguous(), weight, bias, [0, 0], [1, 1], [1, 1], 1
+    )
+
+
 class _Pointwise(torch.autograd.Function):
-    """oneDNN's 1x1 conv backward is 1.5-10x slower on CPU than bmm's."""
+    """A 1x1 convolution whose weight gradient is a matmul; y and grad_x
+    are matmuls too, or (``onednn``) oneDNN's 1x1 convolutions.
+
+    oneDNN's 1x1 conv backward is 1.5-10x slower on CPU than bmm's at the
+    generation convs' widths; PyTorch's native 1x1 kernel, which it takes
+    on one thread, is as slow as bmm, and oneDNN's forward 1.6-2.6x faster.
+    """
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, onednn=False):
         # The inputs themselves (not views made here): double backward
         # differentiates through them.
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
+        ctx.onednn = onednn
+        if onednn:
+            return _onednn_conv1x1(x, weight, bias)
         return _pointwise_forward(x, weight, bias)
 
     @staticmethod
@@ -236,8 +252,12 @@ class _Pointwise(torch.autograd.Function):
         w2 = weight.view(C_out, C).to(g3.dtype)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.bmm(w2.t().expand(B, -1, -1), g3)
-            grad_x = grad_x.view(B, C, H, W)
+            if ctx.onednn:
+                w_t = w2.t().reshape(C, C_out, 1, 1)
+                grad_x = _onednn_conv1x1(grad, w_t)
+            else:
+                grad_x = torch.bmm(w2.t().expand(B, -1, -1), g3)
+                grad_x = grad_x.view(B, C, H, W)
         with_b = ctx.has_bias and ctx.needs_input_grad[2]
         if ctx.needs_input_grad[1]:
             if with_b:
@@ -257,7 +277,7 @@ class _Pointwise(torch.autograd.Function):
                 grad_b = grad_wb[:, C]
         elif with_b:
             grad_b = g3.sum((0, 2))
-        return grad_x, grad_w, grad_b
+        return grad_x, grad_w, grad_b, None
 
 
 def pointwise(
@@ -287,3 +307,61 @@ def pointwise(
         True
     """
     return _Pointwise.apply(x, weight, bias)
+
+
+# Below this many input or output channels a 1x1 convolution is faster as
+# the matmul, above as oneDNN's (``benchmark_ops.py --conv1x1``: oneDNN
+# 0.66-0.86x of the matmul at ResNet-50's widths and the involution's 14²
+# and 7² generation convs, the matmul 0.70x of oneDNN at 16 -> 196).
+ONEDNN_MIN_CHANNELS = 64
+
+
+def takes_onednn_conv1x1(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`conv1x1` runs a 1x1 convolution of ``x`` on oneDNN:
+    float32 (oneDNN's other dtypes were not measured to win), at least
+    :data:`ONEDNN_MIN_CHANNELS` input and output channels, oneDNN available
+    and enabled (``torch.backends.mkldnn``), autocast off."""
+    return (
+        x.dtype == weight.dtype == torch.float32
+        and min(weight.shape[:2]) >= ONEDNN_MIN_CHANNELS
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+        and not torch.is_autocast_enabled('cpu')
+    )
+
+
+def conv1x1(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor = None
+) -> torch.Tensor:
+    """A 1x1, stride-1, ungrouped convolution, on the faster of oneDNN and
+    the matmul (:func:`pointwise`).
+
+    oneDNN where :func:`takes_onednn_conv1x1` holds, the matmul otherwise.
+    PyTorch itself runs a 1x1 convolution on oneDNN only with more than one
+    thread or a batch of 16 or more, and otherwise on its native kernel, as
+    slow as the matmul: there ``y`` and the input gradient are oneDNN's
+    convolutions and the weight gradient a matmul (oneDNN's weight
+    gradient is not reachable on one thread); 0.67-0.8x of the native
+    train step at ResNet-50's widths from 28² down (``docs/benchmarks.md``).
+
+    Args:
+        x (Tensor): (B, C_in, H, W).
+        weight (Tensor): (C_out, C_in, 1, 1), as ``nn.Conv2d`` holds it.
+        bias (Tensor, optional): (C_out,).
+
+    Returns:
+        Tensor: (B, C_out, H, W), equal to ``F.conv2d(x, weight, bias)``.
+
+    Example:
+        >>> import torch
+        >>> conv = torch.nn.Conv2d(64, 64, 1)
+        >>> x = torch.randn(2, 64, 5, 3)
+        >>> y = conv1x1(x, conv.weight, conv.bias)
+        >>> torch.allclose(y, conv(x), atol=1e-5)
+        True
+    """
+    if not takes_onednn_conv1x1(x, weight):
+        return pointwise(x, weight, bias)
+    if torch.get_num_threads() > 1 or x.shape[0] >= 16:
+        return F.conv2d(x, weight, bias)  # PyTorch takes oneDNN itself
+    return _Pointwise.apply(x, weight, bias, True)

@@ -10,8 +10,8 @@ from mmevo.registry import MODELS
 
 from .base import EvolutionLayer, InitCfg, check_divisible, check_layer_cfg
 from .fastpath import (
+    conv1x1,
     cpu_fastpath_default,
-    pointwise,
     takes_cpu_fastpath,
     takes_fused_cpu,
 )
@@ -123,9 +123,10 @@ class Involution(EvolutionLayer):
         self.use_cpu_fastpath = cpu_fastpath_default()
 
     def _reduce_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        """``conv1(x)`` with its 1x1 convolution as a matmul."""
+        """``conv1(x)``, its 1x1 convolution on the faster of oneDNN and a
+        matmul (:func:`~mmevo.layers.fastpath.conv1x1`)."""
         conv1 = self.conv1
-        out = pointwise(x, conv1.conv.weight, conv1.conv.bias)
+        out = conv1x1(x, conv1.conv.weight, conv1.conv.bias)
         if conv1.with_norm:
             out = conv1.norm(out)
         if conv1.with_activation:
@@ -133,9 +134,10 @@ class Involution(EvolutionLayer):
         return out
 
     def _kernel_weights_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        """``conv2(conv1(x))`` with both 1x1 convolutions as matmuls."""
+        """``conv2(conv1(x))``, both 1x1 convolutions as in
+        :meth:`_reduce_cpu`."""
         conv2 = self.conv2.conv
-        return pointwise(self._reduce_cpu(x), conv2.weight, conv2.bias)
+        return conv1x1(self._reduce_cpu(x), conv2.weight, conv2.bias)
 
     def _takes_fused(self, x: torch.Tensor) -> bool:
         """Whether the fused op runs this call: the CPU fast path is taken,

@@ -4,6 +4,7 @@ Every layer runs twice on the same float64 input, with ``use_cpu_fastpath``
 on and off (``fastpath_helpers.assert_paths_equal``).
 """
 
+import copy
 import os
 import subprocess
 import sys
@@ -22,9 +23,19 @@ from mmevo.layers import (
     LocalSelfAttention,
     set_cpu_fastpath,
 )
-from mmevo.layers.fastpath import pointwise, takes_cpu_fastpath
+from mmevo.layers.fastpath import (
+    conv1x1,
+    pointwise,
+    takes_cpu_fastpath,
+    takes_onednn_conv1x1,
+)
 
-from fastpath_helpers import assert_paths_equal, count_conv_calls, randomised
+from fastpath_helpers import (
+    assert_float32_as_accurate,
+    assert_paths_equal,
+    count_conv_calls,
+    randomised,
+)
 
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -335,6 +346,63 @@ def test_pointwise_empty_batch():
     assert torch.equal(conv.weight.grad, torch.zeros_like(conv.weight))
 
 
+@pytest.mark.parametrize(
+    'shape, c_out, strided',
+    [
+        ((3, 64, 5, 7), 72, False),
+        ((2, 64, 11, 9), 96, True),  # a downsample's x[::2, ::2]
+        ((2, 64, 12, 11), 64, False),  # > 100 pixels: B weight matmuls
+        ((2, 64, 1, 1), 80, False),
+        ((0, 64, 4, 4), 64, False),
+        ((2, 16, 6, 5), 64, False),  # the matmul: too few channels
+    ],
+)
+@pytest.mark.parametrize('bias', [True, False])
+def test_conv1x1_equals_float64_conv2d(threads, shape, c_out, strided, bias):
+    """Values, gradients and double-backward gradients of the float32 op
+    against conv2d in float64, on oneDNN and on the matmul."""
+    gen = torch.Generator().manual_seed(shape[1] + c_out)
+    x = torch.randn(*shape, generator=gen)
+    w = torch.randn(c_out, shape[1], 1, 1, generator=gen) / shape[1] ** 0.5
+    b = torch.randn(c_out, generator=gen) if bias else None
+    ours = [t.requires_grad_() for t in (x, w, b) if t is not None]
+    ref = [t.detach().double().requires_grad_() for t in ours]
+    sub = (lambda t: t[:, :, ::2, ::2]) if strided else (lambda t: t)
+    assert takes_onednn_conv1x1(x, w) == (shape[1] >= 64)
+    y = conv1x1(sub(ours[0]), *ours[1:])
+    y_ref = F.conv2d(sub(ref[0]), *ref[1:])
+    tol = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, y_ref.float(), **tol)
+    g = torch.randn(y.shape, generator=gen)
+    grads = torch.autograd.grad(y, ours, g, create_graph=True)
+    grads_ref = torch.autograd.grad(y_ref, ref, g.double(), create_graph=True)
+    for a, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, r.float(), rtol=1e-5, atol=1e-4)
+    if not x.numel():
+        return  # no second-order graph through an empty batch
+    again = torch.autograd.grad(sum(t.sum() for t in grads), ours[:2])
+    again_ref = torch.autograd.grad(sum(t.sum() for t in grads_ref), ref[:2])
+    for a, r in zip(again, again_ref, strict=True):
+        torch.testing.assert_close(a, r.float(), rtol=1e-5, atol=1e-4)
+
+
+def test_conv1x1_takes_onednn_in_float32_at_64_channels():
+    """Other dtypes, narrower convs, autocast and oneDNN switched off take
+    the matmul."""
+    x, w = torch.randn(1, 64, 3, 3), torch.randn(64, 64, 1, 1)
+    assert takes_onednn_conv1x1(x, w)
+    assert not takes_onednn_conv1x1(x.double(), w.double())
+    assert not takes_onednn_conv1x1(x.bfloat16(), w.bfloat16())
+    assert not takes_onednn_conv1x1(x, w[:63])
+    assert not takes_onednn_conv1x1(x[:, :63], w[:, :63])
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert not takes_onednn_conv1x1(x, w)
+        assert conv1x1(x, w).dtype == torch.bfloat16  # autocast's matmul
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not takes_onednn_conv1x1(x, w)
+        torch.testing.assert_close(conv1x1(x, w), F.conv2d(x, w))
+
+
 def test_pointwise_autocast_bf16():
     """Under CPU autocast it computes in bf16; gradients keep their dtypes."""
     x = torch.randn(2, 8, 5, 4, requires_grad=True)
@@ -345,3 +413,17 @@ def test_pointwise_autocast_bf16():
     y.float().sum().backward()
     assert x.grad.dtype == conv.weight.grad.dtype == torch.float32
     torch.testing.assert_close(y.float(), conv(x), atol=5e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize('size', [(9, 8), (28, 29)], ids=['unfused', 'fused'])
+def test_involution_float32_generation_convs_on_onednn(threads, size):
+    """An involution whose reduce conv (and, unfused, the span conv) is wide
+    enough for oneDNN: in float32 as close to the float64 stock graph as
+    the float32 stock graph."""
+    channels = 256
+    torch.manual_seed(0)
+    layer = randomised(Involution(channels, 7)).train()
+    ref = set_cpu_fastpath(copy.deepcopy(layer).double(), False)
+    stock = set_cpu_fastpath(copy.deepcopy(layer), False)
+    x = torch.randn(2, channels, *size, dtype=torch.float64)
+    assert_float32_as_accurate(layer, stock, ref, x)

@@ -5,6 +5,8 @@ on the same float64 input: outputs and all gradients agree
 (``tests/fastpath_helpers.py``, shared with the layer tests).
 """
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -85,3 +87,43 @@ def test_fast_path_saves_no_more_than_stock(cls, tiny, size):
     fast = helpers.saved_bytes(set_cpu_fastpath(model, True), x)
     stock = helpers.saved_bytes(set_cpu_fastpath(model, False), x)
     assert fast <= stock, (fast, stock)
+
+
+def test_float32_fast_path_is_as_accurate_as_stock(threads):
+    """RedNet in float32, its blocks' 1x1 convs on oneDNN: every output and
+    gradient is as close to the float64 stock graph as the float32 stock
+    graph's (float32 BatchNorm over a small batch amplifies rounding)."""
+    torch.manual_seed(0)
+    model = helpers.randomised(RedNet(26, **TINY_RED)).train()
+    ref = copy.deepcopy(model).double()
+    stock = set_cpu_fastpath(copy.deepcopy(model), False)
+    set_cpu_fastpath(ref, False)
+    x = torch.randn(2, 3, 35, 29, dtype=torch.float64)
+    helpers.assert_float32_as_accurate(model, stock, ref, x)
+
+
+@pytest.mark.parametrize('cls,tiny', BACKBONES)
+def test_forward_stem_is_the_input_of_layer1(cls, tiny):
+    """``forward_stem`` on either path: the stock stem and max pool, in
+    float64, values and the input gradient."""
+    torch.manual_seed(0)
+    model = helpers.randomised(cls(26, **tiny)).double().train()
+    x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
+    got = []
+    for on in (True, False):
+        inp = x.clone().requires_grad_()
+        set_cpu_fastpath(model, on)
+        out = model.forward_stem(inp)
+        (out * out).sum().backward()
+        got.append((out, inp.grad))
+    set_cpu_fastpath(model, True)
+    stem = (
+        model.stem
+        if model.deep_stem
+        else nn.Sequential(model.conv1, model.norm1, model.relu)
+    )
+    torch.testing.assert_close(
+        got[1][0], model.maxpool(stem(x)), rtol=1e-12, atol=1e-12
+    )
+    for a, b in zip(got[0], got[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -16,6 +16,7 @@ Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_backbones.py
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_backbones.py \\
         --models rednet50 --profile
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_backbones.py --stages
     python tools/analysis/benchmark_backbones.py --device cuda --batch 32
 """
 
@@ -31,6 +32,7 @@ from mmevo.cli import MAX_SIDE, int_in_range
 # run as a file: the repository root, for tools.analysis
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tools.analysis.timing import (
+    median_times,
     op_profile,
     ops_backend,
     peak_memory,
@@ -50,6 +52,7 @@ def build(name, builder='mmdet'):
 
         builders = {
             'resnet50': lambda: ResNet(50, norm_eval=False),
+            'resnet50_fastpath': resnet50_fastpath,
             'rednet50': lambda: RedNet(50),
             'acmix_resnet50': lambda: ACmixResNet(50),
         }
@@ -61,6 +64,24 @@ def build(name, builder='mmdet'):
         model.init_weights()
     model.train()  # mmdet's ResNet.train returns None: no chaining
     return model
+
+
+def resnet50_fastpath():
+    """mmdet's ResNet-50 (its modules, keys and numbers) on the CPU fast
+    paths of mmevo's backbones (the stem's and the bottlenecks' 1x1 convs),
+    its 3x3 convs as they are: what those paths alone give a ResNet-50, to
+    set against what the dynamic layers give."""
+    from torch import nn
+
+    from mmevo.models.backbones.dynamic_resnet import DynamicResNet
+
+    class ResNetFastPath(DynamicResNet):
+        def build_middle_layer(self, planes, stride, dilation):
+            return nn.Conv2d(
+                planes, planes, 3, stride, dilation, dilation, bias=False
+            )
+
+    return ResNetFastPath(50, norm_eval=False)
 
 
 class _Stages(torch.nn.Module):
@@ -114,6 +135,76 @@ def torchvision_backbone(name):
     return _Stages(net)
 
 
+def stages(model):
+    """``[(name, part)]``: the stem (with the max pool; mmevo's backbones'
+    ``forward_stem``, with its CPU fast path) and the residual stages of an
+    mmdet ``ResNet`` (or subclass), in order, each a callable of the
+    previous one's output."""
+
+    def stem(x):
+        if model.deep_stem:
+            x = model.stem(x)
+        else:
+            x = model.relu(model.norm1(model.conv1(x)))
+        return model.maxpool(x)
+
+    stem = getattr(model, 'forward_stem', stem)
+    return [('stem', stem)] + [
+        (name, getattr(model, name)) for name in model.res_layers
+    ]
+
+
+def stage_times(models, x, warmup, iters):
+    """``{model: {stage: seconds}}``: the train step of each stage alone
+    (forward + backward of its input and weights, loss = the mean of its
+    output), on the input the stages before it give ``x``; all stages of
+    all models interleaved, as :func:`time_steps`."""
+    steps = {}
+    for name, model in models.items():
+        t = x
+        for stage, part in stages(model):
+            with torch.no_grad():
+                out = part(t)
+
+            def step(model=model, part=part, t=t):
+                model.zero_grad(set_to_none=True)
+                # A fresh non-leaf input (in-place ReLUs), with a gradient
+                # past the stem as in the whole backbone.
+                inp = t.clone().requires_grad_(t is not x) * 1
+                part(inp).mean().backward()
+
+            steps[name, stage] = step
+            t = out
+    times = median_times(steps, x.device, warmup, iters)
+    result = {}
+    for (name, stage), seconds in times.items():
+        result.setdefault(name, {})[stage] = seconds
+    return result
+
+
+def print_stage_table(times):
+    """One row per stage, each model's time and its ratio to ResNet-50."""
+    names = list(times)
+    ref = times.get('resnet50')
+    head = ' | '.join(
+        f'{n} (ms)' + (' | / resnet50' if ref and n != 'resnet50' else '')
+        for n in names
+    )
+    print(f'| stage | {head} |')
+    cols = sum(2 if ref and n != 'resnet50' else 1 for n in names)
+    print('|---' * (cols + 1) + '|')
+    for stage in [*times[names[0]], 'total']:
+        cells = []
+        for n in names:
+            t = times[n]
+            ms = 1e3 * (sum(t.values()) if stage == 'total' else t[stage])
+            cells.append(f'{ms:.1f}')
+            if ref and n != 'resnet50':
+                r = sum(ref.values()) if stage == 'total' else ref[stage]
+                cells.append(f'{ms / 1e3 / r:.2f}x')
+        print(f'| {stage} | ' + ' | '.join(cells) + ' |')
+
+
 def hook_checks(model, step):
     """What the fast paths' hook checks cost in one forward of ``model``
     (every module with ``use_cpu_fastpath`` walks its submodules for hooks,
@@ -142,7 +233,8 @@ def parse_args():
         '--models',
         nargs='+',
         default=['resnet50', 'rednet50', 'acmix_resnet50'],
-        help='resnet50 (the reference for the ratios), rednet50, '
+        help='resnet50 (the reference for the ratios), resnet50_fastpath '
+        "(mmdet's ResNet-50 on mmevo's CPU fast paths), rednet50, "
         'acmix_resnet50',
     )
     parser.add_argument('--device', default='cpu')
@@ -163,7 +255,16 @@ def parse_args():
         help='also print the most expensive ops of each model',
     )
     parser.add_argument('--rows', type=int_in_range(1), default=15)
-    return parser.parse_args()
+    parser.add_argument(
+        '--stages',
+        action='store_true',
+        help='also time the train step of each stage alone (the stem and '
+        'the four residual stages; mmdet builder)',
+    )
+    args = parser.parse_args()
+    if args.stages and args.builder != 'mmdet':
+        parser.error('--stages needs --builder mmdet')
+    return args
 
 
 def main():
@@ -209,6 +310,9 @@ def main():
             f'| {name} | {params:.2f} | {step:.3f} | {ratio_t} '
             f'| {peak:.0f} | {ratio_m} |'
         )
+    if args.stages:
+        print()
+        print_stage_table(stage_times(models, x, args.warmup, args.iters))
 
 
 if __name__ == '__main__':

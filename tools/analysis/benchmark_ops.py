@@ -43,6 +43,12 @@ each with the pieces its layer adds: SASA (``LocalSelfAttention``: C/16
 heads, the ``q . r`` relative embedding, zero padding) and ACmix (4 heads,
 reflect padding, which the stock layer makes explicit with ``F.pad``).
 
+``--conv1x1`` times a 1x1 convolution at ResNet-50's bottleneck widths and
+the involution's generation widths (B4), forward + backward of the input
+and the weight: PyTorch's ``conv2d`` (its native kernel on one thread,
+oneDNN with more), mmevo's matmul (``pointwise``) and ``conv1x1``, which
+the bottlenecks' fast path takes in float32 (oneDNN).
+
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
     # on a busy machine:
@@ -53,6 +59,8 @@ Example:
         --cpu-time --repeat 9
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --attention \
         --cpu-time --repeat 3
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --conv1x1 \
+        --cpu-time --repeat 9
     python tools/analysis/benchmark_ops.py --device cuda --dtype float16
 """
 
@@ -227,6 +235,70 @@ def involution_layers(device, dtype, repeat, clock):
             )
 
 
+# (C_in, C_out, H) of ResNet-50's 1x1 convs (conv1, conv3, downsample) and
+# of the involution's reduce / span convs at 14² and 7², B4; then the
+# narrower generation convs at 56² and 28², which conv1x1 leaves to the
+# matmul.
+CONV1X1_SHAPES = [
+    (256, 64, 56),
+    (64, 256, 56),
+    (512, 128, 28),
+    (128, 512, 28),
+    (1024, 256, 14),
+    (256, 1024, 14),
+    (2048, 512, 7),
+    (512, 2048, 7),
+    (256, 64, 14),
+    (64, 784, 14),
+    (512, 128, 7),
+    (128, 1568, 7),
+    (64, 16, 56),
+    (16, 196, 56),
+    (128, 32, 28),
+    (32, 392, 28),
+]
+
+
+def conv1x1_paths(device, dtype, repeat, clock):
+    """Forward + backward of a 1x1 convolution: PyTorch's ``conv2d`` (its
+    own choice of kernel), mmevo's matmul (``pointwise``) and
+    ``conv1x1`` (oneDNN), at :data:`CONV1X1_SHAPES`."""
+    import torch.nn.functional as F
+
+    from mmevo.layers.fastpath import conv1x1, pointwise
+
+    paths = {'conv2d': F.conv2d, 'matmul': pointwise, 'conv1x1': conv1x1}
+    print(
+        '| C_in·C_out·H² | conv2d ms | matmul ms | conv1x1 ms | '
+        'conv1x1 / conv2d | conv1x1 / matmul |\n|---|---|---|---|---|---|'
+    )
+    for C, C_out, H in CONV1X1_SHAPES:
+        x = torch.randn(
+            4, C, H, H, device=device, dtype=dtype, requires_grad=True
+        )
+        w = torch.randn(
+            C_out, C, 1, 1, device=device, dtype=dtype, requires_grad=True
+        )
+        gy = torch.randn(4, C_out, H, H, device=device, dtype=dtype)
+
+        def step(fn, x=x, w=w, gy=gy):
+            reset_grads(x, w)
+            fn(x, w).backward(gy)
+
+        ms = time_ms(
+            {n: lambda fn=fn: step(fn) for n, fn in paths.items()},
+            device,
+            repeat,
+            clock,
+        )
+        print(
+            f'| {C}·{C_out}·{H}² | {ms["conv2d"]:.2f} | {ms["matmul"]:.2f} '
+            f'| {ms["conv1x1"]:.2f} | {ms["conv1x1"] / ms["conv2d"]:.2f} '
+            f'| {ms["conv1x1"] / ms["matmul"]:.2f} |',
+            flush=True,
+        )
+
+
 def sasa_stock(q, k, v, rel, heads):
     """LocalSelfAttention's unfused path: the logits, ``q . r``, softmax,
     aggregation (zero padding)."""
@@ -377,6 +449,12 @@ def main():
         help='local self-attention (SASA and ACmix), fused and stock, '
         'forward + backward at the stage shapes',
     )
+    parser.add_argument(
+        '--conv1x1',
+        action='store_true',
+        help="a 1x1 conv, forward + backward: PyTorch's conv2d, mmevo's "
+        'matmul and its oneDNN conv1x1 (float32 CPU)',
+    )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -398,6 +476,14 @@ def main():
             'peak = tensor bytes above the inputs'
         )
         involution_layers(device, dtype, args.repeat, clock)
+        return
+    if args.conv1x1:
+        print(
+            f'device={device} dtype={args.dtype} '
+            f'threads={torch.get_num_threads()} '
+            f'fwd+bwd median of {args.repeat} ({clock_name} time), B4'
+        )
+        conv1x1_paths(device, dtype, args.repeat, clock)
         return
     if args.attention:
         print(

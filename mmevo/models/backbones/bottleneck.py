@@ -13,16 +13,15 @@ import contextlib
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from mmdet.models.backbones.resnet import Bottleneck
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from mmevo.layers.fastpath import (
+    conv1x1,
     cpu_fastpath_default,
     is_plain_conv1x1,
-    pointwise,
     takes_cpu_fastpath,
 )
 
@@ -35,9 +34,10 @@ class MiddleLayerBottleneck(Bottleneck):
     graph without plugins (conv1, norm1, ReLU, conv2, norm2, ReLU, conv3,
     norm3, + shortcut, ReLU); with ``with_cp`` the BN statistics are updated
     once per step, not twice. On CPU in eager mode, while
-    ``use_cpu_fastpath`` is True (see :mod:`mmevo.layers.fastpath`),
-    ``conv1`` runs as a matmul and a strided 1x1 downsample on the
-    subsampled input: the same numbers.
+    ``use_cpu_fastpath`` is True (see :mod:`mmevo.layers.fastpath`), the
+    1x1 convolutions run on the faster of oneDNN and a matmul (``conv1x1``:
+    PyTorch takes its slower native kernel on one thread), a strided 1x1
+    downsample on the subsampled input: the same numbers.
 
     Args:
         inplanes (int): Input channels.
@@ -112,31 +112,39 @@ class MiddleLayerBottleneck(Bottleneck):
         out = self._conv1_cpu(x) if fast else self.conv1(x)
         out = self.relu(self.norm1(out))
         out = self.relu(self.norm2(self.conv2(out)))
-        out = self.norm3(self.conv3(out))
+        out = self.norm3(self._conv3_cpu(out) if fast else self.conv3(out))
         if self.downsample is not None:
             x = self._downsample_cpu(x) if fast else self.downsample(x)
         out += x
         return out
 
     def _conv1_cpu(self, x):
-        """``conv1(x)``, as a matmul: oneDNN's CPU 1x1 backward is slow."""
-        conv = self.conv1
+        """``conv1(x)``: the faster of oneDNN and a matmul
+        (:func:`conv1x1`), where PyTorch's 1x1 kernel or oneDNN's backward
+        is slower."""
+        return self._conv1x1_cpu(self.conv1, x)
+
+    def _conv3_cpu(self, x):
+        """``conv3(x)``, as :meth:`_conv1_cpu`."""
+        return self._conv1x1_cpu(self.conv3, x)
+
+    @staticmethod
+    def _conv1x1_cpu(conv, x):
         if is_plain_conv1x1(conv) and conv.stride == (1, 1):
-            return pointwise(x, conv.weight, conv.bias)
+            return conv1x1(x, conv.weight, conv.bias)
         return conv(x)
 
     def _downsample_cpu(self, x):
         """``downsample(x)``, a (strided 1x1 conv, norm) shortcut run on
-        ``x[::s, ::s]``: oneDNN's CPU backward of a strided 1x1 conv first
-        copies its whole input (~2x slower)."""
+        ``x[::s, ::s]`` (:func:`conv1x1`): oneDNN's CPU backward of a
+        strided 1x1 conv first copies its whole input (~2x slower)."""
         downsample = self.downsample
         if isinstance(downsample, nn.Sequential) and len(downsample) == 2:
             conv, norm = downsample
             if is_plain_conv1x1(conv) and conv.stride != (1, 1):
                 sh, sw = conv.stride
-                return norm(
-                    F.conv2d(x[:, :, ::sh, ::sw], conv.weight, conv.bias)
-                )
+                x = x[:, :, ::sh, ::sw]
+                return norm(conv1x1(x, conv.weight, conv.bias))
         return downsample(x)
 
 

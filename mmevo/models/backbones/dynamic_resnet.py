@@ -219,12 +219,41 @@ class DynamicResNet(ResNet):
             return self._forward_cpu(x)
         return super().forward(x)
 
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
+        """The stem and the max pool, the input of ``layer1``: mmdet's, or
+        on CPU in eager mode, while ``use_cpu_fastpath`` is True, the same
+        numbers from its fast path (see :meth:`_forward_cpu`).
+
+        Args:
+            x (Tensor): (B, in_channels, H, W).
+
+        Returns:
+            Tensor: (B, stem_channels, H / 4, W / 4), NCHW.
+        """
+        if takes_cpu_fastpath(self, x):
+            return self._stem_cpu(x)
+        if self.deep_stem:
+            x = self.stem(x)
+        else:
+            x = self.relu(self.norm1(self.conv1(x)))
+        return self.maxpool(x)
+
     def _forward_cpu(self, x):
-        """mmdet's ResNet forward with the stem's tail and the max-pool in
-        channels_last: there oneDNN's NCHW conv, BN and max-pool (forward
-        and backward) are 1.5-3x slower on CPU. The stages run NCHW, the
-        layout of the mmevo ops, so the outputs are NCHW. A deep stem must
-        be a Sequential."""
+        """mmdet's ResNet forward with the stem's fast path
+        (:meth:`_stem_cpu`); the stages run NCHW, the layout of the mmevo
+        ops, so the outputs are NCHW."""
+        x = self._stem_cpu(x)
+        outs = []
+        for i, layer_name in enumerate(self.res_layers):
+            x = getattr(self, layer_name)(x)
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
+
+    def _stem_cpu(self, x):
+        """The stem's tail and the max-pool in channels_last: there
+        oneDNN's NCHW conv, BN and max-pool (forward and backward) are
+        1.5-3x slower on CPU. A deep stem must be a Sequential."""
         if self.deep_stem:
             *head, tail = self.stem
             # The copy goes before a trailing ReLU: the in-place ReLU then
@@ -239,13 +268,7 @@ class DynamicResNet(ResNet):
             x = x.contiguous(memory_format=torch.channels_last)
             x = self.relu(self.norm1(self.conv1(x)))
         x = self.maxpool(x.contiguous(memory_format=torch.channels_last))
-        x = _ToContiguous.apply(x)
-        outs = []
-        for i, layer_name in enumerate(self.res_layers):
-            x = getattr(self, layer_name)(x)
-            if i in self.out_indices:
-                outs.append(x)
-        return tuple(outs)
+        return _ToContiguous.apply(x)
 
     def train(self, mode=True):
         """mmdet's ``train`` (freezing, norm_eval), returning ``self``."""
