@@ -166,4 +166,7 @@ def assert_float32_as_accurate(model, stock, ref, x):
     stock_err = float32_errors(stock, ref, x)
     for name, err in fast_err.items():
         assert err <= 3 * stock_err[name] + 1e-6, (name, err, stock_err[name])
-    assert max(fast_err.values()) < 1e-2  # rounding, not a wrong formula
+        # Rounding, not a wrong formula; except where the float64 value is
+        # ~0 (ACmix's conv_p.bias: its gradients cancel exactly), so that
+        # both float32 paths give noise.
+        assert err < 1e-2 or stock_err[name] > 1e-3, (name, err)

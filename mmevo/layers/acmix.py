@@ -18,6 +18,7 @@ from .fastpath import (
     pointwise,
     takes_cpu_fastpath,
     takes_fused_cpu,
+    takes_onednn_conv1x1,
 )
 
 
@@ -53,6 +54,49 @@ def _row_scale(weight, head, q_scale):
     return scale.view(-1, 1)
 
 
+def _rows_as_batch(x):
+    """``x`` (B, C, H, W) as a channels_last (B * H, C, 1, W) view of its
+    channels_last copy: a 1x1 convolution of it is the projection with the
+    pixels as rows, and from 16 rows PyTorch runs it on oneDNN, forward and
+    backward (weight gradient included), even on one thread (a 1x1 conv of
+    a batch below 16 takes its native kernel there)."""
+    B, C, H, W = x.shape
+    rows = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+    return rows.reshape(B * H, 1, W, C).permute(0, 3, 1, 2)
+
+
+def _onednn_projection_grads(ctx, grad, x, weight, scale):
+    """The gradients of x, weight and bias of :class:`_Projection` on
+    oneDNN: ``convolution_backward`` of the rows-as-batch convolution, the
+    query scale folded into the weight for x's gradient and applied to the
+    weight's and bias's rows. x's channels_last copy is made again rather
+    than kept (it would be a third of the buffer, per layer)."""
+    B, C_in, H, W = x.shape
+    C3 = weight.shape[0]
+    g = grad.reshape(B * H, 1, W, C3).permute(0, 3, 1, 2)
+    grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+        g,
+        _rows_as_batch(x),
+        (weight * scale).view(C3, C_in, 1, 1),
+        [C3],
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+        list(ctx.needs_input_grad[:3]),
+    )
+    if grad_x is not None:
+        grad_x = grad_x.permute(0, 2, 3, 1).reshape(B, H, W, C_in)
+        grad_x = grad_x.permute(0, 3, 1, 2)
+    if grad_w is not None:
+        grad_w = grad_w.view(C3, C_in) * scale
+    if grad_b is not None:
+        grad_b = grad_b * scale.view(-1)
+    return grad_x, grad_w, grad_b
+
+
 class _Projection(torch.autograd.Function):
     """The fused q/k/v projection of ``x`` (B, C_in, H, W) as
     (B, H * W, 3C): the pixels as rows, i.e. channels_last, with no
@@ -70,12 +114,18 @@ class _Projection(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, pe, head, q_scale):
         B, C_in, H, W = x.shape
-        hd = weight.shape[0] // 3 // head
-        buf = torch.baddbmm(
-            bias,
-            x.reshape(B, C_in, H * W).transpose(1, 2),
-            weight.t().expand(B, -1, -1),
-        )
+        C3 = weight.shape[0]
+        hd = C3 // 3 // head
+        ctx.onednn = takes_onednn_conv1x1(x, weight)
+        if ctx.onednn:
+            y = F.conv2d(_rows_as_batch(x), weight.view(C3, C_in, 1, 1), bias)
+            buf = y.permute(0, 2, 3, 1).reshape(B, H * W, C3)
+        else:
+            buf = torch.baddbmm(
+                bias,
+                x.reshape(B, C_in, H * W).transpose(1, 2),
+                weight.t().expand(B, -1, -1),
+            )
         rows = buf.view(B, H, W, hd, 3, head)
         rows[..., 0, :].mul_(q_scale)
         rows[..., 1, :].sub_(
@@ -95,6 +145,13 @@ class _Projection(torch.autograd.Function):
         x3 = x.reshape(B, C_in, P).to(grad.dtype)
         weight = weight.to(grad.dtype)
         scale = _row_scale(weight, head, q_scale)
+        if ctx.onednn:
+            return (
+                *_onednn_projection_grads(ctx, grad, x, weight, scale),
+                None,
+                None,
+                None,
+            )
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             w = (weight * scale).t().expand(B, -1, -1)

@@ -318,11 +318,12 @@ ONEDNN_MIN_CHANNELS = 64
 
 def takes_onednn_conv1x1(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`conv1x1` runs a 1x1 convolution of ``x`` on oneDNN:
-    float32 (oneDNN's other dtypes were not measured to win), at least
-    :data:`ONEDNN_MIN_CHANNELS` input and output channels, oneDNN available
-    and enabled (``torch.backends.mkldnn``), autocast off."""
+    a CPU tensor, float32 (oneDNN's other dtypes were not measured to win),
+    at least :data:`ONEDNN_MIN_CHANNELS` input and output channels, oneDNN
+    available and enabled (``torch.backends.mkldnn``), autocast off."""
     return (
-        x.dtype == weight.dtype == torch.float32
+        x.device.type == 'cpu'
+        and x.dtype == weight.dtype == torch.float32
         and min(weight.shape[:2]) >= ONEDNN_MIN_CHANNELS
         and torch.backends.mkldnn.is_available()
         and torch.backends.mkldnn.enabled

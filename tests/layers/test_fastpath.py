@@ -395,6 +395,9 @@ def test_conv1x1_takes_onednn_in_float32_at_64_channels():
     assert not takes_onednn_conv1x1(x.bfloat16(), w.bfloat16())
     assert not takes_onednn_conv1x1(x, w[:63])
     assert not takes_onednn_conv1x1(x[:, :63], w[:, :63])
+    meta = x.to('meta'), w.to('meta')
+    assert not takes_onednn_conv1x1(*meta)
+    assert conv1x1(*meta).shape == (1, 64, 3, 3)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert not takes_onednn_conv1x1(x, w)
         assert conv1x1(x, w).dtype == torch.bfloat16  # autocast's matmul

@@ -6,13 +6,20 @@ saves no attention map), double backward, low precision, empty batches,
 and when it steps aside: kernel and module hooks, small maps, autocast, a
 forced backend, tracing."""
 
+import copy
+
 import pytest
 import torch
 
 from mmevo.layers import ACmix, LocalSelfAttention, set_cpu_fastpath
 from mmevo.ops import cpp_backend, use_backend
 
-from fastpath_helpers import assert_paths_equal, randomised, saved_bytes
+from fastpath_helpers import (
+    assert_float32_as_accurate,
+    assert_paths_equal,
+    randomised,
+    saved_bytes,
+)
 
 pytestmark = pytest.mark.skipif(
     not cpp_backend.available(), reason='the fused path runs C++ kernels'
@@ -245,3 +252,32 @@ def test_acmix_keeps_one_projection_buffer():
     pixels = 8 * 12 * 10
     maps = 16 + 48 + 16 + 4  # x, the buffer, the output, lse (4 heads)
     assert saved < 4 * pixels * (maps + 16), saved
+
+
+@pytest.mark.parametrize('shape', [(2, 64, 11, 10), (1, 64, 9, 7)])
+def test_acmix_float32_projection_on_onednn(threads, shape):
+    """ACmix wide enough for its projection on oneDNN (float32, 64 channels;
+    a batch of B * H rows of 16 or more, or fewer): every output and
+    gradient as close to the float64 stock graph as the float32 stock
+    graph's, and so is the double backward."""
+    torch.manual_seed(0)
+    layer = randomised(ACmix(64, 64, 7, 4, stride=2)).train()
+    ref = set_cpu_fastpath(copy.deepcopy(layer).double(), False)
+    stock = set_cpu_fastpath(copy.deepcopy(layer), False)
+    x = torch.randn(shape, dtype=torch.float64)
+    assert_float32_as_accurate(layer, stock, ref, x)
+
+    def double_backward(net, dtype):
+        inp = x.to(dtype).requires_grad_()
+        (g,) = torch.autograd.grad(
+            net(inp).square().sum(), inp, create_graph=True
+        )
+        (gg,) = torch.autograd.grad(g.square().sum(), inp)
+        return g.double(), gg.double()
+
+    for got, want in zip(
+        double_backward(layer, torch.float32),
+        double_backward(ref, torch.float64),
+        strict=True,
+    ):
+        assert (got - want).norm() / want.norm() < 1e-4

@@ -68,9 +68,9 @@ def build(name, builder='mmdet'):
 
 def resnet50_fastpath():
     """mmdet's ResNet-50 (its modules, keys and numbers) on the CPU fast
-    paths of mmevo's backbones (the stem's and the bottlenecks' 1x1 convs),
-    its 3x3 convs as they are: what those paths alone give a ResNet-50, to
-    set against what the dynamic layers give."""
+    paths of mmevo's backbones (the channels-last stem, the bottlenecks'
+    1x1 convs), its 3x3 convs as they are: what those paths alone give a
+    ResNet-50, to set against what the dynamic layers give."""
     from torch import nn
 
     from mmevo.models.backbones.dynamic_resnet import DynamicResNet
