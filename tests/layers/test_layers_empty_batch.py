@@ -24,6 +24,9 @@ LAYERS = {
     ),
     'elsa': (lambda: ELSA(24, 2, kernel_size=3, stride=2), 24, 24),
     'acmix': (lambda: ACmix(8, 12, 5, 3, stride=2), 8, 12),
+    # wide enough for oneDNN: its projection, the involution's 1x1 convs
+    'acmix_onednn': (lambda: ACmix(64, 64, 5, 4, stride=2), 64, 64),
+    'involution_onednn': (lambda: Involution(256, 7, 2), 256, 256),
 }
 
 
