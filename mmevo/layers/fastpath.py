@@ -285,10 +285,10 @@ def pointwise(
 ) -> torch.Tensor:
     """A 1x1, stride-1, ungrouped convolution as a batched matmul.
 
-    oneDNN's CPU 1x1 convolution (above all its backward) is 1.5-10x slower
-    than ``bmm`` at the sizes of the generation / projection convs and the
-    bottlenecks' reducing convs. Differentiable to any order (the backward
-    is made of matmuls).
+    oneDNN's CPU 1x1 convolution (above all its backward) is slower than
+    ``bmm`` below 64 channels, at the involution's generation convs (see
+    :func:`conv1x1`, which takes the faster). Differentiable to any order
+    (the backward is made of matmuls).
 
     Args:
         x (Tensor): (B, C_in, H, W).
@@ -344,14 +344,7 @@ def conv1x1(
     convolutions and the weight gradient a matmul (oneDNN's weight
     gradient is not reachable on one thread); 0.67-0.8x of the native
     train step at ResNet-50's widths from 28² down (``docs/benchmarks.md``).
-
-    Args:
-        x (Tensor): (B, C_in, H, W).
-        weight (Tensor): (C_out, C_in, 1, 1), as ``nn.Conv2d`` holds it.
-        bias (Tensor, optional): (C_out,).
-
-    Returns:
-        Tensor: (B, C_out, H, W), equal to ``F.conv2d(x, weight, bias)``.
+    Arguments and result as :func:`pointwise`'s.
 
     Example:
         >>> import torch

@@ -460,46 +460,31 @@ def main():
     clock = time.process_time if args.cpu_time else time.perf_counter
     torch.manual_seed(0)
     clock_name = 'CPU' if args.cpu_time else 'wall'
-    if args.inference:
-        print(
-            f'device={device} dtype={args.dtype} '
-            f'threads={torch.get_num_threads()} '
-            f'forward median of {args.repeat} ({clock_name} time)'
-        )
-        inference_layouts(device, dtype, args.repeat, clock)
-        return
-    if args.involution:
-        print(
-            f'device={device} dtype={args.dtype} '
-            f'threads={torch.get_num_threads()} '
-            f'fwd+bwd median of {args.repeat} ({clock_name} time); '
-            'peak = tensor bytes above the inputs'
-        )
-        involution_layers(device, dtype, args.repeat, clock)
-        return
-    if args.conv1x1:
-        print(
-            f'device={device} dtype={args.dtype} '
-            f'threads={torch.get_num_threads()} '
-            f'fwd+bwd median of {args.repeat} ({clock_name} time), B4'
-        )
-        conv1x1_paths(device, dtype, args.repeat, clock)
-        return
-    if args.attention:
-        print(
-            f'device={device} dtype={args.dtype} '
-            f'threads={torch.get_num_threads()} '
-            f'fwd+bwd median of {args.repeat} ({clock_name} time); '
-            'peak = tensor bytes above the inputs'
-        )
-        attention_layers(device, dtype, args.repeat, clock)
-        return
-    print(
-        f'device={device} dtype={args.dtype} '
-        f'threads={torch.get_num_threads()} '
+    where = (
+        f'device={device} dtype={args.dtype} threads={torch.get_num_threads()}'
+    )
+    train = (
         f'fwd+bwd median of {args.repeat} ({clock_name} time); '
         'peak = tensor bytes above the inputs'
     )
+    modes = {
+        'inference': (
+            inference_layouts,
+            f'forward median of {args.repeat} ({clock_name} time)',
+        ),
+        'involution': (involution_layers, train),
+        'conv1x1': (
+            conv1x1_paths,
+            f'fwd+bwd median of {args.repeat} ({clock_name} time), B4',
+        ),
+        'attention': (attention_layers, train),
+    }
+    for mode, (run, what) in modes.items():
+        if getattr(args, mode):
+            print(f'{where} {what}')
+            run(device, dtype, args.repeat, clock)
+            return
+    print(f'{where} {train}')
     header = '| shape (B·C·H²·K·G) |' + ''.join(
         f' {n} ms | {n} MiB |' for n in args.impls
     )
