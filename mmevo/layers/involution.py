@@ -16,12 +16,13 @@ from .fastpath import (
     takes_fused_cpu,
 )
 
-#: The smallest output map (pixels per image) where the fused op runs. At
-#: 56² and above it is faster than the unfused path; at 28² (RedNet-50's
-#: stage 2) the layer is even and the RedNet-50 train step too, for 2.3x
-#: less layer memory; below it the per-group kernel recomputation costs
-#: more time than the saved memory is worth (``docs/benchmarks.md``).
-FUSED_MIN_PIXELS = 28 * 28
+#: The smallest output map (pixels per image) where the fused op runs. From
+#: 28² it is faster than the unfused path; at 14² (RedNet-50's stage 3) the
+#: layer is within 4% and the RedNet-50 train step even, for half the layer
+#: memory (RedNet-50: 418 against 432 MiB); at 7² the per-group kernel
+#: recomputation on short rows takes 2x the unfused time
+#: (``docs/benchmarks.md``).
+FUSED_MIN_PIXELS = 14 * 14
 
 
 @MODELS.register_module()
@@ -40,7 +41,8 @@ class Involution(EvolutionLayer):
     are the published ones.
 
     On CPU in eager mode the 1x1 convolutions of the generation function run
-    as matmuls (:meth:`_kernel_weights_cpu`, the same modules and numbers)
+    on the faster of oneDNN and a matmul (:meth:`_kernel_weights_cpu`, the
+    same modules and numbers)
     while ``use_cpu_fastpath`` is True (see :mod:`mmevo.layers.fastpath`).
     Under the same switch, maps of at least :data:`FUSED_MIN_PIXELS` output
     pixels run the span convolution and the aggregation as one op,

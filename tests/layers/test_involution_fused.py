@@ -34,7 +34,7 @@ def kernel_map_saved(layer, x):
     return size in sizes
 
 
-# name: (layer, input shape); maps of >= 28² output pixels take the fused op.
+# name: (layer, input shape); maps of >= 14² output pixels take the fused op.
 LAYERS = {
     'k7': (lambda: Involution(16, 7), (2, 16, 28, 29)),
     'groups': (
@@ -141,7 +141,7 @@ def test_hooks_see_the_stock_graph():
 
 def test_falls_back_where_the_fused_op_cannot_or_does_not_win():
     """Autocast (mixed dtypes), a forced non-C++ backend and maps below
-    28² output pixels run the unfused path, with its numbers."""
+    14² output pixels run the unfused path, with its numbers."""
     torch.manual_seed(0)
     layer = randomised(Involution(16, 7))
     x = torch.randn(1, 16, 28, 28)
@@ -153,11 +153,12 @@ def test_falls_back_where_the_fused_op_cannot_or_does_not_win():
     torch.testing.assert_close(out, ref)
     with use_backend('torch'):
         assert kernel_map_saved(layer, x)
-    small = torch.randn(1, 16, 27, 28)
+    small = torch.randn(1, 16, 13, 15)
     assert kernel_map_saved(layer, small)
+    assert not kernel_map_saved(layer, torch.randn(1, 16, 14, 14))
     stride2 = randomised(Involution(16, 3, stride=2))
-    assert kernel_map_saved(stride2, torch.randn(1, 16, 53, 56))
-    assert not kernel_map_saved(stride2, torch.randn(1, 16, 56, 55))
+    assert kernel_map_saved(stride2, torch.randn(1, 16, 25, 28))
+    assert not kernel_map_saved(stride2, torch.randn(1, 16, 28, 27))
 
 
 def test_compile_and_tracing_see_the_stock_graph():
