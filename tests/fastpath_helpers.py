@@ -161,11 +161,15 @@ def assert_float32_as_accurate(model, stock, ref, x):
     """``model``'s float32 train step (its fast path) is as close to
     ``ref``'s in float64 as ``stock``'s (the same model on its stock
     graph) in float32: every output and gradient within 3x the stock
-    error (float32 BatchNorm over a small batch amplifies rounding)."""
+    error (float32 BatchNorm over a small batch amplifies rounding), or
+    within 1e-5, float32 rounding of a sum of ~10^4 terms (sqrt(N) units:
+    a scalar gradient such as ACmix's ``rate1``, one dot product, lands
+    anywhere from 1e-8 to 4e-6 with the summation order, which the CPU's
+    vector width and the thread count set)."""
     fast_err = float32_errors(model, ref, x)
     stock_err = float32_errors(stock, ref, x)
     for name, err in fast_err.items():
-        assert err <= 3 * stock_err[name] + 1e-6, (name, err, stock_err[name])
+        assert err <= 3 * stock_err[name] + 1e-5, (name, err, stock_err[name])
         # Rounding, not a wrong formula; except where the float64 value is
         # ~0 (ACmix's conv_p.bias: its gradients cancel exactly), so that
         # both float32 paths give noise.
