@@ -89,10 +89,15 @@ def test_fast_path_saves_no_more_than_stock(cls, tiny, size):
     assert fast <= stock, (fast, stock)
 
 
-def test_float32_fast_path_is_as_accurate_as_stock(threads):
-    """RedNet in float32, its blocks' 1x1 convs on oneDNN: every output and
-    gradient is as close to the float64 stock graph as the float32 stock
-    graph's (float32 BatchNorm over a small batch amplifies rounding)."""
+@pytest.mark.parametrize('backend', ['onednn', 'matmul'])
+def test_float32_fast_path_is_as_accurate_as_stock(
+    threads, backend, monkeypatch
+):
+    """RedNet in float32, its blocks' 1x1 convs on oneDNN or the matmul
+    (``MMEVO_CONV1X1``): every output and gradient is as close to the
+    float64 stock graph as the float32 stock graph's (float32 BatchNorm
+    over a small batch amplifies rounding)."""
+    monkeypatch.setenv('MMEVO_CONV1X1', backend)
     torch.manual_seed(0)
     model = helpers.randomised(RedNet(26, **TINY_RED)).train()
     ref = copy.deepcopy(model).double()
@@ -127,3 +132,103 @@ def test_forward_stem_is_the_input_of_layer1(cls, tiny):
     )
     for a, b in zip(got[0], got[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+class _Stem(nn.Module):
+    """A backbone's ``forward_stem`` as a module (for ``saved_bytes``)."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, x):
+        return self.backbone.forward_stem(x)
+
+
+def _stem_step(model, x, double):
+    """Stem output, input gradient, stem parameter gradients and buffers
+    after one backward (of a gradient penalty if ``double``)."""
+    x = x.clone().requires_grad_()
+    y = model.forward_stem(x)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    loss = (y * w.to(y.dtype)).sum()
+    if double:
+        (g,) = torch.autograd.grad(loss * loss, x, create_graph=True)
+        loss = (g * g).sum()
+    loss.backward()
+    grads = {
+        n: p.grad for n, p in model.named_parameters() if p.grad is not None
+    }
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    return y, x.grad, grads, buffers
+
+
+@pytest.mark.parametrize('double', [False, True], ids=['backward', 'double'])
+@pytest.mark.parametrize('norm_eval', [False, True])
+@pytest.mark.parametrize('cls,tiny', BACKBONES)
+def test_stem_fast_path_recomputes_like_the_stock_stem(
+    cls, tiny, norm_eval, double
+):
+    """The fast stem keeps only the inputs of its BN-ReLU(-pool) runs and
+    recomputes the rest in the backward: in float64 its output, the input
+    gradient, every stem parameter's gradient (twice differentiated too)
+    and the BN buffers (running statistics updated once, counted once)
+    equal the stock stem's, in a train step and with ``norm_eval``."""
+    torch.manual_seed(0)
+    model = helpers.randomised(cls(26, norm_eval=norm_eval, **tiny))
+    model = model.double().train()
+    x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
+    fast = _stem_step(set_cpu_fastpath(copy.deepcopy(model), True), x, double)
+    stock = _stem_step(set_cpu_fastpath(model, False), x, double)
+    for a, b in zip(fast[:2], stock[:2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert set(fast[2]) == set(stock[2]) and stock[2]
+    for name, g in stock[2].items():
+        scale = max(1.0, float(g.abs().max()))
+        torch.testing.assert_close(
+            fast[2][name], g, rtol=1e-10, atol=1e-12 * scale, msg=name
+        )
+    assert set(fast[3]) == set(stock[3])
+    for name, b in stock[3].items():
+        torch.testing.assert_close(fast[3][name], b, rtol=1e-12, atol=0)
+    tracked = stock[3][next(n for n in stock[3] if 'num_batches' in n)]
+    assert int(tracked) == (0 if norm_eval else 1)
+
+
+@pytest.mark.parametrize('cls,tiny', BACKBONES)
+def test_stem_fast_path_keeps_less_for_the_backward(cls, tiny):
+    """In a train step the fast stem does not keep the last ReLU's output
+    nor the max-pool's int64 indices, nor a deep stem's first conv output
+    (its input, the image, is all it keeps of that conv, BN and ReLU):
+    at least those bytes fewer than the stock stem saves. The stem's
+    involution runs stock on both paths, to leave it out of the count."""
+    torch.manual_seed(0)
+    model = cls(26, **tiny).train()
+    x = torch.rand(2, 3, 64, 64)
+    stem = _Stem(model)
+    if model.deep_stem:
+        set_cpu_fastpath(model.stem[1], False)
+    fast = helpers.saved_bytes(stem, x)
+    stock = helpers.saved_bytes(set_cpu_fastpath(stem, False), x)
+    channels = tiny['stem_channels']
+    relu_out = 2 * channels * 32 * 32 * 4
+    indices = 2 * channels * 16 * 16 * 8
+    first_conv_out = (
+        2 * (channels // 2) * 32 * 32 * 4 if model.deep_stem else 0
+    )
+    assert fast <= stock - relu_out - indices - first_conv_out, (fast, stock)
+
+
+def test_stem_with_group_norm_runs_its_modules():
+    """A norm the fast stem cannot replay (GN has no batch statistics to
+    reuse): it runs the modules as they are, the stock numbers."""
+    torch.manual_seed(0)
+    model = RedNet(26, norm_cfg=dict(type='GN', num_groups=4), **TINY_RED)
+    model = helpers.randomised(model).double().train()
+    x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
+    fast = _stem_step(set_cpu_fastpath(copy.deepcopy(model), True), x, False)
+    stock = _stem_step(set_cpu_fastpath(model, False), x, False)
+    for a, b in zip(fast[:2], stock[:2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for name, g in stock[2].items():
+        torch.testing.assert_close(fast[2][name], g, rtol=1e-9, atol=1e-10)
