@@ -69,6 +69,13 @@ def threads(request):
 
 
 @pytest.fixture
+def onednn_conv1x1(monkeypatch):
+    """The wide float32 1x1 convolutions on oneDNN whatever the host
+    (``MMEVO_CONV1X1``; by default oneDNN on AMD CPUs only)."""
+    monkeypatch.setenv('MMEVO_CONV1X1', 'onednn')
+
+
+@pytest.fixture
 def device():
     """``cuda`` on a GPU, else ``cpu`` (Triton kernels interpreted)."""
     return torch.device('cuda' if CUDA else 'cpu')

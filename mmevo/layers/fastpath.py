@@ -29,6 +29,7 @@ A layer whose fast path is a fused C++ op (the involution, local
 attention) takes it only when :func:`takes_fused_cpu` also holds.
 """
 
+import functools
 import os
 
 import torch
@@ -310,17 +311,59 @@ def pointwise(
 
 
 # Below this many input or output channels a 1x1 convolution is faster as
-# the matmul, above as oneDNN's (``benchmark_ops.py --conv1x1``: oneDNN
-# 0.66-0.86x of the matmul at ResNet-50's widths and the involution's 14²
-# and 7² generation convs, the matmul 0.70x of oneDNN at 16 -> 196).
+# the matmul, above as oneDNN's, where oneDNN wins at all
+# (``benchmark_ops.py --conv1x1``: oneDNN 0.66-0.86x of the matmul at
+# ResNet-50's widths and the involution's 14² and 7² generation convs, the
+# matmul 0.70x of oneDNN at 16 -> 196, on AMD EPYC).
 ONEDNN_MIN_CHANNELS = 64
+
+CONV1X1_ENV_VAR = 'MMEVO_CONV1X1'
+
+
+@functools.cache
+def _cpu_vendor() -> str:
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('vendor_id'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return ''
+
+
+def onednn_conv1x1_wins() -> bool:
+    """Whether this host runs the wide float32 1x1 convolutions on oneDNN
+    (:func:`takes_onednn_conv1x1`), from ``MMEVO_CONV1X1``: 'onednn',
+    'matmul', or 'auto' (the default), oneDNN on AMD CPUs only.
+
+    PyTorch's matmul is MKL's. On AMD EPYC (Zen) oneDNN's own kernels beat
+    it, 0.66-0.86x of its time from 64 channels, and took RedNet-50 from
+    0.98x to 0.81x of ResNet-50's train step; on an Intel Xeon (AVX-512,
+    AMX) MKL's matmul wins, oneDNN's convolutions taking 1.1-2x its time
+    and RedNet-50 1.08x of its step on the matmul, with one thread or two
+    (``docs/benchmarks.md``). Other CPUs were not measured: the matmul.
+
+    Returns:
+        bool: oneDNN for the wide float32 1x1 convolutions.
+    """
+    value = os.environ.get(CONV1X1_ENV_VAR, 'auto')
+    if value not in ('auto', 'onednn', 'matmul'):
+        raise ValueError(
+            f"{CONV1X1_ENV_VAR} must be 'auto', 'onednn' or 'matmul', got "
+            f'{value!r}'
+        )
+    if value == 'auto':
+        return _cpu_vendor() == 'AuthenticAMD'
+    return value == 'onednn'
 
 
 def takes_onednn_conv1x1(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`conv1x1` runs a 1x1 convolution of ``x`` on oneDNN:
     a CPU tensor, float32 (oneDNN's other dtypes were not measured to win),
     at least :data:`ONEDNN_MIN_CHANNELS` input and output channels, oneDNN
-    available and enabled (``torch.backends.mkldnn``), autocast off."""
+    available and enabled (``torch.backends.mkldnn``), autocast off, on a
+    host where oneDNN wins (:func:`onednn_conv1x1_wins`)."""
     return (
         x.device.type == 'cpu'
         and x.dtype == weight.dtype == torch.float32
@@ -328,6 +371,7 @@ def takes_onednn_conv1x1(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and torch.backends.mkldnn.is_available()
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled('cpu')
+        and onednn_conv1x1_wins()
     )
 
 

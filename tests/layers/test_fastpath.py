@@ -358,7 +358,9 @@ def test_pointwise_empty_batch():
     ],
 )
 @pytest.mark.parametrize('bias', [True, False])
-def test_conv1x1_equals_float64_conv2d(threads, shape, c_out, strided, bias):
+def test_conv1x1_equals_float64_conv2d(
+    threads, onednn_conv1x1, shape, c_out, strided, bias
+):
     """Values, gradients and double-backward gradients of the float32 op
     against conv2d in float64, on oneDNN and on the matmul."""
     gen = torch.Generator().manual_seed(shape[1] + c_out)
@@ -386,7 +388,7 @@ def test_conv1x1_equals_float64_conv2d(threads, shape, c_out, strided, bias):
         torch.testing.assert_close(a, r.float(), rtol=1e-5, atol=1e-4)
 
 
-def test_conv1x1_takes_onednn_in_float32_at_64_channels():
+def test_conv1x1_takes_onednn_in_float32_at_64_channels(onednn_conv1x1):
     """Other dtypes, narrower convs, autocast and oneDNN switched off take
     the matmul."""
     x, w = torch.randn(1, 64, 3, 3), torch.randn(64, 64, 1, 1)
@@ -406,6 +408,37 @@ def test_conv1x1_takes_onednn_in_float32_at_64_channels():
         torch.testing.assert_close(conv1x1(x, w), F.conv2d(x, w))
 
 
+def _vendor():
+    with open('/proc/cpuinfo') as f:
+        return next(
+            (line.split(':')[1].strip() for line in f if 'vendor_id' in line),
+            '',
+        )
+
+
+def test_conv1x1_backend_follows_mmevo_conv1x1(monkeypatch):
+    """``MMEVO_CONV1X1``: 'onednn' and 'matmul' choose for every host,
+    'auto' (or unset) takes oneDNN on AMD CPUs only, where it was measured
+    to beat PyTorch's matmul; anything else is refused, naming it. Either
+    way the numbers are the convolution's."""
+    x, w = torch.randn(2, 64, 3, 3), torch.randn(64, 64, 1, 1)
+    monkeypatch.setenv('MMEVO_CONV1X1', 'matmul')
+    assert not takes_onednn_conv1x1(x, w)
+    torch.testing.assert_close(conv1x1(x, w), F.conv2d(x, w))
+    monkeypatch.setenv('MMEVO_CONV1X1', 'onednn')
+    assert takes_onednn_conv1x1(x, w)
+    for value in ('auto', None):
+        if value is None:
+            monkeypatch.delenv('MMEVO_CONV1X1')
+        else:
+            monkeypatch.setenv('MMEVO_CONV1X1', value)
+        want = _vendor() == 'AuthenticAMD'
+        assert takes_onednn_conv1x1(x, w) == want
+    monkeypatch.setenv('MMEVO_CONV1X1', 'mkldnn')
+    with pytest.raises(ValueError, match="MMEVO_CONV1X1 must be 'auto'"):
+        conv1x1(x, w)
+
+
 def test_pointwise_autocast_bf16():
     """Under CPU autocast it computes in bf16; gradients keep their dtypes."""
     x = torch.randn(2, 8, 5, 4, requires_grad=True)
@@ -419,7 +452,9 @@ def test_pointwise_autocast_bf16():
 
 
 @pytest.mark.parametrize('size', [(9, 8), (28, 29)], ids=['unfused', 'fused'])
-def test_involution_float32_generation_convs_on_onednn(threads, size):
+def test_involution_float32_generation_convs_on_onednn(
+    threads, onednn_conv1x1, size
+):
     """An involution whose reduce conv (and, unfused, the span conv) is wide
     enough for oneDNN: in float32 as close to the float64 stock graph as
     the float32 stock graph."""

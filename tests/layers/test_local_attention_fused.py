@@ -255,7 +255,7 @@ def test_acmix_keeps_one_projection_buffer():
 
 
 @pytest.mark.parametrize('shape', [(2, 64, 11, 10), (1, 64, 9, 7)])
-def test_acmix_float32_projection_on_onednn(threads, shape):
+def test_acmix_float32_projection_on_onednn(threads, onednn_conv1x1, shape):
     """ACmix wide enough for its projection on oneDNN (float32, 64 channels;
     a batch of B * H rows of 16 or more, or fewer): every output and
     gradient as close to the float64 stock graph as the float32 stock
