@@ -227,8 +227,9 @@ class _Pointwise(torch.autograd.Function):
     are matmuls too, or (``onednn``) oneDNN's 1x1 convolutions.
 
     oneDNN's 1x1 conv backward is 1.5-10x slower on CPU than bmm's at the
-    generation convs' widths; PyTorch's native 1x1 kernel, which it takes
-    on one thread, is as slow as bmm, and oneDNN's forward 1.6-2.6x faster.
+    generation convs' widths; on AMD EPYC PyTorch's native 1x1 kernel,
+    which it takes on one thread, is as slow as bmm, and oneDNN's forward
+    1.6-2.6x faster.
     """
 
     @staticmethod
@@ -340,7 +341,7 @@ def onednn_conv1x1_wins() -> bool:
     PyTorch's matmul is MKL's. On AMD EPYC (Zen) oneDNN's own kernels beat
     it, 0.66-0.86x of its time from 64 channels, and took RedNet-50 from
     0.98x to 0.81x of ResNet-50's train step; on an Intel Xeon (AVX-512,
-    AMX) MKL's matmul wins, oneDNN's convolutions taking 1.1-2x its time
+    AMX) MKL's matmul wins, oneDNN's convolutions taking 1.1-1.6x its time
     and RedNet-50 1.08x of its step on the matmul, with one thread or two
     (``docs/benchmarks.md``). Other CPUs were not measured: the matmul.
 
@@ -386,8 +387,9 @@ def conv1x1(
     thread or a batch of 16 or more, and otherwise on its native kernel, as
     slow as the matmul: there ``y`` and the input gradient are oneDNN's
     convolutions and the weight gradient a matmul (oneDNN's weight
-    gradient is not reachable on one thread); 0.67-0.8x of the native
-    train step at ResNet-50's widths from 28² down (``docs/benchmarks.md``).
+    gradient is not reachable on one thread); on AMD EPYC 0.67-0.8x of the
+    native train step at ResNet-50's widths from 28² down
+    (``docs/benchmarks.md``).
     Arguments and result as :func:`pointwise`'s.
 
     Example:
