@@ -220,8 +220,8 @@ def test_stem_fast_path_keeps_less_for_the_backward(cls, tiny):
 
 
 def test_stem_with_group_norm_runs_its_modules():
-    """A norm the fast stem cannot replay (GN has no batch statistics to
-    reuse): it runs the modules as they are, the stock numbers."""
+    """A norm other than BatchNorm (GN here), which the fast stem does not
+    recompute: it runs the modules as they are, the stock numbers."""
     torch.manual_seed(0)
     model = RedNet(26, norm_cfg=dict(type='GN', num_groups=4), **TINY_RED)
     model = helpers.randomised(model).double().train()

@@ -47,7 +47,8 @@ reflect padding, which the stock layer makes explicit with ``F.pad``).
 the involution's generation widths (B4), forward + backward of the input
 and the weight: PyTorch's ``conv2d`` (its native kernel on one thread,
 oneDNN with more), mmevo's matmul (``pointwise``) and ``conv1x1``, which
-the bottlenecks' fast path takes in float32 (oneDNN).
+the bottlenecks' fast path takes (in float32 oneDNN from 64 channels where
+``MMEVO_CONV1X1`` says: by default on AMD CPUs, ``onednn`` on any).
 
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
@@ -262,7 +263,8 @@ CONV1X1_SHAPES = [
 def conv1x1_paths(device, dtype, repeat, clock):
     """Forward + backward of a 1x1 convolution: PyTorch's ``conv2d`` (its
     own choice of kernel), mmevo's matmul (``pointwise``) and
-    ``conv1x1`` (oneDNN), at :data:`CONV1X1_SHAPES`."""
+    ``conv1x1`` (oneDNN where ``MMEVO_CONV1X1`` takes it), at
+    :data:`CONV1X1_SHAPES`."""
     import torch.nn.functional as F
 
     from mmevo.layers.fastpath import conv1x1, pointwise
@@ -453,7 +455,7 @@ def main():
         '--conv1x1',
         action='store_true',
         help="a 1x1 conv, forward + backward: PyTorch's conv2d, mmevo's "
-        'matmul and its oneDNN conv1x1 (float32 CPU)',
+        'matmul and its conv1x1 (oneDNN where MMEVO_CONV1X1 takes it)',
     )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
