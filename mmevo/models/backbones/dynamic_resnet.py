@@ -64,16 +64,19 @@ class _ToChannelsLast(torch.autograd.Function):
 class _Replayed(torch.autograd.Function):
     """``run(x, *params, replay=False)``, keeping only ``x`` and ``params``
     for the backward, which runs ``run(x, *params, replay=True)`` again
-    and differentiates that. Twice differentiable: under ``create_graph``
+    and differentiates that, under the forward's autocast state (the
+    stock graph's dtypes). Twice differentiable: under ``create_graph``
     the replay is recorded like any forward."""
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type='cpu')
     def forward(ctx, run, x, *params):
         ctx.run = run
         ctx.save_for_backward(x, *params)
         return run(x, *params, replay=False)
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type='cpu')
     def backward(ctx, grad):
         x, *params = ctx.saved_tensors
         create_graph = torch.is_grad_enabled()
