@@ -143,15 +143,20 @@ def _replayed(x, conv, norm, act, pool=None):
             x = layer(x)
         return x
 
-    named = [(f'conv.{n}', p) for m in convs for n, p in m.named_parameters()]
-    named += [(f'norm.{n}', p) for n, p in norm.named_parameters()]
-    names = [n for n, _ in named]
-    params = [p for _, p in named]
+    # None where a module lacks one (no conv, no bias, a BN without affine).
+    params = [
+        getattr(m, name, None)
+        for m in (conv, norm)
+        for name in ('weight', 'bias')
+    ]
     if not (
         type(norm) is nn.BatchNorm2d
         and type(act) is nn.ReLU
         and torch.is_grad_enabled()
-        and (x.requires_grad or any(p.requires_grad for p in params))
+        and (
+            x.requires_grad
+            or any(p is not None and p.requires_grad for p in params)
+        )
     ):
         return stock(x)
     # What norm(x) normalises with, as BatchNorm's forward chooses.
@@ -160,20 +165,13 @@ def _replayed(x, conv, norm, act, pool=None):
     else:
         stats = (norm.running_mean.clone(), norm.running_var.clone())
 
-    def run(x, *tensors, replay):
+    def run(x, conv_w, conv_b, norm_w, norm_b, replay):
         if not replay:
             return stock(x)
-        p = dict(zip(names, tensors, strict=True))
         if conv is not None:
-            x = conv._conv_forward(x, p['conv.weight'], p.get('conv.bias'))
+            x = conv._conv_forward(x, conv_w, conv_b)
         x = F.batch_norm(
-            x,
-            *stats,
-            p.get('norm.weight'),
-            p.get('norm.bias'),
-            stats[0] is None,
-            0.0,
-            norm.eps,
+            x, *stats, norm_w, norm_b, stats[0] is None, 0.0, norm.eps
         )
         x = act(x)
         return x if pool is None else pool(x)
