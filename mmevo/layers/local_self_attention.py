@@ -14,12 +14,6 @@ from mmevo.registry import MODELS
 from .base import EvolutionLayer, InitCfg, check_divisible
 from .fastpath import cpu_fastpath_default, takes_fused_cpu
 
-#: The smallest output map (pixels per image) where the fused op runs: from
-#: 14² it is 1.3x faster than the stock ops; at 7² it is 5% slower (for
-#: 1.7x less memory of a layer that holds little), so the stock ops run
-#: there (``docs/benchmarks.md``).
-FUSED_MIN_PIXELS = 14 * 14
-
 
 @MODELS.register_module()
 class LocalSelfAttention(EvolutionLayer):
@@ -35,9 +29,8 @@ class LocalSelfAttention(EvolutionLayer):
     is a static depth-wise convolution of v with ``softmax(b)`` per head.
 
     On CPU in eager mode, while ``use_cpu_fastpath`` is True (see
-    :mod:`mmevo.layers.fastpath`), output maps of at least
-    :data:`FUSED_MIN_PIXELS` pixels run the correlation, softmax and
-    aggregation as one op, :func:`mmevo.ops.fused_local_attention` (C++),
+    :mod:`mmevo.layers.fastpath`), the correlation, softmax and
+    aggregation run as one op, :func:`mmevo.ops.fused_local_attention` (C++),
     which never writes the (B, heads, K, K, H_out, W_out) attention map and
     saves a per-pixel log-sum-exp for the backward instead: the same
     numbers, faster and in less memory (``docs/benchmarks.md``). The q, k
@@ -143,11 +136,7 @@ class LocalSelfAttention(EvolutionLayer):
 
     def _takes_fused(self, x: torch.Tensor) -> bool:
         """Whether the fused op runs this call (see the class docstring)."""
-        if x.dim() != 4:
-            return False
-        s = self.stride
-        pixels = -(-x.shape[-2] // s) * -(-x.shape[-1] // s)
-        return pixels >= FUSED_MIN_PIXELS and takes_fused_cpu(
+        return x.dim() == 4 and takes_fused_cpu(
             self, x, self.query.weight.dtype
         )
 

@@ -172,12 +172,12 @@ std::tuple<at::Tensor, at::Tensor> fused_local_attention_cpu(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(),
                                   "fused_local_attention", [&] {
     using A = at::opmath_type<scalar_t>;
-    MMEVO_ISA_CALL(attention_forward<scalar_t>(
+    MMEVO_ISA_CALL_ROWS(attention_forward<scalar_t>(
         query.data_ptr<scalar_t>(), strides(query, a.G), key.data_ptr<scalar_t>(),
         strides(key, a.G), value.data_ptr<scalar_t>(), strides(value, a.G),
         r.defined() ? r.data_ptr<scalar_t>() : nullptr,
         bias.defined() ? bias.data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(),
-        strides(out, a.G), lse.data_ptr<A>(), a));
+        strides(out, a.G), lse.data_ptr<A>(), a), a.Wo * sizeof(A));
   });
   return {out, lse};
 }
@@ -226,14 +226,14 @@ Grads fused_local_attention_backward_cpu(
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(),
                                     "fused_local_attention_backward", [&] {
       using A = at::opmath_type<scalar_t>;
-      MMEVO_ISA_CALL(attention_backward<scalar_t>(
+      MMEVO_ISA_CALL_ROWS(attention_backward<scalar_t>(
           grad.data_ptr<scalar_t>(), strides(grad, a.G), out.data_ptr<scalar_t>(),
           strides(out, a.G), l.data_ptr<A>(), query.data_ptr<scalar_t>(), strides(query, a.G),
           key.data_ptr<scalar_t>(), strides(key, a.G), value.data_ptr<scalar_t>(),
           strides(value, a.G),
           r.defined() ? r.data_ptr<scalar_t>() : nullptr,
           bias.defined() ? bias.data_ptr<scalar_t>() : nullptr, gq.data_ptr<scalar_t>(),
-          gk.data_ptr<A>(), gv.data_ptr<A>(), partial.data_ptr<A>(), a));
+          gk.data_ptr<A>(), gv.data_ptr<A>(), partial.data_ptr<A>(), a), a.Wo * sizeof(A));
     });
   }
   // The batch's partial sums in their order (deterministic).

@@ -19,18 +19,24 @@
 // per chunk, not per tap).
 
 constexpr int64_t kTaps = 8;      // taps of a chunk (one window row's)
-constexpr int64_t kAttnRows = 4;  // output rows of a forward task
+constexpr int64_t kAttnRows = 8;  // output rows of a forward task
 
 // The source index of each buffered row and phase column, -1 for a zero.
 struct AttnMaps {
-  int64_t L, Lrow;
-  std::vector<int64_t> cols;  // (s * L): input column of buffer column
+  int64_t L, Lrow, s;
+  std::vector<int64_t> cols;    // (s * L): input column of buffer column
+  std::vector<int64_t> m0, m1;  // (s): each phase's run of plain columns
 
   AttnMaps(const AttnShape& a, int64_t Wv)
-      : L(Wv + (a.K - 1) * a.d / a.s), Lrow(a.s * L), cols(a.s * L) {
-    for (int64_t ph = 0; ph < a.s; ++ph)
+      : L(Wv + (a.K - 1) * a.d / a.s), Lrow(a.s * L), s(a.s), cols(a.s * L), m0(a.s), m1(a.s) {
+    for (int64_t ph = 0; ph < a.s; ++ph) {
+      // Buffer columns ph * L + m, m in [m0, m1), read input columns
+      // m * s + ph - p in [0, W): no padding, no reflection.
+      m0[ph] = std::min(L, ceil_div(std::max<int64_t>(0, a.p - ph), a.s));
+      m1[ph] = std::max(m0[ph], std::min(L, ceil_div(a.W + a.p - ph, a.s)));
       for (int64_t m = 0; m < L; ++m)
         cols[ph * L + m] = source_index(m * a.s + ph - a.p, a.W, a.reflect);
+    }
   }
 
   // Buffer column of window column v (dilation d) for output column 0.
@@ -38,38 +44,100 @@ struct AttnMaps {
     return (v * a.d) % a.s * L + (v * a.d) / a.s;
   }
 
-  // dst (Lrow) = input row h of the plane src (strides sh, sw); zeros for
-  // a row outside the map (zeros padding).
+  // nc buffer rows (Lrow each, channel stride ds in dst) = input row h of
+  // nc planes of src (channel stride sc, strides sh, sw); zeros for a row
+  // outside the map (zeros padding). Planes with contiguous rows are read
+  // a row at a time, the plain run as one strided loop; channels-last ones
+  // a pixel at a time, its channels inner, so that each cache line of the
+  // map is fetched once rather than once per channel.
   template <typename T, typename A>
-  void load(A* __restrict__ dst, const T* __restrict__ src, int64_t h, int64_t sh,
-            int64_t sw) const {
+  void load(A* __restrict__ dst, int64_t ds, const T* __restrict__ src, int64_t sc, int64_t nc,
+            int64_t h, int64_t sh, int64_t sw) const {
     if (h < 0) {
-      std::fill(dst, dst + Lrow, A(0));
+      for (int64_t ch = 0; ch < nc; ++ch) std::fill(dst + ch * ds, dst + ch * ds + Lrow, A(0));
       return;
     }
     const T* row = src + h * sh;
+    if (sw <= sc || nc == 1) {
+      const int64_t step = s * sw;
+      for (int64_t ch = 0; ch < nc; ++ch) {
+        A* d = dst + ch * ds;
+        const T* r = row + ch * sc;
+        for (int64_t ph = 0; ph < s; ++ph) {
+          const int64_t base = ph * L, a0 = m0[ph], a1 = m1[ph];
+          for (int64_t m = 0; m < a0; ++m) {
+            const int64_t c = cols[base + m];
+            d[base + m] = c < 0 ? A(0) : static_cast<A>(r[c * sw]);
+          }
+          if (a1 > a0) {
+            const T* rp = r + cols[base + a0] * sw - a0 * step;
+            if (step == 1)
+              for (int64_t m = a0; m < a1; ++m) d[base + m] = static_cast<A>(rp[m]);
+            else
+              for (int64_t m = a0; m < a1; ++m) d[base + m] = static_cast<A>(rp[m * step]);
+          }
+          for (int64_t m = a1; m < L; ++m) {
+            const int64_t c = cols[base + m];
+            d[base + m] = c < 0 ? A(0) : static_cast<A>(r[c * sw]);
+          }
+        }
+      }
+      return;
+    }
     for (int64_t e = 0; e < Lrow; ++e) {
       const int64_t c = cols[e];
-      dst[e] = c < 0 ? A(0) : static_cast<A>(row[c * sw]);
+      if (c < 0) {
+        for (int64_t ch = 0; ch < nc; ++ch) dst[ch * ds + e] = A(0);
+      } else {
+        const T* px = row + c * sw;
+        for (int64_t ch = 0; ch < nc; ++ch) dst[ch * ds + e] = static_cast<A>(px[ch * sc]);
+      }
     }
   }
 
   // The transpose of load: row h of the plane dst (contiguous, width W)
-  // += src, reflected columns folded onto their source, zeros dropped.
+  // += src, reflected columns folded onto their source, zeros dropped; the
+  // plain run of each phase as one strided loop.
   template <typename A>
   void fold(A* __restrict__ dst, const A* __restrict__ src, int64_t h, int64_t W) const {
     if (h < 0) return;
     A* row = dst + h * W;
-    for (int64_t e = 0; e < Lrow; ++e)
-      if (cols[e] >= 0) row[cols[e]] += src[e];
+    for (int64_t ph = 0; ph < s; ++ph) {
+      const int64_t base = ph * L, a0 = m0[ph], a1 = m1[ph];
+      for (int64_t m = 0; m < a0; ++m)
+        if (cols[base + m] >= 0) row[cols[base + m]] += src[base + m];
+      if (a1 > a0) {
+        A* rp = row + cols[base + a0] - a0 * s;
+        if (s == 1)
+          for (int64_t m = a0; m < a1; ++m) rp[m] += src[base + m];
+        else
+          for (int64_t m = a0; m < a1; ++m) rp[m * s] += src[base + m];
+      }
+      for (int64_t m = a1; m < L; ++m)
+        if (cols[base + m] >= 0) row[cols[base + m]] += src[base + m];
+    }
   }
 };
 
+// nc rows of dst (channel stride ds, Wv each, zeros past n) = n pixels of
+// nc rows of src (channel stride sc, pixel stride sw), in load's order.
 template <typename T, typename A>
-inline void load_row(A* __restrict__ dst, const T* __restrict__ src, int64_t sw, int64_t n,
-                     int64_t Wv) {
-  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<A>(src[j * sw]);
-  std::fill(dst + n, dst + Wv, A(0));
+inline void load_rows(A* __restrict__ dst, int64_t ds, const T* __restrict__ src, int64_t sc,
+                      int64_t nc, int64_t sw, int64_t n, int64_t Wv) {
+  if (sw <= sc || nc == 1) {
+    for (int64_t ch = 0; ch < nc; ++ch) {
+      A* d = dst + ch * ds;
+      const T* r = src + ch * sc;
+      if (sw == 1)
+        for (int64_t j = 0; j < n; ++j) d[j] = static_cast<A>(r[j]);
+      else
+        for (int64_t j = 0; j < n; ++j) d[j] = static_cast<A>(r[j * sw]);
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t ch = 0; ch < nc; ++ch) dst[ch * ds + j] = static_cast<A>(src[j * sw + ch * sc]);
+  }
+  for (int64_t ch = 0; ch < nc; ++ch) std::fill(dst + ch * ds + n, dst + ch * ds + Wv, A(0));
 }
 
 template <typename A, typename vec>
@@ -94,12 +162,20 @@ inline void add_v(A* p, vec v) {
   store_v<A, vec>(p, load_v<A, vec>(p) + v);
 }
 
+// The buffer offset of tap t of a chunk whose taps are at off[0..NT):
+// UNIT (stride and dilation 1), consecutive columns, so that the loads
+// take constant displacements instead of NT offset registers.
+template <bool UNIT>
+__attribute__((always_inline)) inline int64_t tap_at(const int64_t* off, int t) {
+  return UNIT ? off[0] + t : off[t];
+}
+
 // The logits of NT taps of window row u for the columns [jv, jv + V) of
 // one output row: lg[t] = init[t] + sum_c q[c] * k[c, tap t]. q: Cg rows
 // at qb + c * qs; k: the buffered row of window row u at kb, channel
 // stride ks, tap t at koff[t]; init (vectors, or null for zeros): the
 // taps' q . r + bias (rel_logits).
-template <typename A, typename vec, int NT>
+template <typename A, typename vec, bool UNIT, int NT>
 __attribute__((always_inline)) inline void chunk_logits(
     vec (&lg)[kTaps], const A* qb, int64_t qs, const A* kb, int64_t ks, const int64_t* koff,
     int64_t Cg, const A* init) {
@@ -109,7 +185,7 @@ __attribute__((always_inline)) inline void chunk_logits(
     const vec qv = load_v<A, vec>(qb + c * qs);
     const A* kc = kb + c * ks;
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) lg[t] += qv * load_v<A, vec>(kc + koff[t]);
+    for (int t = 0; t < NT; ++t) lg[t] += qv * load_v<A, vec>(kc + tap_at<UNIT>(koff, t));
   }
 }
 
@@ -134,13 +210,13 @@ __attribute__((always_inline)) inline void rel_block(A* out, const A* qb, int64_
 
 // One chunk of the forward's online softmax: m, l the running max and sum,
 // acc (Cvg vectors) the running weighted value sum, all per lane.
-template <typename A, typename vec, int NT>
+template <typename A, typename vec, bool UNIT, int NT>
 __attribute__((always_inline)) inline void forward_chunk(
     vec& m, vec& l, A* __restrict__ acc, const A* qb, int64_t qs, const A* kb, const A* vb,
     int64_t ks, int64_t vs, const int64_t* off, int64_t Cg, int64_t Cvg, const A* init) {
   constexpr int64_t V = sizeof(vec) / sizeof(A);
   vec lg[kTaps];
-  chunk_logits<A, vec, NT>(lg, qb, qs, kb, ks, off, Cg, init);
+  chunk_logits<A, vec, UNIT, NT>(lg, qb, qs, kb, ks, off, Cg, init);
   vec mn = m;
   for (int t = 0; t < NT; ++t) mn = vmax<A, vec>(mn, lg[t]);
   const vec scale = vexp<A, vec>(m - mn);
@@ -152,22 +228,24 @@ __attribute__((always_inline)) inline void forward_chunk(
     const A* vc = vb + c * vs;
     vec a = load_v<A, vec>(acc + c * V) * scale;
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) a += p[t] * load_v<A, vec>(vc + off[t]);
+    for (int t = 0; t < NT; ++t) a += p[t] * load_v<A, vec>(vc + tap_at<UNIT>(off, t));
     store_v<A, vec>(acc + c * V, a);
   }
 }
 
-// Dispatches a chunk template on its (run-time) number of taps.
-#define MMEVO_ATTN_CHUNK(fn, nt, ...)            \
-  switch (nt) {                                  \
-    case 8: fn<A, vec, 8>(__VA_ARGS__); break;   \
-    case 7: fn<A, vec, 7>(__VA_ARGS__); break;   \
-    case 6: fn<A, vec, 6>(__VA_ARGS__); break;   \
-    case 5: fn<A, vec, 5>(__VA_ARGS__); break;   \
-    case 4: fn<A, vec, 4>(__VA_ARGS__); break;   \
-    case 3: fn<A, vec, 3>(__VA_ARGS__); break;   \
-    case 2: fn<A, vec, 2>(__VA_ARGS__); break;   \
-    default: fn<A, vec, 1>(__VA_ARGS__);         \
+// Dispatches a chunk template on its (run-time) number of taps, after
+// the template arguments targs (parenthesised).
+#define MMEVO_ATTN_TARGS(...) __VA_ARGS__
+#define MMEVO_ATTN_CHUNK(fn, targs, nt, ...)                     \
+  switch (nt) {                                                  \
+    case 8: fn<MMEVO_ATTN_TARGS targs, 8>(__VA_ARGS__); break;   \
+    case 7: fn<MMEVO_ATTN_TARGS targs, 7>(__VA_ARGS__); break;   \
+    case 6: fn<MMEVO_ATTN_TARGS targs, 6>(__VA_ARGS__); break;   \
+    case 5: fn<MMEVO_ATTN_TARGS targs, 5>(__VA_ARGS__); break;   \
+    case 4: fn<MMEVO_ATTN_TARGS targs, 4>(__VA_ARGS__); break;   \
+    case 3: fn<MMEVO_ATTN_TARGS targs, 3>(__VA_ARGS__); break;   \
+    case 2: fn<MMEVO_ATTN_TARGS targs, 2>(__VA_ARGS__); break;   \
+    default: fn<MMEVO_ATTN_TARGS targs, 1>(__VA_ARGS__);         \
   }
 
 // out (K*K vectors) = each tap's q . r + bias for one column vector, once
@@ -179,7 +257,7 @@ inline void rel_logits(A* out, const A* qb, int64_t qs, int64_t Cg, const A* rel
   constexpr int64_t V = sizeof(vec) / sizeof(A);
   for (int64_t tap0 = 0; tap0 < KK; tap0 += kTaps) {
     const int64_t nt = std::min(kTaps, KK - tap0);
-    MMEVO_ATTN_CHUNK(rel_block, nt, out + tap0 * V, qb, qs, Cg, rel, bias, KK, tap0)
+    MMEVO_ATTN_CHUNK(rel_block, (A, vec), nt, out + tap0 * V, qb, qs, Cg, rel, bias, KK, tap0)
   }
 }
 
@@ -192,8 +270,10 @@ std::vector<A> to_acc(const T* src, int64_t n) {
 }
 
 // out (B, Cv, Ho, Wo) (strides so) and lse (B, G, Ho, Wo) contiguous in A.
-// Task: (b, g, kAttnRows output rows), every channel of the group; it
-// writes its pixels whole (no races, the same bits for any thread count).
+// Task: (b, kAttnRows output rows, g), every channel of the group, the
+// groups fastest: consecutive tasks read the same input rows (in a
+// channels-last map, the same cache lines). A task writes its pixels whole
+// (no races, the same bits for any thread count).
 template <typename T>
 void attention_forward(const T* __restrict__ q, GroupStrides sq, const T* __restrict__ k,
                        GroupStrides sk, const T* __restrict__ val, GroupStrides sv,
@@ -217,51 +297,55 @@ void attention_forward(const T* __restrict__ q, GroupStrides sq, const T* __rest
     std::vector<A> kb(Cg * R * Lrow), vb(Cvg * R * Lrow), qb(Cg * kAttnRows * Wv);
     std::vector<A> acc(std::max<int64_t>(1, Cvg) * V), qr(KK * V);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t ib = t % nIB, bg = t / nIB, b = bg / a.G, grp = bg % a.G;
+      const int64_t grp = t % a.G, ib = t / a.G % nIB, b = t / a.G / nIB, bg = b * a.G + grp;
       const int64_t i0 = ib * kAttnRows, ni = std::min(kAttnRows, a.Ho - i0);
       const int64_t r0 = i0 * a.s - a.p, nr = (ni - 1) * a.s + span + 1;
       const A* rg = rel ? ra.data() + grp * Cg * KK : nullptr;
       const A* bgp = bias ? ba.data() + grp * KK : nullptr;
-      for (int64_t c = 0; c < Cg; ++c) {
-        const T* kp = k + b * sk.b + grp * sk.g + c * sk.c;
-        for (int64_t rr = 0; rr < nr; ++rr)
-          maps.load(kb.data() + (c * R + rr) * Lrow, kp, source_index(r0 + rr, a.H, a.reflect),
-                    sk.h, sk.w);
-        const T* qp = q + b * sq.b + grp * sq.g + c * sq.c;
-        for (int64_t n = 0; n < ni; ++n)
-          load_row(qb.data() + (c * kAttnRows + n) * Wv, qp + (i0 + n) * sq.h, sq.w, a.Wo, Wv);
+      const T* kp = k + b * sk.b + grp * sk.g;
+      const T* vp = val + b * sv.b + grp * sv.g;
+      for (int64_t rr = 0; rr < nr; ++rr) {
+        const int64_t h = source_index(r0 + rr, a.H, a.reflect);
+        maps.load(kb.data() + rr * Lrow, R * Lrow, kp, sk.c, Cg, h, sk.h, sk.w);
+        maps.load(vb.data() + rr * Lrow, R * Lrow, vp, sv.c, Cvg, h, sv.h, sv.w);
       }
-      for (int64_t c = 0; c < Cvg; ++c) {
-        const T* vp = val + b * sv.b + grp * sv.g + c * sv.c;
-        for (int64_t rr = 0; rr < nr; ++rr)
-          maps.load(vb.data() + (c * R + rr) * Lrow, vp, source_index(r0 + rr, a.H, a.reflect),
-                    sv.h, sv.w);
-      }
+      const T* qp = q + b * sq.b + grp * sq.g;
       for (int64_t n = 0; n < ni; ++n)
-        for (int64_t jv = 0; jv < Wv; jv += V) {
-          vec m = vec{} - std::numeric_limits<A>::infinity(), l = {};
-          std::fill(acc.begin(), acc.end(), A(0));
-          const A* qn = qb.data() + n * Wv + jv;
-          if (rg || bgp) rel_logits<A, vec>(qr.data(), qn, kAttnRows * Wv, Cg, rg, bgp, KK);
-          for (int64_t u = 0; u < a.K; ++u) {
-            const int64_t rr = n * a.s + u * a.d;
-            const A* kr = kb.data() + rr * Lrow + jv;
-            const A* vr = vb.data() + rr * Lrow + jv;
-            for (int64_t v0 = 0; v0 < a.K; v0 += kTaps) {
-              const int64_t nt = std::min(kTaps, a.K - v0), tap = u * a.K + v0;
-              const A* init = rg || bgp ? qr.data() + tap * V : nullptr;
-              MMEVO_ATTN_CHUNK(forward_chunk, nt, m, l, acc.data(), qn, kAttnRows * Wv, kr, vr,
-                               R * Lrow, R * Lrow, off.data() + v0, Cg, Cvg, init)
+        load_rows(qb.data() + n * Wv, kAttnRows * Wv, qp + (i0 + n) * sq.h, sq.c, Cg, sq.w, a.Wo,
+                  Wv);
+      auto rows = [&](auto unit) {
+        constexpr bool kUnit = decltype(unit)::value;
+        for (int64_t n = 0; n < ni; ++n)
+          for (int64_t jv = 0; jv < Wv; jv += V) {
+            vec m = vec{} - std::numeric_limits<A>::infinity(), l = {};
+            std::fill(acc.begin(), acc.end(), A(0));
+            const A* qn = qb.data() + n * Wv + jv;
+            if (rg || bgp) rel_logits<A, vec>(qr.data(), qn, kAttnRows * Wv, Cg, rg, bgp, KK);
+            for (int64_t u = 0; u < a.K; ++u) {
+              const int64_t rr = n * a.s + u * a.d;
+              const A* kr = kb.data() + rr * Lrow + jv;
+              const A* vr = vb.data() + rr * Lrow + jv;
+              for (int64_t v0 = 0; v0 < a.K; v0 += kTaps) {
+                const int64_t nt = std::min(kTaps, a.K - v0), tap = u * a.K + v0;
+                const A* init = rg || bgp ? qr.data() + tap * V : nullptr;
+                MMEVO_ATTN_CHUNK(forward_chunk, (A, vec, kUnit), nt, m, l, acc.data(), qn,
+                                 kAttnRows * Wv, kr, vr, R * Lrow, R * Lrow, off.data() + v0,
+                                 Cg, Cvg, init)
+              }
             }
+            const int64_t i = i0 + n, nj = std::min(V, a.Wo - jv);
+            const vec r = 1 / l;
+            T* op = out + b * so.b + grp * Cvg * so.c + i * so.h + jv * so.w;
+            for (int64_t c = 0; c < Cvg; ++c)
+              store_lanes<T, A>(op + c * so.c, load_v<A, vec>(acc.data() + c * V) * r, nj, so.w);
+            A* lp = lse + (bg * a.Ho + i) * a.Wo + jv;
+            for (int64_t e = 0; e < nj; ++e) lp[e] = m[e] + std::log(l[e]);
           }
-          const int64_t i = i0 + n, nj = std::min(V, a.Wo - jv);
-          const vec r = 1 / l;
-          T* op = out + b * so.b + grp * Cvg * so.c + i * so.h + jv * so.w;
-          for (int64_t c = 0; c < Cvg; ++c)
-            store_lanes<T, A>(op + c * so.c, load_v<A, vec>(acc.data() + c * V) * r, nj, so.w);
-          A* lp = lse + (bg * a.Ho + i) * a.Wo + jv;
-          for (int64_t e = 0; e < nj; ++e) lp[e] = m[e] + std::log(l[e]);
-        }
+      };
+      if (a.s == 1 && a.d == 1)
+        rows(std::true_type{});
+      else
+        rows(std::false_type{});
     }
   });
 }
@@ -290,7 +374,7 @@ struct BwdRow {
 // (dP - D) of each row, then every scatter and sum they feed. Each key and
 // value load serves the NR rows, and each grad_key / grad_value vector is
 // read and written once for them.
-template <typename A, typename vec, int NR, int NT>
+template <typename A, typename vec, bool UNIT, int NR, int NT>
 __attribute__((always_inline)) inline void backward_rows(
     const BwdRow<A>* rows, const A* kb, const A* vb, int64_t ks, int64_t vs,
     const int64_t* off, int64_t Cg, int64_t Cvg, int64_t rs, A* __restrict__ gkb,
@@ -306,7 +390,7 @@ __attribute__((always_inline)) inline void backward_rows(
     const A* kc = kb + c * ks;
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const vec kv = load_v<A, vec>(kc + off[t]);
+      const vec kv = load_v<A, vec>(kc + tap_at<UNIT>(off, t));
       for (int n = 0; n < NR; ++n) lg[n][t] += qv[n] * kv;
     }
   }
@@ -316,7 +400,7 @@ __attribute__((always_inline)) inline void backward_rows(
     const A* vc = vb + c * vs;
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const vec vv = load_v<A, vec>(vc + off[t]);
+      const vec vv = load_v<A, vec>(vc + tap_at<UNIT>(off, t));
       for (int n = 0; n < NR; ++n) dp[n][t] += gv[n] * vv;
     }
   }
@@ -336,7 +420,7 @@ __attribute__((always_inline)) inline void backward_rows(
     for (int n = 0; n < NR; ++n) g[n] = load_v<A, vec>(rows[n].gq + c * V);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const vec kv = load_v<A, vec>(kc + off[t]);
+      const vec kv = load_v<A, vec>(kc + tap_at<UNIT>(off, t));
       for (int n = 0; n < NR; ++n)
         g[n] += ds[n][t] * (rel ? kv + rows[n].rel[c * rs + t] : kv);
     }
@@ -354,28 +438,28 @@ __attribute__((always_inline)) inline void backward_rows(
     for (int64_t c = 0; c < Cg; ++c) {
       vec sum = ds[0][t] * load_v<A, vec>(rows[0].q + c * V);
       for (int n = 1; n < NR; ++n) sum += ds[n][t] * load_v<A, vec>(rows[n].q + c * V);
-      add_v<A, vec>(gkb + c * ks + off[t], sum);
+      add_v<A, vec>(gkb + c * ks + tap_at<UNIT>(off, t), sum);
     }
     for (int64_t c = 0; c < Cvg; ++c) {
       vec sum = p[0][t] * load_v<A, vec>(rows[0].gy + c * V);
       for (int n = 1; n < NR; ++n) sum += p[n][t] * load_v<A, vec>(rows[n].gy + c * V);
-      add_v<A, vec>(gvb + c * vs + off[t], sum);
+      add_v<A, vec>(gvb + c * vs + tap_at<UNIT>(off, t), sum);
     }
   }
 }
 
-template <typename A, typename vec, int NT>
+template <typename A, typename vec, bool UNIT, int NT>
 inline void backward_one(const BwdRow<A>* rows, const A* kb, const A* vb, int64_t ks,
                          int64_t vs, const int64_t* off, int64_t Cg, int64_t Cvg, int64_t rs,
                          A* gkb, A* gvb) {
-  backward_rows<A, vec, 1, NT>(rows, kb, vb, ks, vs, off, Cg, Cvg, rs, gkb, gvb);
+  backward_rows<A, vec, UNIT, 1, NT>(rows, kb, vb, ks, vs, off, Cg, Cvg, rs, gkb, gvb);
 }
 
-template <typename A, typename vec, int NT>
+template <typename A, typename vec, bool UNIT, int NT>
 inline void backward_two(const BwdRow<A>* rows, const A* kb, const A* vb, int64_t ks,
                          int64_t vs, const int64_t* off, int64_t Cg, int64_t Cvg, int64_t rs,
                          A* gkb, A* gvb) {
-  backward_rows<A, vec, 2, NT>(rows, kb, vb, ks, vs, off, Cg, Cvg, rs, gkb, gvb);
+  backward_rows<A, vec, UNIT, 2, NT>(rows, kb, vb, ks, vs, off, Cg, Cvg, rs, gkb, gvb);
 }
 
 // The backward (see the top of fused_attention.cpp). gq (B, C, Ho, Wo) in
@@ -423,94 +507,95 @@ void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __re
       const int64_t b = bg / a.G, grp = bg % a.G;
       const A* rg = rel ? ra.data() + grp * Cg * KK : nullptr;
       const A* bgp = bias ? ba.data() + grp * KK : nullptr;
-      for (int64_t c = 0; c < Cg; ++c) {
-        const T* kp = k + b * sk.b + grp * sk.g + c * sk.c;
-        for (int64_t rr = 0; rr < R; ++rr)
-          maps.load(kb.data() + (c * R + rr) * Lrow, kp, source_index(rr - a.p, a.H, a.reflect),
-                    sk.h, sk.w);
-      }
-      for (int64_t c = 0; c < Cvg; ++c) {
-        const T* vp = val + b * sv.b + grp * sv.g + c * sv.c;
-        for (int64_t rr = 0; rr < R; ++rr)
-          maps.load(vb.data() + (c * R + rr) * Lrow, vp, source_index(rr - a.p, a.H, a.reflect),
-                    sv.h, sv.w);
+      const T* kp = k + b * sk.b + grp * sk.g;
+      const T* vp = val + b * sv.b + grp * sv.g;
+      for (int64_t rr = 0; rr < R; ++rr) {
+        const int64_t h = source_index(rr - a.p, a.H, a.reflect);
+        maps.load(kb.data() + rr * Lrow, R * Lrow, kp, sk.c, Cg, h, sk.h, sk.w);
+        maps.load(vb.data() + rr * Lrow, R * Lrow, vp, sv.c, Cvg, h, sv.h, sv.w);
       }
       std::fill(gkb.begin(), gkb.end(), A(0));
       std::fill(gvb.begin(), gvb.end(), A(0));
       std::fill(grel.begin(), grel.end(), A(0));
       std::fill(gbias.begin(), gbias.end(), A(0));
       // Rows in pairs at stride and dilation 1 (they share buffered rows).
-      const bool pairs = a.s == 1 && a.d == 1;
-      for (int64_t i0 = 0, nr; i0 < a.Ho; i0 += nr) {
-        nr = pairs && i0 + 1 < a.Ho ? 2 : 1;
-        // The rows' q, grad_out, lse and D = sum_c grad_out * out; lanes
-        // past Wo are zeros, so their dlogit and P * grad_out are zero.
-        for (int64_t n = 0; n < nr; ++n) {
-          const int64_t i = i0 + n;
-          for (int64_t c = 0; c < Cg; ++c)
-            load_row(qb[n].data() + c * Wv, q + b * sq.b + grp * sq.g + c * sq.c + i * sq.h,
-                     sq.w, a.Wo, Wv);
-          std::fill(Db[n].begin(), Db[n].end(), A(0));
-          for (int64_t c = 0; c < Cvg; ++c) {
-            const int64_t ch = grp * Cvg + c;
-            A* gr = gyb[n].data() + c * Wv;
-            load_row(gr, gy + b * sg.b + ch * sg.c + i * sg.h, sg.w, a.Wo, Wv);
-            const T* orow = out + b * so.b + ch * so.c + i * so.h;
-            for (int64_t j = 0; j < a.Wo; ++j)
-              Db[n][j] += gr[j] * static_cast<A>(orow[j * so.w]);
-          }
-          load_row(lb[n].data(), lse + (bg * a.Ho + i) * a.Wo, 1, a.Wo, Wv);
-        }
-        for (int64_t jv = 0; jv < Wv; jv += V) {
-          BwdRow<A> row[2];
+      auto rows = [&](auto unit) {
+        constexpr bool kUnit = decltype(unit)::value;
+        for (int64_t i0 = 0, nr; i0 < a.Ho; i0 += nr) {
+          nr = kUnit && i0 + 1 < a.Ho ? 2 : 1;
+          // The rows' q, grad_out, lse and D = sum_c grad_out * out; lanes
+          // past Wo are zeros, so their dlogit and P * grad_out are zero.
           for (int64_t n = 0; n < nr; ++n) {
-            std::fill(gqb[n].begin(), gqb[n].end(), A(0));
-            for (int64_t c = 0; c < Cg; ++c)
-              std::memcpy(qv[n].data() + c * V, qb[n].data() + c * Wv + jv, sizeof(vec));
-            for (int64_t c = 0; c < Cvg; ++c)
-              std::memcpy(gv_[n].data() + c * V, gyb[n].data() + c * Wv + jv, sizeof(vec));
-            if (rg || bgp) rel_logits<A, vec>(qr[n].data(), qv[n].data(), V, Cg, rg, bgp, KK);
-            row[n] = BwdRow<A>{qv[n].data(), gv_[n].data(), nullptr, nullptr,
-                               lb[n].data() + jv, Db[n].data() + jv, gqb[n].data(),
-                               nullptr, nullptr};
+            const int64_t i = i0 + n;
+            load_rows(qb[n].data(), Wv, q + b * sq.b + grp * sq.g + i * sq.h, sq.c, Cg, sq.w, a.Wo,
+                      Wv);
+            std::fill(Db[n].begin(), Db[n].end(), A(0));
+            load_rows(gyb[n].data(), Wv, gy + b * sg.b + grp * Cvg * sg.c + i * sg.h, sg.c, Cvg,
+                      sg.w, a.Wo, Wv);
+            for (int64_t c = 0; c < Cvg; ++c) {
+              const int64_t ch = grp * Cvg + c;
+              const A* gr = gyb[n].data() + c * Wv;
+              const T* orow = out + b * so.b + ch * so.c + i * so.h;
+              for (int64_t j = 0; j < a.Wo; ++j)
+                Db[n][j] += gr[j] * static_cast<A>(orow[j * so.w]);
+            }
+            load_rows(lb[n].data(), Wv, lse + (bg * a.Ho + i) * a.Wo, 0, 1, 1, a.Wo, Wv);
           }
-          // Buffered row rr = i0 * s + e * d; row n reads it through window
-          // row u = e - n (pairs: s = d = 1).
-          for (int64_t e = 0; e < a.K + nr - 1; ++e) {
-            const int64_t rr = i0 * a.s + e * a.d;
-            BwdRow<A> act[2];
-            int64_t us[2], ns[2], na = 0;
-            for (int64_t n = 0; n < nr; ++n)
-              if (e - n >= 0 && e - n < a.K) act[na] = row[n], ns[na] = n, us[na++] = e - n;
-            const A* kr = kb.data() + rr * Lrow + jv;
-            const A* vr = vb.data() + rr * Lrow + jv;
-            A* gkr = gkb.data() + rr * Lrow + jv;
-            A* gvr = gvb.data() + rr * Lrow + jv;
-            for (int64_t v0 = 0; v0 < a.K; v0 += kTaps) {
-              const int64_t nt = std::min(kTaps, a.K - v0);
-              for (int64_t m = 0; m < na; ++m) {
-                const int64_t tap = us[m] * a.K + v0;
-                act[m].init = rg || bgp ? qr[ns[m]].data() + tap * V : nullptr;
-                act[m].rel = rg ? rg + tap : nullptr;
-                act[m].grel = rel ? grel.data() + tap * V : nullptr;
-                act[m].gbias = bias ? gbias.data() + tap * V : nullptr;
-              }
-              if (na == 2) {
-                MMEVO_ATTN_CHUNK(backward_two, nt, act, kr, vr, R * Lrow, R * Lrow,
-                                 off.data() + v0, Cg, Cvg, KK, gkr, gvr)
-              } else {
-                MMEVO_ATTN_CHUNK(backward_one, nt, act, kr, vr, R * Lrow, R * Lrow,
-                                 off.data() + v0, Cg, Cvg, KK, gkr, gvr)
+          for (int64_t jv = 0; jv < Wv; jv += V) {
+            BwdRow<A> row[2];
+            for (int64_t n = 0; n < nr; ++n) {
+              std::fill(gqb[n].begin(), gqb[n].end(), A(0));
+              for (int64_t c = 0; c < Cg; ++c)
+                std::memcpy(qv[n].data() + c * V, qb[n].data() + c * Wv + jv, sizeof(vec));
+              for (int64_t c = 0; c < Cvg; ++c)
+                std::memcpy(gv_[n].data() + c * V, gyb[n].data() + c * Wv + jv, sizeof(vec));
+              if (rg || bgp) rel_logits<A, vec>(qr[n].data(), qv[n].data(), V, Cg, rg, bgp, KK);
+              row[n] = BwdRow<A>{qv[n].data(), gv_[n].data(), nullptr, nullptr,
+                                 lb[n].data() + jv, Db[n].data() + jv, gqb[n].data(),
+                                 nullptr, nullptr};
+            }
+            // Buffered row rr = i0 * s + e * d; row n reads it through window
+            // row u = e - n (pairs: s = d = 1).
+            for (int64_t e = 0; e < a.K + nr - 1; ++e) {
+              const int64_t rr = i0 * a.s + e * a.d;
+              BwdRow<A> act[2];
+              int64_t us[2], ns[2], na = 0;
+              for (int64_t n = 0; n < nr; ++n)
+                if (e - n >= 0 && e - n < a.K) act[na] = row[n], ns[na] = n, us[na++] = e - n;
+              const A* kr = kb.data() + rr * Lrow + jv;
+              const A* vr = vb.data() + rr * Lrow + jv;
+              A* gkr = gkb.data() + rr * Lrow + jv;
+              A* gvr = gvb.data() + rr * Lrow + jv;
+              for (int64_t v0 = 0; v0 < a.K; v0 += kTaps) {
+                const int64_t nt = std::min(kTaps, a.K - v0);
+                for (int64_t m = 0; m < na; ++m) {
+                  const int64_t tap = us[m] * a.K + v0;
+                  act[m].init = rg || bgp ? qr[ns[m]].data() + tap * V : nullptr;
+                  act[m].rel = rg ? rg + tap : nullptr;
+                  act[m].grel = rel ? grel.data() + tap * V : nullptr;
+                  act[m].gbias = bias ? gbias.data() + tap * V : nullptr;
+                }
+                if (na == 2) {
+                  MMEVO_ATTN_CHUNK(backward_two, (A, vec, kUnit), nt, act, kr, vr, R * Lrow,
+                                   R * Lrow, off.data() + v0, Cg, Cvg, KK, gkr, gvr)
+                } else {
+                  MMEVO_ATTN_CHUNK(backward_one, (A, vec, kUnit), nt, act, kr, vr, R * Lrow,
+                                   R * Lrow, off.data() + v0, Cg, Cvg, KK, gkr, gvr)
+                }
               }
             }
+            const int64_t nj = std::min(V, a.Wo - jv);
+            for (int64_t n = 0; n < nr; ++n)
+              for (int64_t c = 0; c < Cg; ++c)
+                store_lanes<T, A>(gq + ((b * a.C + grp * Cg + c) * a.Ho + i0 + n) * a.Wo + jv,
+                                  load_v<A, vec>(gqb[n].data() + c * V), nj);
           }
-          const int64_t nj = std::min(V, a.Wo - jv);
-          for (int64_t n = 0; n < nr; ++n)
-            for (int64_t c = 0; c < Cg; ++c)
-              store_lanes<T, A>(gq + ((b * a.C + grp * Cg + c) * a.Ho + i0 + n) * a.Wo + jv,
-                                load_v<A, vec>(gqb[n].data() + c * V), nj);
         }
-      }
+      };
+      if (a.s == 1 && a.d == 1)
+        rows(std::true_type{});
+      else
+        rows(std::false_type{});
       for (int64_t c = 0; c < Cg; ++c) {
         A* plane = gk + (b * a.C + grp * Cg + c) * a.H * a.W;
         for (int64_t rr = 0; rr < R; ++rr)

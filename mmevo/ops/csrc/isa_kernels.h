@@ -58,6 +58,13 @@ constexpr int kVecBytes = 16;
 #define MMEVO_ISA_CALL(ns_call)                      \
   (fused::isa_level() == 2   ? avx512::ns_call       \
    : fused::isa_level() == 1 ? avx2::ns_call : base::ns_call)
+// For a kernel vectorised along the output columns, of rows of row_bytes
+// in the accumulation type: rows of at most 32 bytes take the AVX2 build,
+// whose vectors they fill twice as well (a 7-wide map fills 7 of 8 lanes,
+// not 7 of 16).
+#define MMEVO_ISA_CALL_ROWS(ns_call, row_bytes) \
+  (fused::isa_level() == 2 && (row_bytes) <= 32 ? avx2::ns_call : MMEVO_ISA_CALL(ns_call))
 #else
 #define MMEVO_ISA_CALL(ns_call) base::ns_call
+#define MMEVO_ISA_CALL_ROWS(ns_call, row_bytes) base::ns_call
 #endif
