@@ -465,3 +465,30 @@ def test_involution_float32_generation_convs_on_onednn(
     stock = set_cpu_fastpath(copy.deepcopy(layer), False)
     x = torch.randn(2, channels, *size, dtype=torch.float64)
     assert_float32_as_accurate(layer, stock, ref, x)
+
+
+@pytest.mark.parametrize('conv1x1', ['onednn', 'matmul'])
+@pytest.mark.parametrize(
+    'memory_format', [torch.contiguous_format, torch.channels_last]
+)
+def test_acmix_input_gradient_has_the_stock_layout(
+    monkeypatch, conv1x1, memory_format
+):
+    """ACmix's fast path gives its input's gradient in the layout of the
+    input, as the stock convolutions do: a channels_last gradient of an
+    NCHW map sends the ReLU before the layer to a 17x slower mixed-layout
+    backward (``threshold_backward``, (4, 64, 56, 56), two threads); the
+    values are the stock ones."""
+    monkeypatch.setenv('MMEVO_CONV1X1', conv1x1)
+    torch.manual_seed(0)
+    layer = randomised(ACmix(64, 64, 7, 4)).train()
+    stock = set_cpu_fastpath(copy.deepcopy(layer), False)
+    x = torch.randn(2, 64, 9, 10).contiguous(memory_format=memory_format)
+    grads = []
+    for module in (layer, stock):
+        xi = x.clone().requires_grad_()
+        y = module(xi)
+        (gx,) = torch.autograd.grad(y, xi, torch.ones_like(y))
+        assert gx.is_contiguous(memory_format=memory_format)
+        grads.append(gx)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-4)
