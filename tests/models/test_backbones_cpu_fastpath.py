@@ -42,6 +42,25 @@ def test_backbone_fast_path_equals_stock_with_checkpointing(cls, tiny):
     helpers.assert_paths_equal(model.train(), x)
 
 
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('cls,tiny', BACKBONES)
+def test_channels_last_model_fast_path_equals_stock(cls, tiny, mode):
+    """A model and input in channels_last (``model.to(memory_format=
+    torch.channels_last)``, a common CPU setting) train and infer on the
+    fast path to the stock numbers and gradients (the stem's in-place ReLU
+    once met its channels_last input as a custom Function's view), and the
+    input's gradient keeps the input's layout."""
+    torch.manual_seed(0)
+    model = helpers.randomised(cls(26, **tiny)).double()
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
+    x = x.contiguous(memory_format=torch.channels_last)
+    helpers.assert_paths_equal(model.train(mode == 'train'), x)
+    for on in (True, False):
+        grad = helpers.run(model, x, on)[1]
+        assert grad.is_contiguous(memory_format=torch.channels_last)
+
+
 def test_fast_paths_keep_nchw_outputs_and_gradient():
     """The channels_last stem hands the caller NCHW outputs and an NCHW
     input gradient, as the stock graph does."""

@@ -390,7 +390,11 @@ class DynamicResNet(ResNet):
             x = first(x) if parts is None else _replayed(x, *parts)
             for layer in head:
                 x = layer(x)
-            x = _ToChannelsLast.apply(x)
+            # A map already in channels_last (a channels_last model) goes
+            # on as it is: the Function would return it as a view, which
+            # the in-place ReLU may not modify.
+            if not x.is_contiguous(memory_format=torch.channels_last):
+                x = _ToChannelsLast.apply(x)
             x = relu(x) if relu is not None else x
             parts = _conv_norm_relu(tail)
             if parts is None:
