@@ -48,8 +48,8 @@ def test_channels_last_model_fast_path_equals_stock(cls, tiny, mode):
     """A model and input in channels_last (``model.to(memory_format=
     torch.channels_last)``, a common CPU setting) train and infer on the
     fast path to the stock numbers and gradients (the stem's in-place ReLU
-    once met its channels_last input as a custom Function's view), and the
-    input's gradient keeps the input's layout."""
+    must not meet its channels_last input as a custom Function's view),
+    and the input's gradient keeps the input's layout."""
     torch.manual_seed(0)
     model = helpers.randomised(cls(26, **tiny)).double()
     model = model.to(memory_format=torch.channels_last)
