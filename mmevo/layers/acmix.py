@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from mmevo.ops import (
     check_int,
+    cpp_backend,
     fused_local_attention,
     local_attention_weights,
 )
@@ -47,11 +48,11 @@ def position_map(
     ).unsqueeze(0)
 
 
-def _row_scale(weight, head, q_scale):
-    """(3C, 1): ``q_scale`` on the query rows of the (head_dim, {q, k, v},
-    head)-ordered projection, 1 on the others."""
-    scale = weight.new_ones(weight.shape[0] // 3 // head, 3, head)
-    scale[:, 0] = q_scale
+def _row_scale(weight, q_scale):
+    """(3C, 1): ``q_scale`` on the query rows of the ({q, k, v}, head,
+    head_dim)-ordered projection, 1 on the others."""
+    scale = weight.new_ones(3, weight.shape[0] // 3)
+    scale[0] = q_scale
     return scale.view(-1, 1)
 
 
@@ -104,8 +105,10 @@ class _Projection(torch.autograd.Function):
     transpose pass (oneDNN's grouped backward is ~15x faster on it).
 
     ``weight`` (3C, C_in) and ``bias`` (3C,) hold the rows of q, k and v
-    ordered (head_dim, {q, k, v}, head): the order in which the conv path's
-    grouped convolution reads them. The query rows come out scaled by
+    in the modules' order, ({q, k, v}, head, head_dim): a pixel's head is a
+    contiguous vector for the attention, and the conv path's groups (a
+    head_dim channel each) vectors along head_dim for
+    :class:`_GroupConv`. The query rows come out scaled by
     ``q_scale`` and ``pe`` (1, head_dim, H, W) subtracted from the key rows,
     in place. ``pe`` is taken as a constant here: its gradient is
     :class:`_SplitProjection`'s. The backward keeps x alone, and takes the
@@ -130,25 +133,24 @@ class _Projection(torch.autograd.Function):
                 x.reshape(B, C_in, H * W).transpose(1, 2),
                 weight.t().expand(B, -1, -1),
             )
-        rows = buf.view(B, H, W, hd, 3, head)
-        rows[..., 0, :].mul_(q_scale)
-        rows[..., 1, :].sub_(
-            pe.to(buf.dtype).permute(0, 2, 3, 1).unsqueeze(-1)
+        rows = buf.view(B, H, W, 3, head, hd)
+        rows[..., 0, :, :].mul_(q_scale)
+        rows[..., 1, :, :].sub_(
+            pe.to(buf.dtype).permute(0, 2, 3, 1).unsqueeze(-2)
         )
         ctx.save_for_backward(x, weight)
-        ctx.geometry = (head, q_scale)
+        ctx.q_scale = q_scale
         return buf
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        head, q_scale = ctx.geometry
         B, P, C3 = grad.shape
         C_in = x.shape[1]
         # In the dtype the forward ran in (autocast's, if it was on).
         x3 = x.reshape(B, C_in, P).to(grad.dtype)
         weight = weight.to(grad.dtype)
-        scale = _row_scale(weight, head, q_scale)
+        scale = _row_scale(weight, ctx.q_scale)
         if ctx.onednn:
             grad_x, grad_w, grad_b = _onednn_projection_grads(
                 ctx, grad, x, weight, scale
@@ -179,18 +181,21 @@ class _SplitProjection(torch.autograd.Function):
     """:class:`_Projection`'s buffer (B, H * W, 3C) -> the inputs of both
     ACmix paths, as views of it: the attention path's query (at stride s),
     key and value as grouped views (B, head, head_dim, ., .), and the conv
-    path's (B, 3C, H, W) input (which undoes the scale and shift in its
-    weights, see ``ACmix._forward_cpu``), so that the buffer is all the
-    backward keeps of them. One node rather than slicing, so that the
-    backward writes the four gradients into one buffer instead of summing
-    zero-filled copies of it; ``pe`` is taken for its gradient alone.
+    path's channels-last (B, 3C, H, W) input (which undoes the scale and
+    shift in its weights, see ``ACmix._forward_cpu``), so that the buffer
+    is all the backward keeps of them. One node rather than slicing, so
+    that the backward writes the four gradients into one buffer instead of
+    summing zero-filled copies of it: the conv path's gradient, which
+    :class:`_GroupConv` gives in the buffer's layout and nothing else
+    holds, takes the other three in place. ``pe`` is taken for its
+    gradient alone.
     """
 
     @staticmethod
     def forward(ctx, buf, pe, head, stride, H, W):
         B, _, C3 = buf.shape
-        rows = buf.view(B, H, W, C3 // 3 // head, 3, head)
-        heads = rows.permute(0, 4, 5, 3, 1, 2)  # (B, 3, head, hd, H, W)
+        rows = buf.view(B, H, W, 3, head, C3 // 3 // head)
+        heads = rows.permute(0, 3, 4, 5, 1, 2)  # (B, 3, head, hd, H, W)
         ctx.geometry = (head, stride)
         return (
             heads[:, 0, ..., ::stride, ::stride],
@@ -203,13 +208,19 @@ class _SplitProjection(torch.autograd.Function):
     def backward(ctx, g_query, g_key, g_value, g_conv):
         head, s = ctx.geometry
         B, C3, H, W = g_conv.shape
-        grad = g_conv.new_empty(B, H, W, C3)
-        grad.copy_(g_conv.permute(0, 2, 3, 1))
-        hd = C3 // 3 // head
-        rows = grad.view(B, H, W, hd, 3, head).permute(0, 4, 5, 3, 1, 2)
-        rows[:, 0, ..., ::s, ::s].add_(g_query)
-        rows[:, 1].add_(g_key)
-        rows[:, 2].add_(g_value)
+        grad = g_conv.permute(0, 2, 3, 1).contiguous()
+        if cpp_backend.available() and not torch.is_grad_enabled():
+            torch.ops.mmevo.acmix_add_heads_(
+                grad.view(B, H, W, 3, C3 // 3),
+                *(g.flatten(1, 2) for g in (g_query, g_key, g_value)),
+                s,
+            )
+        else:  # create_graph (a double backward follows), or no C++
+            hd = C3 // 3 // head
+            rows = grad.view(B, H, W, 3, head, hd).permute(0, 3, 4, 5, 1, 2)
+            rows[:, 0, ..., ::s, ::s].add_(g_query)
+            rows[:, 1].add_(g_key)
+            rows[:, 2].add_(g_value)
         # The conv path's share of pe's gradient, -sum(g_conv[k rows]), is
         # cancelled exactly by that of its correction (ACmix._forward_cpu),
         # so both are left out: in low precision their sum is noise.
@@ -222,6 +233,60 @@ class _SplitProjection(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _group_major(x, groups):
+    """``x`` (B, J * G, H, W), group g in the channels j * G + g, as the
+    (B, G * J, H, W) map (group g in g * J + j) that a grouped convolution
+    reads; ``groups`` is G. A copy."""
+    return x.unflatten(1, (-1, groups)).transpose(1, 2).flatten(1, 2)
+
+
+class _GroupConv(torch.autograd.Function):
+    """``F.conv2d(_group_major(x, groups), weight, None, stride, padding, 1,
+    groups)``, the conv path's grouped convolution, read from the
+    channels-last buffer in place, where the groups interleave
+    (``mmevo::acmix_conv``, vectors along the groups): oneDNN runs these
+    small groups (12 -> 4 channels) one at a time, in 1.3-2x the C++
+    kernel's time forward and 1.4-1.8x backward at ACmix-ResNet-50's
+    shapes (``docs/benchmarks.md``). x's gradient comes back
+    channels-last, the buffer's layout. A double backward takes the stock,
+    differentiable formula.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, groups, stride, padding):
+        ctx.save_for_backward(x, weight)
+        ctx.geometry = (groups, stride, padding)
+        return torch.ops.mmevo.acmix_conv(x, weight, groups, stride, padding)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        groups, stride, padding = ctx.geometry
+        mask = list(ctx.needs_input_grad[:2])
+        if torch.is_grad_enabled():  # create_graph
+            grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
+                grad,
+                _group_major(x, groups),
+                weight,
+                None,
+                [stride] * 2,
+                [padding] * 2,
+                [1, 1],
+                False,
+                [0, 0],
+                groups,
+                [*mask, False],
+            )
+            if grad_x is not None:  # back to x's channel order
+                grad_x = grad_x.unflatten(1, (groups, -1)).transpose(1, 2)
+                grad_x = grad_x.flatten(1, 2)
+        else:
+            grad_x, grad_w = torch.ops.mmevo.acmix_conv_backward(
+                grad, x, weight, groups, stride, padding, mask
+            )
+        return grad_x, grad_w, None, None, None
 
 
 class _Mix(torch.autograd.Function):
@@ -467,7 +532,9 @@ class ACmix(EvolutionLayer):
         attention reads its heads in place; ``fc`` mixes the 3 * head heads
         of each (channel, pixel) and ``dep_conv`` is grouped by channel, so
         ``rate2 * fc`` folds into ``dep_conv``'s weights: one grouped
-        convolution reads the buffer, and :class:`_Mix` adds the attention
+        convolution reads the buffer (:class:`_GroupConv`; ``F.conv2d`` of a
+        group-major copy under autocast, which runs it in low precision, or
+        without the C++ extension), and :class:`_Mix` adds the attention
         path.
         """
         _, C_in, H, W = x.shape
@@ -475,18 +542,11 @@ class ACmix(EvolutionLayer):
             self._positions(x), self.conv_p.weight, self.conv_p.bias
         )
         convs = (self.conv1, self.conv2, self.conv3)
-        # Rows (head_dim, {q, k, v}, head): the grouping of dep_conv.
-        weight = torch.stack(
-            [c.weight.view(self.head, self.head_dim, C_in) for c in convs]
-        ).permute(2, 0, 1, 3)
-        bias = torch.stack(
-            [c.bias.view(self.head, self.head_dim) for c in convs]
-        ).permute(2, 0, 1)
         q_scale = self.head_dim**-0.5
         buf = _Projection.apply(
             x,
-            weight.reshape(-1, C_in),
-            bias.reshape(-1),
+            torch.cat([c.weight.view(-1, C_in) for c in convs]),
+            torch.cat([c.bias for c in convs]),
             pe.detach(),
             self.head,
             q_scale,
@@ -517,9 +577,16 @@ class ACmix(EvolutionLayer):
         # conv path then does not depend on pe: no gradient flows to it
         # through either term (see _SplitProjection.backward).
         w_q, w_k, w_v = weight.split(self.head, 1)
+        weight = torch.cat([w_q / q_scale, w_k, w_v], 1)
         conv = (self.stride, self.kernel_conv // 2, 1, self.head_dim)
-        out_conv = F.conv2d(
-            conv_input, torch.cat([w_q / q_scale, w_k, w_v], 1), None, *conv
-        )
+        if cpp_backend.available() and not torch.is_autocast_enabled('cpu'):
+            groups, (stride, padding) = conv[3], conv[:2]
+            out_conv = _GroupConv.apply(
+                conv_input, weight, groups, stride, padding
+            )
+        else:
+            out_conv = F.conv2d(
+                _group_major(conv_input, self.head_dim), weight, None, *conv
+            )
         out_pe = F.conv2d(pe.detach(), w_k.sum(1, keepdim=True), None, *conv)
         return _Mix.apply(out_att, out_conv, out_pe, self.rate1)

@@ -492,3 +492,56 @@ def test_acmix_input_gradient_has_the_stock_layout(
         assert gx.is_contiguous(memory_format=memory_format)
         grads.append(gx)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-4)
+
+
+def test_acmix_fast_path_double_backward_equals_stock():
+    """A double backward through ACmix's fast path (its C++ conv path and
+    gradient adds step aside for differentiable formulas under
+    ``create_graph``) gives the stock path's second-order gradients."""
+    torch.manual_seed(0)
+    layer = randomised(ACmix(8, 8, 5, 2, stride=2)).double()
+    stock = set_cpu_fastpath(copy.deepcopy(layer), False)
+    x = torch.randn(2, 8, 7, 9, dtype=torch.float64)
+    results = []
+    for module in (layer, stock):
+        xi = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(
+            module(xi).square().sum(), xi, create_graph=True
+        )
+        params = [xi, *module.parameters()]
+        second = torch.autograd.grad(
+            gx.square().sum(), params, allow_unused=True
+        )
+        results.append([gx, *second])
+    for fast, ref in zip(*results, strict=True):
+        if ref is None:
+            assert fast is None or not fast.any()
+        else:
+            scale = max(1.0, float(ref.detach().abs().max()))
+            torch.testing.assert_close(
+                fast, ref, rtol=1e-9, atol=1e-10 * scale
+            )
+
+
+def test_acmix_fast_path_under_autocast_follows_stock():
+    """Under CPU autocast the fast path's conv path runs ``F.conv2d`` in
+    bf16 as the stock graph does: the same dtype, bf16-close numbers and
+    gradients."""
+    torch.manual_seed(0)
+    layer = randomised(ACmix(16, 16, 5, 2))
+    stock = set_cpu_fastpath(copy.deepcopy(layer), False)
+    x = torch.randn(2, 16, 9, 7)
+    outs = []
+    for module in (layer, stock):
+        xi = x.clone().requires_grad_()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            y = module(xi)
+        (gx,) = torch.autograd.grad(y.float().sum(), xi)
+        outs.append((y, gx))
+    (y, gx), (y_ref, gx_ref) = outs
+    assert y.dtype == y_ref.dtype
+    for got, want in ((y, y_ref), (gx, gx_ref)):
+        scale = float(want.abs().max())
+        torch.testing.assert_close(
+            got.float(), want.float(), rtol=5e-2, atol=5e-2 * scale
+        )

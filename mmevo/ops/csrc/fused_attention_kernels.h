@@ -84,8 +84,18 @@ struct AttnMaps {
       }
       return;
     }
+    // A pixel's channels span a few cache lines at most when they are
+    // (nearly) contiguous: fetch those of the pixel kPrefetch columns
+    // ahead, which the hardware prefetchers miss at a stride of the whole
+    // pixel (1.5 KiB at 3 * 128 channels: 30-75% slower forward).
+    const int64_t span = ((nc - 1) * sc + 1) * int64_t(sizeof(T));
+    constexpr int64_t kPrefetch = 6;
     for (int64_t e = 0; e < Lrow; ++e) {
       const int64_t c = cols[e];
+      if (span <= 256 && e + kPrefetch < Lrow && cols[e + kPrefetch] >= 0) {
+        const char* ahead = reinterpret_cast<const char*>(row + cols[e + kPrefetch] * sw);
+        for (int64_t off = 0; off < span; off += 64) __builtin_prefetch(ahead + off);
+      }
       if (c < 0) {
         for (int64_t ch = 0; ch < nc; ++ch) dst[ch * ds + e] = A(0);
       } else {

@@ -1,0 +1,279 @@
+// The kernels of ACmix's conv path (acmix_conv.cpp), for one instruction set.
+//
+// Included by acmix_conv.cpp inside a namespace per `#pragma GCC target`,
+// after evolution_kernels.h (round_up, store_lanes), like
+// fused_attention_kernels.h. No #include here on purpose.
+//
+// The convolution (MixShape): x (B, H, W, J, G) dense, i.e. a channels-last
+// (B, J * G, H, W) map whose group g holds the J channels j * G + g (the
+// groups interleave); weight (G * O, J, k, k), output channel g * O + h of
+// group g; zero padding p. out (B, G * O, Ho, Wo) is NCHW, the input
+// gradient has x's layout.
+//
+// Vectors run along the groups: a pixel's J * G channels are J vectors of
+// G lanes, so every tap is J vector loads and the group's O outputs O FMAs
+// per load. oneDNN runs grouped convolutions of such small groups (16
+// groups of 12 -> 4 channels in ACmix's stage 1) a group at a time, at a
+// third to half of the FMA rate these reach. A task copies the input rows
+// its windows read into a zero-padded buffer in the accumulation type A
+// (lanes past G zero, G padded to Gp), so every tap is an always-valid
+// load; the register tiles (kMixPx pixels x kMixOut outputs, and their
+// transposes) fill the register file.
+
+constexpr int64_t kMixPx = kVecBytes == 64 ? 4 : 2;   // pixels of a register tile
+constexpr int64_t kMixOut = 4;                        // outputs of a forward tile
+constexpr int64_t kMixIn = 6;                         // inputs of an input-gradient tile
+constexpr int64_t kMixInW = kVecBytes == 64 ? 3 : 2;  // inputs of a weight-gradient tile
+constexpr int64_t kMixRows = 4;                       // output rows of a weight-gradient task
+
+// dst (k rows of Wp pixels of Jr x Gp) = the input rows i*s - p + u of image
+// b, pixel xp of a row read from input column xp - p; zeros outside the map,
+// past channel J and past lane G.
+template <typename T, typename A>
+void mix_load_rows(A* __restrict__ dst, const T* __restrict__ x, const MixShape& a, int64_t b,
+                   int64_t i, int64_t Wp, int64_t Jr, int64_t Gp) {
+  const int64_t pix = Jr * Gp, JG = a.J * a.G;
+  for (int64_t u = 0; u < a.k; ++u) {
+    const int64_t y = i * a.s - a.p + u;
+    if (y < 0 || y >= a.H) {
+      std::fill(dst, dst + Wp * pix, A(0));
+      dst += Wp * pix;
+      continue;
+    }
+    const T* row = x + (b * a.H + y) * a.W * JG;
+    for (int64_t xp = 0; xp < Wp; ++xp, dst += pix) {
+      const int64_t ix = xp - a.p;
+      if (ix < 0 || ix >= a.W) {
+        std::fill(dst, dst + pix, A(0));
+      } else if (std::is_same_v<T, A> && Jr == a.J && Gp == a.G) {
+        std::memcpy(dst, row + ix * JG, pix * sizeof(A));
+      } else {
+        const T* px = row + ix * JG;
+        for (int64_t j = 0; j < Jr; ++j)
+          for (int64_t g = 0; g < Gp; ++g)
+            dst[j * Gp + g] = j < a.J && g < a.G ? static_cast<A>(px[j * a.G + g]) : A(0);
+      }
+    }
+  }
+}
+
+// out[b, g*O + h, i, ox] = sum_{u, v, j} w[g*O + h, j, u, v] * x[b, i*s-p+u, ox*s-p+v, j, g].
+// Task: one output row; its outputs are gathered in a row buffer (pixel,
+// output, group) and written to the NCHW rows at the end.
+template <typename T>
+void mix_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
+                 const MixShape& a) {
+  using A = typename Acc<T>::type;
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Gp = round_up(a.G, V), nGC = Gp / V, O4 = round_up(a.O, kMixOut);
+  const int64_t KK = a.k * a.k, Wo4 = round_up(a.Wo, kMixPx);
+  const int64_t Wp = (Wo4 - 1) * a.s + a.k, pix = a.J * Gp, xs = a.s * pix;
+  // wt[gc][u][v][j][h][lane]: the weights of V groups as one vector.
+  std::vector<A> wt(nGC * KK * a.J * O4 * V, A(0));
+  for (int64_t g = 0; g < a.G; ++g)
+    for (int64_t h = 0; h < a.O; ++h)
+      for (int64_t j = 0; j < a.J; ++j)
+        for (int64_t uv = 0; uv < KK; ++uv)
+          wt[((((g / V) * KK + uv) * a.J + j) * O4 + h) * V + g % V] =
+              static_cast<A>(w[((g * a.O + h) * a.J + j) * KK + uv]);
+  const int64_t grain = grain_for(a.Wo * KK * a.J * a.O * a.G);
+  at::parallel_for(0, a.B * a.Ho, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> rows(a.k * Wp * pix), orow(Wo4 * O4 * Gp);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / a.Ho, i = t % a.Ho;
+      mix_load_rows(rows.data(), x, a, b, i, Wp, a.J, Gp);
+      for (int64_t gc = 0; gc < nGC; ++gc)
+        for (int64_t o0 = 0; o0 < a.Wo; o0 += kMixPx)
+          for (int64_t hb = 0; hb < O4; hb += kMixOut) {
+            vec acc[kMixPx][kMixOut] = {};
+            for (int64_t u = 0; u < a.k; ++u)
+              for (int64_t v = 0; v < a.k; ++v) {
+                const A* xr = rows.data() + (u * Wp + o0 * a.s + v) * pix + gc * V;
+                const A* wr = wt.data() + ((gc * KK + u * a.k + v) * a.J * O4 + hb) * V;
+                for (int64_t j = 0; j < a.J; ++j, xr += Gp, wr += O4 * V) {
+                  vec wv[kMixOut];
+#pragma GCC unroll 4
+                  for (int h = 0; h < kMixOut; ++h) std::memcpy(&wv[h], wr + h * V, sizeof(vec));
+#pragma GCC unroll 4
+                  for (int q = 0; q < kMixPx; ++q) {
+                    vec xv;
+                    std::memcpy(&xv, xr + q * xs, sizeof(vec));
+#pragma GCC unroll 4
+                    for (int h = 0; h < kMixOut; ++h) acc[q][h] += wv[h] * xv;
+                  }
+                }
+              }
+            for (int q = 0; q < kMixPx; ++q)
+              for (int h = 0; h < kMixOut; ++h)
+                std::memcpy(orow.data() + ((o0 + q) * O4 + hb + h) * Gp + gc * V, &acc[q][h],
+                            sizeof(vec));
+          }
+      for (int64_t g = 0; g < a.G; ++g)
+        for (int64_t h = 0; h < a.O; ++h) {
+          T* dst = out + ((b * a.G * a.O + g * a.O + h) * a.Ho + i) * a.Wo;
+          const A* src = orow.data() + h * Gp + g;
+          for (int64_t ox = 0; ox < a.Wo; ++ox) dst[ox] = static_cast<T>(src[ox * O4 * Gp]);
+        }
+    }
+  });
+}
+
+// gx[b, y, xx, j, g] = sum_{u, v, h} w[g*O + h, j, u, v] * gt[b, i, ox, h, g]
+// over the (i, ox) with i*s-p+u = y and ox*s-p+v = xx; gt (B, Ho, Wo, O, G)
+// is the output gradient in group-inner order. Task: one input row. The
+// gradient rows it reads are copied onto the input's columns (zeros between
+// the columns a stride skips), so that tap v of the input columns
+// [x0, x0 + kMixPx) is a contiguous run of buffer pixels.
+template <typename T>
+void mix_backward_input(const T* __restrict__ gt, const T* __restrict__ w, T* __restrict__ gx,
+                        const MixShape& a) {
+  using A = typename Acc<T>::type;
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Gp = round_up(a.G, V), nGC = Gp / V, JX = round_up(a.J, kMixIn);
+  const int64_t KK = a.k * a.k, Wq = round_up(a.W, kMixPx) + a.k - 1, zpix = a.O * Gp;
+  // wb[gc][u][v][h][j][lane]
+  std::vector<A> wb(nGC * KK * a.O * JX * V, A(0));
+  for (int64_t g = 0; g < a.G; ++g)
+    for (int64_t h = 0; h < a.O; ++h)
+      for (int64_t j = 0; j < a.J; ++j)
+        for (int64_t uv = 0; uv < KK; ++uv)
+          wb[((((g / V) * KK + uv) * a.O + h) * JX + j) * V + g % V] =
+              static_cast<A>(w[((g * a.O + h) * a.J + j) * KK + uv]);
+  const int64_t grain = grain_for(a.W * KK * a.J * a.O * a.G / (a.s * a.s));
+  at::parallel_for(0, a.B * a.H, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> z(a.k * Wq * zpix);
+    std::vector<int64_t> us;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / a.H, y = t % a.H;
+      us.clear();
+      for (int64_t u = 0; u < a.k; ++u) {
+        const int64_t r = y + a.p - u;
+        if (r < 0 || r % a.s != 0 || r / a.s >= a.Ho) continue;
+        us.push_back(u);
+        // Buffer pixel q holds output column (q - (k - 1) + p) / s.
+        A* dst = z.data() + u * Wq * zpix;
+        const T* row = gt + (b * a.Ho + r / a.s) * a.Wo * a.O * a.G;
+        for (int64_t q = 0; q < Wq; ++q, dst += zpix) {
+          const int64_t c = q - (a.k - 1) + a.p;
+          if (c < 0 || c % a.s != 0 || c / a.s >= a.Wo) {
+            std::fill(dst, dst + zpix, A(0));
+            continue;
+          }
+          const T* px = row + c / a.s * a.O * a.G;
+          for (int64_t h = 0; h < a.O; ++h)
+            for (int64_t g = 0; g < Gp; ++g)
+              dst[h * Gp + g] = g < a.G ? static_cast<A>(px[h * a.G + g]) : A(0);
+        }
+      }
+      T* out_row = gx + (b * a.H + y) * a.W * a.J * a.G;
+      for (int64_t gc = 0; gc < nGC; ++gc) {
+        const int64_t lanes = std::min(V, a.G - gc * V);
+        for (int64_t x0 = 0; x0 < a.W; x0 += kMixPx)
+          for (int64_t jb = 0; jb < a.J; jb += kMixIn) {
+            vec acc[kMixPx][kMixIn] = {};
+            for (const int64_t u : us)
+              for (int64_t v = 0; v < a.k; ++v) {
+                const A* zr = z.data() + (u * Wq + x0 + a.k - 1 - v) * zpix + gc * V;
+                const A* wr = wb.data() + ((gc * KK + u * a.k + v) * a.O * JX + jb) * V;
+                for (int64_t h = 0; h < a.O; ++h, zr += Gp, wr += JX * V) {
+                  vec gv[kMixPx];
+#pragma GCC unroll 4
+                  for (int q = 0; q < kMixPx; ++q) std::memcpy(&gv[q], zr + q * zpix, sizeof(vec));
+#pragma GCC unroll 6
+                  for (int jj = 0; jj < kMixIn; ++jj) {
+                    vec wv;
+                    std::memcpy(&wv, wr + jj * V, sizeof(vec));
+#pragma GCC unroll 4
+                    for (int q = 0; q < kMixPx; ++q) acc[q][jj] += wv * gv[q];
+                  }
+                }
+              }
+            for (int64_t q = 0; q < std::min(kMixPx, a.W - x0); ++q)
+              for (int64_t jj = 0; jj < std::min(kMixIn, a.J - jb); ++jj)
+                store_lanes<T, A>(out_row + ((x0 + q) * a.J + jb + jj) * a.G + gc * V,
+                                  acc[q][jj], lanes);
+          }
+      }
+    }
+  });
+}
+
+// gw[g*O + h, j, u, v] = sum_{b, i, ox} gt[b, i, ox, h, g] * x[b, i*s-p+u, ox*s-p+v, j, g].
+// Task: kMixRows (or more) output rows of one image, summed into its own slot of
+// `partial` (nGC * k * k * JW * O4 * V each, zero on entry); the slots are
+// added in task order at the end, so the sum is the same for any thread
+// count.
+template <typename T>
+void mix_backward_weight(const T* __restrict__ gt, const T* __restrict__ x, T* __restrict__ gw,
+                         const MixShape& a) {
+  using A = typename Acc<T>::type;
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t Gp = round_up(a.G, V), nGC = Gp / V, O4 = round_up(a.O, kMixOut);
+  const int64_t JW = round_up(a.J, kMixInW), KK = a.k * a.k;
+  const int64_t Wp = (a.Wo - 1) * a.s + a.k, pix = JW * Gp, xs = a.s * pix, gpix = O4 * Gp;
+  // Tasks of kMixRows rows, or more where the batch is large: at most ~256
+  // slots (7 MiB at ACmix-ResNet-50's widest), whatever B.
+  const int64_t nRB = std::min(ceil_div(a.Ho, kMixRows), std::max<int64_t>(1, 256 / a.B));
+  const int64_t per = ceil_div(a.Ho, nRB), slot = nGC * KK * JW * O4 * V;
+  std::vector<A> partial(a.B * nRB * slot, A(0));
+  const int64_t grain = grain_for(per * a.Wo * KK * a.J * a.O * a.G);
+  at::parallel_for(0, a.B * nRB, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> rows(a.k * Wp * pix), grow(a.Wo * gpix);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / nRB, i0 = t % nRB * per;
+      A* sum = partial.data() + t * slot;
+      for (int64_t i = i0; i < std::min(a.Ho, i0 + per); ++i) {
+        mix_load_rows(rows.data(), x, a, b, i, Wp, JW, Gp);
+        const T* src = gt + (b * a.Ho + i) * a.Wo * a.O * a.G;
+        for (int64_t ox = 0; ox < a.Wo; ++ox)
+          for (int64_t h = 0; h < O4; ++h)
+            for (int64_t g = 0; g < Gp; ++g)
+              grow[(ox * O4 + h) * Gp + g] =
+                  h < a.O && g < a.G ? static_cast<A>(src[(ox * a.O + h) * a.G + g]) : A(0);
+        for (int64_t gc = 0; gc < nGC; ++gc)
+          for (int64_t uv = 0; uv < KK; ++uv)
+            for (int64_t jb = 0; jb < JW; jb += kMixInW)
+              for (int64_t hb = 0; hb < O4; hb += kMixOut) {
+                vec acc[kMixInW][kMixOut] = {};
+                const A* xr = rows.data() + ((uv / a.k) * Wp + uv % a.k) * pix + jb * Gp + gc * V;
+                const A* gr = grow.data() + hb * Gp + gc * V;
+                for (int64_t ox = 0; ox < a.Wo; ++ox, xr += xs, gr += gpix) {
+                  vec gv[kMixOut];
+#pragma GCC unroll 4
+                  for (int h = 0; h < kMixOut; ++h) std::memcpy(&gv[h], gr + h * Gp, sizeof(vec));
+#pragma GCC unroll 3
+                  for (int jj = 0; jj < kMixInW; ++jj) {
+                    vec xv;
+                    std::memcpy(&xv, xr + jj * Gp, sizeof(vec));
+#pragma GCC unroll 4
+                    for (int h = 0; h < kMixOut; ++h) acc[jj][h] += xv * gv[h];
+                  }
+                }
+                A* dst = sum + (((gc * KK + uv) * JW + jb) * O4 + hb) * V;
+                for (int jj = 0; jj < kMixInW; ++jj)
+                  for (int h = 0; h < kMixOut; ++h) {
+                    vec s;
+                    std::memcpy(&s, dst + (jj * O4 + h) * V, sizeof(vec));
+                    s += acc[jj][h];
+                    std::memcpy(dst + (jj * O4 + h) * V, &s, sizeof(vec));
+                  }
+              }
+      }
+    }
+  });
+  at::parallel_for(0, slot, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t t = 1; t < a.B * nRB; ++t) {
+      const A* src = partial.data() + t * slot;
+      for (int64_t e = begin; e < end; ++e) partial[e] += src[e];
+    }
+  });
+  for (int64_t g = 0; g < a.G; ++g)
+    for (int64_t h = 0; h < a.O; ++h)
+      for (int64_t j = 0; j < a.J; ++j)
+        for (int64_t uv = 0; uv < KK; ++uv)
+          gw[((g * a.O + h) * a.J + j) * KK + uv] = static_cast<T>(
+              partial[((((g / V) * KK + uv) * JW + j) * O4 + h) * V + g % V]);
+}
