@@ -60,3 +60,32 @@ def test_attention_rows(monkeypatch, capsys):
             assert abs(float(stock[ratio]) - s / f) <= slack
         # the fused op never writes the weights: less memory
         assert float(stock[8]) > float(fused[8])
+
+
+def test_acmix_conv_rows(monkeypatch, capsys):
+    """--acmix-conv at two small shapes: a row per shape, each ratio that
+    of its two times."""
+    tool = load_tool('analysis/benchmark_ops')
+    monkeypatch.setattr(tool, 'ACMIX_CONV_SHAPES', [(64, 9, 1), (32, 8, 2)])
+    monkeypatch.setattr(
+        sys, 'argv', ['benchmark_ops', '--acmix-conv', '--repeat', '1']
+    )
+    tool.main()
+    rows = re.findall(
+        r'^\| (\d+)·(\d+)²·(\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× '
+        r'\| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× \|$',
+        capsys.readouterr().out,
+        re.M,
+    )
+    assert [tuple(int(v) for v in r[:3]) for r in rows] == [
+        (64, 9, 1),
+        (32, 8, 2),
+    ]
+    for row in rows:
+        for a, b, ratio in (row[3:6], row[6:9]):
+            a, b = float(a), float(b)
+            # the figures are rounded to 0.01, the ratio to 0.01
+            slack = 0.01 + a / max(b, 0.005) * (
+                0.005 / max(a, 0.005) + 0.005 / max(b, 0.005)
+            )
+            assert b > 0 and abs(float(ratio) - a / b) <= slack

@@ -50,6 +50,14 @@ oneDNN with more), mmevo's matmul (``pointwise``) and ``conv1x1``, which
 the bottlenecks' fast path takes (in float32 oneDNN from 64 channels where
 ``MMEVO_CONV1X1`` says: by default on AMD CPUs, ``onednn`` on any).
 
+``--acmix-conv`` times ACmix's conv path, the grouped 3x3 convolution of
+its channels-last q/k/v buffer (head_dim groups of 12 -> 4 channels), at
+every ACmix-ResNet-50 layer shape (B4, the stride-2 layers at their input
+resolution), forward alone and forward + backward of the input and the
+weight: ``onednn`` (``F.conv2d`` of the channels-last buffer, which
+PyTorch runs on oneDNN) against ``mmevo`` (``mmevo::acmix_conv`` and its
+backward, which ACmix's CPU fast path takes).
+
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
     # on a busy machine:
@@ -61,6 +69,8 @@ Example:
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --attention \
         --cpu-time --repeat 3
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --conv1x1 \
+        --cpu-time --repeat 9
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --acmix-conv \
         --cpu-time --repeat 9
     python tools/analysis/benchmark_ops.py --device cuda --dtype float16
 """
@@ -301,6 +311,77 @@ def conv1x1_paths(device, dtype, repeat, clock):
         )
 
 
+# --acmix-conv: (C, H, stride) of ACmix-ResNet-50's layers, stride-2 ones at
+# their input resolution.
+ACMIX_CONV_SHAPES = [
+    (64, 56, 1),
+    (128, 56, 2),
+    (128, 28, 1),
+    (256, 28, 2),
+    (256, 14, 1),
+    (512, 14, 2),
+    (512, 7, 1),
+]
+
+
+def acmix_conv_paths(device, dtype, repeat, clock):
+    """ACmix's conv path at :data:`ACMIX_CONV_SHAPES`: oneDNN's grouped
+    convolution of the channels-last buffer against ``mmevo::acmix_conv``
+    (the same FLOPs; the buffer's channel order is each one's own), the
+    forward alone and with the backward of the input and the weight."""
+    import torch.nn.functional as F
+
+    ops = torch.ops.mmevo
+    mask = [True, True, False]  # input and weight, no bias
+    print(
+        '| C·H²·stride | onednn fwd ms | mmevo fwd ms | onednn / mmevo fwd '
+        '| onednn fwd+bwd ms | mmevo fwd+bwd ms | onednn / mmevo fwd+bwd |'
+        '\n|---|---|---|---|---|---|---|'
+    )
+    for C, H, s in ACMIX_CONV_SHAPES:
+        G = C // 4
+        x = torch.randn(4, H, H, 3 * C, device=device, dtype=dtype)
+        x = x.permute(0, 3, 1, 2)  # channels-last (4, 3C, H, H)
+        w = torch.randn(C, 12, 3, 3, device=device, dtype=dtype)
+        gy = torch.randn(4, C, (H - 1) // s + 1, (H - 1) // s + 1)
+        gy = gy.to(device, dtype)
+
+        def onednn(x=x, w=w, s=s, G=G):
+            return F.conv2d(x, w, None, s, 1, 1, G)
+
+        def onednn_step(x=x, w=w, s=s, G=G, gy=gy):
+            onednn()
+            torch.ops.aten.convolution_backward(
+                gy, x, w, None, [s, s], [1, 1], [1, 1], False, [0, 0], G, mask
+            )
+
+        def mmevo(x=x, w=w, s=s, G=G):
+            return ops.acmix_conv(x, w, G, s, 1)
+
+        def mmevo_step(x=x, w=w, s=s, G=G, gy=gy):
+            mmevo()
+            ops.acmix_conv_backward(gy, x, w, G, s, 1, mask[:2])
+
+        ms = time_ms(
+            {
+                'onednn': onednn,
+                'mmevo': mmevo,
+                'onednn_step': onednn_step,
+                'mmevo_step': mmevo_step,
+            },
+            device,
+            repeat,
+            clock,
+        )
+        print(
+            f'| {C}·{H}²·{s} | {ms["onednn"]:.2f} | {ms["mmevo"]:.2f} '
+            f'| {ms["onednn"] / ms["mmevo"]:.2f}× '
+            f'| {ms["onednn_step"]:.2f} | {ms["mmevo_step"]:.2f} '
+            f'| {ms["onednn_step"] / ms["mmevo_step"]:.2f}× |',
+            flush=True,
+        )
+
+
 def sasa_stock(q, k, v, rel, heads):
     """LocalSelfAttention's unfused path: the logits, ``q . r``, softmax,
     aggregation (zero padding)."""
@@ -457,6 +538,12 @@ def main():
         help="a 1x1 conv, forward + backward: PyTorch's conv2d, mmevo's "
         'matmul and its conv1x1 (oneDNN where MMEVO_CONV1X1 takes it)',
     )
+    parser.add_argument(
+        '--acmix-conv',
+        action='store_true',
+        help="ACmix's grouped conv path, forward and forward + backward: "
+        'oneDNN against mmevo::acmix_conv (CPU), at the layer shapes',
+    )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -480,6 +567,10 @@ def main():
             f'fwd+bwd median of {args.repeat} ({clock_name} time), B4',
         ),
         'attention': (attention_layers, train),
+        'acmix_conv': (
+            acmix_conv_paths,
+            f'median of {args.repeat} ({clock_name} time), B4',
+        ),
     }
     for mode, (run, what) in modes.items():
         if getattr(args, mode):

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace mmevo {

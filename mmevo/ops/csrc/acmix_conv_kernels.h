@@ -57,9 +57,42 @@ void mix_load_rows(A* __restrict__ dst, const T* __restrict__ x, const MixShape&
   }
 }
 
+// acc[q][h] += the taps (u, v), u = us[0..nu), v in [v0, v1), of NPX output
+// pixels: input pixel (u, q * s + v) at xr[u] + (q * s + v) * pix, its J
+// vectors Gp apart; the weights of tap (u, v) at w + (u * k + v) * wu.
+template <int NPX, typename A, typename vec>
+__attribute__((always_inline)) inline void mix_forward_tile(
+    vec (&acc)[NPX][kMixOut], const A* const* xr, const int64_t* us, int64_t nu, int64_t v0,
+    int64_t v1, const A* w, int64_t wu, const MixShape& a, int64_t pix, int64_t Gp,
+    int64_t O4) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  const int64_t xs = a.s * pix;
+  for (int64_t n = 0; n < nu; ++n)
+    for (int64_t v = v0; v < v1; ++v) {
+      const A* xp = xr[n] + v * pix;
+      const A* wr = w + (us[n] * a.k + v) * wu;
+      for (int64_t j = 0; j < a.J; ++j, xp += Gp, wr += O4 * V) {
+        vec wv[kMixOut];
+#pragma GCC unroll 4
+        for (int h = 0; h < kMixOut; ++h) std::memcpy(&wv[h], wr + h * V, sizeof(vec));
+#pragma GCC unroll 4
+        for (int q = 0; q < NPX; ++q) {
+          vec xv;
+          std::memcpy(&xv, xp + q * xs, sizeof(vec));
+#pragma GCC unroll 4
+          for (int h = 0; h < kMixOut; ++h) acc[q][h] += wv[h] * xv;
+        }
+      }
+    }
+}
+
 // out[b, g*O + h, i, ox] = sum_{u, v, j} w[g*O + h, j, u, v] * x[b, i*s-p+u, ox*s-p+v, j, g].
 // Task: one output row; its outputs are gathered in a row buffer (pixel,
-// output, group) and written to the NCHW rows at the end.
+// output, group) and written to the NCHW rows at the end. Where x's pixels
+// are whole vectors in A (Gp = G, no conversion), the taps read x in place:
+// tiles of kMixPx pixels inside the map, one pixel at a time with its taps
+// clipped at the edges, the rows outside skipped. Otherwise the window rows
+// are copied into a zero-padded buffer first (mix_load_rows).
 template <typename T>
 void mix_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
                  const MixShape& a) {
@@ -67,10 +100,16 @@ void mix_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict
   typedef A vec __attribute__((vector_size(kVecBytes)));
   constexpr int64_t V = kVecBytes / sizeof(A);
   const int64_t Gp = round_up(a.G, V), nGC = Gp / V, O4 = round_up(a.O, kMixOut);
-  const int64_t KK = a.k * a.k, Wo4 = round_up(a.Wo, kMixPx);
-  const int64_t Wp = (Wo4 - 1) * a.s + a.k, pix = a.J * Gp, xs = a.s * pix;
+  const int64_t KK = a.k * a.k, Wo4 = round_up(a.Wo, kMixPx), pix = a.J * Gp;
+  const bool direct = std::is_same_v<T, A> && Gp == a.G;
+  const int64_t Wp = direct ? 0 : (Wo4 - 1) * a.s + a.k, wu = a.J * O4 * V;
+  // Output pixels whose every tap is inside the row: [in0, in1).
+  const int64_t in0 = std::min(a.Wo, ceil_div(a.p, a.s));
+  const int64_t in1 = a.W - 1 + a.p - (a.k - 1) < 0
+                          ? in0
+                          : std::max(in0, std::min(a.Wo, (a.W - 1 + a.p - (a.k - 1)) / a.s + 1));
   // wt[gc][u][v][j][h][lane]: the weights of V groups as one vector.
-  std::vector<A> wt(nGC * KK * a.J * O4 * V, A(0));
+  std::vector<A> wt(nGC * KK * wu, A(0));
   for (int64_t g = 0; g < a.G; ++g)
     for (int64_t h = 0; h < a.O; ++h)
       for (int64_t j = 0; j < a.J; ++j)
@@ -80,35 +119,54 @@ void mix_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict
   const int64_t grain = grain_for(a.Wo * KK * a.J * a.O * a.G);
   at::parallel_for(0, a.B * a.Ho, grain, [&](int64_t begin, int64_t end) {
     std::vector<A> rows(a.k * Wp * pix), orow(Wo4 * O4 * Gp);
+    std::vector<const A*> base(a.k), xr(a.k);
+    std::vector<int64_t> us(a.k);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / a.Ho, i = t % a.Ho;
-      mix_load_rows(rows.data(), x, a, b, i, Wp, a.J, Gp);
-      for (int64_t gc = 0; gc < nGC; ++gc)
-        for (int64_t o0 = 0; o0 < a.Wo; o0 += kMixPx)
-          for (int64_t hb = 0; hb < O4; hb += kMixOut) {
-            vec acc[kMixPx][kMixOut] = {};
-            for (int64_t u = 0; u < a.k; ++u)
-              for (int64_t v = 0; v < a.k; ++v) {
-                const A* xr = rows.data() + (u * Wp + o0 * a.s + v) * pix + gc * V;
-                const A* wr = wt.data() + ((gc * KK + u * a.k + v) * a.J * O4 + hb) * V;
-                for (int64_t j = 0; j < a.J; ++j, xr += Gp, wr += O4 * V) {
-                  vec wv[kMixOut];
-#pragma GCC unroll 4
-                  for (int h = 0; h < kMixOut; ++h) std::memcpy(&wv[h], wr + h * V, sizeof(vec));
-#pragma GCC unroll 4
-                  for (int q = 0; q < kMixPx; ++q) {
-                    vec xv;
-                    std::memcpy(&xv, xr + q * xs, sizeof(vec));
-#pragma GCC unroll 4
-                    for (int h = 0; h < kMixOut; ++h) acc[q][h] += wv[h] * xv;
-                  }
-                }
-              }
-            for (int q = 0; q < kMixPx; ++q)
-              for (int h = 0; h < kMixOut; ++h)
-                std::memcpy(orow.data() + ((o0 + q) * O4 + hb + h) * Gp + gc * V, &acc[q][h],
-                            sizeof(vec));
+      int64_t nu = 0;
+      for (int64_t u = 0; u < a.k; ++u) {
+        const int64_t y = i * a.s - a.p + u;
+        if (!direct) {
+          us[nu] = u;
+          base[nu++] = rows.data() + u * Wp * pix + a.p * pix;  // column 0
+        } else if (y >= 0 && y < a.H) {
+          us[nu] = u;
+          base[nu++] = reinterpret_cast<const A*>(x) + (b * a.H + y) * a.W * pix;
+        }
+      }
+      if (!direct) mix_load_rows(rows.data(), x, a, b, i, Wp, a.J, Gp);
+      // n pixels from o0, taps [v0, v1), into the row buffer.
+      auto tile = [&]<int NPX>(int64_t o0, int64_t gc, int64_t v0, int64_t v1) {
+        for (int64_t n = 0; n < nu; ++n) xr[n] = base[n] + (o0 * a.s - a.p) * pix + gc * V;
+        for (int64_t hb = 0; hb < O4; hb += kMixOut) {
+          vec acc[NPX][kMixOut] = {};
+          mix_forward_tile<NPX, A, vec>(acc, xr.data(), us.data(), nu, v0, v1,
+                                        wt.data() + gc * KK * wu + hb * V, wu, a, pix, Gp, O4);
+          for (int q = 0; q < NPX; ++q)
+            for (int h = 0; h < kMixOut; ++h)
+              std::memcpy(orow.data() + ((o0 + q) * O4 + hb + h) * Gp + gc * V, &acc[q][h],
+                          sizeof(vec));
+        }
+      };
+      for (int64_t gc = 0; gc < nGC; ++gc) {
+        if (!direct) {
+          for (int64_t o0 = 0; o0 < a.Wo; o0 += kMixPx)
+            tile.template operator()<kMixPx>(o0, gc, 0, a.k);
+          continue;
+        }
+        int64_t o = 0;
+        while (o < a.Wo) {
+          if (o >= in0 && o + kMixPx <= in1) {
+            tile.template operator()<kMixPx>(o, gc, 0, a.k);
+            o += kMixPx;
+          } else {
+            const int64_t c = o * a.s - a.p;  // the input column of tap 0
+            tile.template operator()<1>(o, gc, std::max<int64_t>(0, -c),
+                                        std::min(a.k, a.W - c));
+            o += 1;
           }
+        }
+      }
       for (int64_t g = 0; g < a.G; ++g)
         for (int64_t h = 0; h < a.O; ++h) {
           T* dst = out + ((b * a.G * a.O + g * a.O + h) * a.Ho + i) * a.Wo;
@@ -121,10 +179,11 @@ void mix_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict
 
 // gx[b, y, xx, j, g] = sum_{u, v, h} w[g*O + h, j, u, v] * gt[b, i, ox, h, g]
 // over the (i, ox) with i*s-p+u = y and ox*s-p+v = xx; gt (B, Ho, Wo, O, G)
-// is the output gradient in group-inner order. Task: one input row. The
-// gradient rows it reads are copied onto the input's columns (zeros between
-// the columns a stride skips), so that tap v of the input columns
-// [x0, x0 + kMixPx) is a contiguous run of buffer pixels.
+// is the output gradient in group-inner order. Task: one input row. Its
+// columns are taken by phase, xx = ph + n*s: those of a phase meet the
+// output columns ox = n + (ph + p - v) / s through the taps v with
+// ph + p - v a multiple of s, so a tile of kMixPx of them reads a
+// contiguous run of the gradient row, which is copied zero-padded.
 template <typename T>
 void mix_backward_input(const T* __restrict__ gt, const T* __restrict__ w, T* __restrict__ gx,
                         const MixShape& a) {
@@ -132,7 +191,18 @@ void mix_backward_input(const T* __restrict__ gt, const T* __restrict__ w, T* __
   typedef A vec __attribute__((vector_size(kVecBytes)));
   constexpr int64_t V = kVecBytes / sizeof(A);
   const int64_t Gp = round_up(a.G, V), nGC = Gp / V, JX = round_up(a.J, kMixIn);
-  const int64_t KK = a.k * a.k, Wq = round_up(a.W, kMixPx) + a.k - 1, zpix = a.O * Gp;
+  const int64_t KK = a.k * a.k, zpix = a.O * Gp;
+  // Buffer pixel m holds output column m - pad: pad covers the most
+  // negative offset, the length the last tile and the largest offset.
+  const int64_t pad = ceil_div(a.k - 1, a.s);
+  const int64_t Wz = round_up(ceil_div(a.W, a.s), kMixPx) + 2 * pad + (a.p + a.s) / a.s + 1;
+  // Per phase, the taps v that meet an output column and their offsets.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> taps(a.s);
+  for (int64_t ph = 0; ph < a.s; ++ph)
+    for (int64_t v = 0; v < a.k; ++v) {
+      const int64_t d = ph + a.p - v;
+      if ((d % a.s + a.s) % a.s == 0) taps[ph].emplace_back(v, d / a.s + pad);
+    }
   // wb[gc][u][v][h][j][lane]
   std::vector<A> wb(nGC * KK * a.O * JX * V, A(0));
   for (int64_t g = 0; g < a.G; ++g)
@@ -143,7 +213,7 @@ void mix_backward_input(const T* __restrict__ gt, const T* __restrict__ w, T* __
               static_cast<A>(w[((g * a.O + h) * a.J + j) * KK + uv]);
   const int64_t grain = grain_for(a.W * KK * a.J * a.O * a.G / (a.s * a.s));
   at::parallel_for(0, a.B * a.H, grain, [&](int64_t begin, int64_t end) {
-    std::vector<A> z(a.k * Wq * zpix);
+    std::vector<A> z(a.k * Wz * zpix);
     std::vector<int64_t> us;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / a.H, y = t % a.H;
@@ -152,16 +222,15 @@ void mix_backward_input(const T* __restrict__ gt, const T* __restrict__ w, T* __
         const int64_t r = y + a.p - u;
         if (r < 0 || r % a.s != 0 || r / a.s >= a.Ho) continue;
         us.push_back(u);
-        // Buffer pixel q holds output column (q - (k - 1) + p) / s.
-        A* dst = z.data() + u * Wq * zpix;
+        A* dst = z.data() + u * Wz * zpix;
         const T* row = gt + (b * a.Ho + r / a.s) * a.Wo * a.O * a.G;
-        for (int64_t q = 0; q < Wq; ++q, dst += zpix) {
-          const int64_t c = q - (a.k - 1) + a.p;
-          if (c < 0 || c % a.s != 0 || c / a.s >= a.Wo) {
+        for (int64_t m = 0; m < Wz; ++m, dst += zpix) {
+          const int64_t c = m - pad;
+          if (c < 0 || c >= a.Wo) {
             std::fill(dst, dst + zpix, A(0));
             continue;
           }
-          const T* px = row + c / a.s * a.O * a.G;
+          const T* px = row + c * a.O * a.G;
           for (int64_t h = 0; h < a.O; ++h)
             for (int64_t g = 0; g < Gp; ++g)
               dst[h * Gp + g] = g < a.G ? static_cast<A>(px[h * a.G + g]) : A(0);
@@ -170,31 +239,36 @@ void mix_backward_input(const T* __restrict__ gt, const T* __restrict__ w, T* __
       T* out_row = gx + (b * a.H + y) * a.W * a.J * a.G;
       for (int64_t gc = 0; gc < nGC; ++gc) {
         const int64_t lanes = std::min(V, a.G - gc * V);
-        for (int64_t x0 = 0; x0 < a.W; x0 += kMixPx)
-          for (int64_t jb = 0; jb < a.J; jb += kMixIn) {
-            vec acc[kMixPx][kMixIn] = {};
-            for (const int64_t u : us)
-              for (int64_t v = 0; v < a.k; ++v) {
-                const A* zr = z.data() + (u * Wq + x0 + a.k - 1 - v) * zpix + gc * V;
-                const A* wr = wb.data() + ((gc * KK + u * a.k + v) * a.O * JX + jb) * V;
-                for (int64_t h = 0; h < a.O; ++h, zr += Gp, wr += JX * V) {
-                  vec gv[kMixPx];
+        for (int64_t ph = 0; ph < std::min(a.s, a.W); ++ph) {
+          const int64_t nx = ceil_div(a.W - ph, a.s);
+          for (int64_t n0 = 0; n0 < nx; n0 += kMixPx)
+            for (int64_t jb = 0; jb < a.J; jb += kMixIn) {
+              vec acc[kMixPx][kMixIn] = {};
+              for (const int64_t u : us)
+                for (const auto& [v, off] : taps[ph]) {
+                  const A* zr = z.data() + (u * Wz + off + n0) * zpix + gc * V;
+                  const A* wr = wb.data() + ((gc * KK + u * a.k + v) * a.O * JX + jb) * V;
+                  for (int64_t h = 0; h < a.O; ++h, zr += Gp, wr += JX * V) {
+                    vec gv[kMixPx];
 #pragma GCC unroll 4
-                  for (int q = 0; q < kMixPx; ++q) std::memcpy(&gv[q], zr + q * zpix, sizeof(vec));
+                    for (int q = 0; q < kMixPx; ++q)
+                      std::memcpy(&gv[q], zr + q * zpix, sizeof(vec));
 #pragma GCC unroll 6
-                  for (int jj = 0; jj < kMixIn; ++jj) {
-                    vec wv;
-                    std::memcpy(&wv, wr + jj * V, sizeof(vec));
+                    for (int jj = 0; jj < kMixIn; ++jj) {
+                      vec wv;
+                      std::memcpy(&wv, wr + jj * V, sizeof(vec));
 #pragma GCC unroll 4
-                    for (int q = 0; q < kMixPx; ++q) acc[q][jj] += wv * gv[q];
+                      for (int q = 0; q < kMixPx; ++q) acc[q][jj] += wv * gv[q];
+                    }
                   }
                 }
-              }
-            for (int64_t q = 0; q < std::min(kMixPx, a.W - x0); ++q)
-              for (int64_t jj = 0; jj < std::min(kMixIn, a.J - jb); ++jj)
-                store_lanes<T, A>(out_row + ((x0 + q) * a.J + jb + jj) * a.G + gc * V,
-                                  acc[q][jj], lanes);
-          }
+              for (int64_t q = 0; q < std::min(kMixPx, nx - n0); ++q)
+                for (int64_t jj = 0; jj < std::min(kMixIn, a.J - jb); ++jj)
+                  store_lanes<T, A>(
+                      out_row + ((ph + (n0 + q) * a.s) * a.J + jb + jj) * a.G + gc * V,
+                      acc[q][jj], lanes);
+            }
+        }
       }
     }
   });
@@ -213,7 +287,11 @@ void mix_backward_weight(const T* __restrict__ gt, const T* __restrict__ x, T* _
   constexpr int64_t V = kVecBytes / sizeof(A);
   const int64_t Gp = round_up(a.G, V), nGC = Gp / V, O4 = round_up(a.O, kMixOut);
   const int64_t JW = round_up(a.J, kMixInW), KK = a.k * a.k;
-  const int64_t Wp = (a.Wo - 1) * a.s + a.k, pix = JW * Gp, xs = a.s * pix, gpix = O4 * Gp;
+  // x and gt read in place where their pixels are whole tiles in A, as in
+  // mix_forward (each tap over the output columns it reaches inside the map).
+  const bool direct = std::is_same_v<T, A> && Gp == a.G && JW == a.J && O4 == a.O;
+  const int64_t Wp = direct ? 0 : (a.Wo - 1) * a.s + a.k;
+  const int64_t pix = JW * Gp, xs = a.s * pix, gpix = O4 * Gp;
   // Tasks of kMixRows rows, or more where the batch is large: at most ~256
   // slots (7 MiB at ACmix-ResNet-50's widest), whatever B.
   const int64_t nRB = std::min(ceil_div(a.Ho, kMixRows), std::max<int64_t>(1, 256 / a.B));
@@ -221,26 +299,40 @@ void mix_backward_weight(const T* __restrict__ gt, const T* __restrict__ x, T* _
   std::vector<A> partial(a.B * nRB * slot, A(0));
   const int64_t grain = grain_for(per * a.Wo * KK * a.J * a.O * a.G);
   at::parallel_for(0, a.B * nRB, grain, [&](int64_t begin, int64_t end) {
-    std::vector<A> rows(a.k * Wp * pix), grow(a.Wo * gpix);
+    std::vector<A> rows(a.k * Wp * pix), grow(direct ? 0 : a.Wo * gpix);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / nRB, i0 = t % nRB * per;
       A* sum = partial.data() + t * slot;
       for (int64_t i = i0; i < std::min(a.Ho, i0 + per); ++i) {
-        mix_load_rows(rows.data(), x, a, b, i, Wp, JW, Gp);
         const T* src = gt + (b * a.Ho + i) * a.Wo * a.O * a.G;
-        for (int64_t ox = 0; ox < a.Wo; ++ox)
-          for (int64_t h = 0; h < O4; ++h)
-            for (int64_t g = 0; g < Gp; ++g)
-              grow[(ox * O4 + h) * Gp + g] =
-                  h < a.O && g < a.G ? static_cast<A>(src[(ox * a.O + h) * a.G + g]) : A(0);
+        if (!direct) {
+          mix_load_rows(rows.data(), x, a, b, i, Wp, JW, Gp);
+          for (int64_t ox = 0; ox < a.Wo; ++ox)
+            for (int64_t h = 0; h < O4; ++h)
+              for (int64_t g = 0; g < Gp; ++g)
+                grow[(ox * O4 + h) * Gp + g] =
+                    h < a.O && g < a.G ? static_cast<A>(src[(ox * a.O + h) * a.G + g]) : A(0);
+        }
+        const A* g0 = direct ? reinterpret_cast<const A*>(src) : grow.data();
         for (int64_t gc = 0; gc < nGC; ++gc)
-          for (int64_t uv = 0; uv < KK; ++uv)
+          for (int64_t uv = 0; uv < KK; ++uv) {
+            const int64_t u = uv / a.k, v = uv % a.k, y = i * a.s - a.p + u;
+            // The output columns whose tap (u, v) reads inside the map.
+            int64_t lo = 0, hi = a.Wo;
+            const A* x0 = rows.data() + (u * Wp + v) * pix;
+            if (direct) {
+              if (y < 0 || y >= a.H) continue;
+              const int64_t last = a.W - 1 + a.p - v;
+              lo = std::min(a.Wo, std::max<int64_t>(0, ceil_div(a.p - v, a.s)));
+              hi = last < 0 ? lo : std::max(lo, std::min(a.Wo, last / a.s + 1));
+              x0 = reinterpret_cast<const A*>(x) + ((b * a.H + y) * a.W + lo * a.s + v - a.p) * pix;
+            }
             for (int64_t jb = 0; jb < JW; jb += kMixInW)
               for (int64_t hb = 0; hb < O4; hb += kMixOut) {
                 vec acc[kMixInW][kMixOut] = {};
-                const A* xr = rows.data() + ((uv / a.k) * Wp + uv % a.k) * pix + jb * Gp + gc * V;
-                const A* gr = grow.data() + hb * Gp + gc * V;
-                for (int64_t ox = 0; ox < a.Wo; ++ox, xr += xs, gr += gpix) {
+                const A* xr = x0 + jb * Gp + gc * V;
+                const A* gr = g0 + lo * gpix + hb * Gp + gc * V;
+                for (int64_t ox = lo; ox < hi; ++ox, xr += xs, gr += gpix) {
                   vec gv[kMixOut];
 #pragma GCC unroll 4
                   for (int h = 0; h < kMixOut; ++h) std::memcpy(&gv[h], gr + h * Gp, sizeof(vec));
@@ -261,6 +353,7 @@ void mix_backward_weight(const T* __restrict__ gt, const T* __restrict__ x, T* _
                     std::memcpy(dst + (jj * O4 + h) * V, &s, sizeof(vec));
                   }
               }
+          }
       }
     }
   });
