@@ -248,11 +248,11 @@ class _GroupConv(torch.autograd.Function):
     groups)``, the conv path's grouped convolution, read from the
     channels-last buffer in place, where the groups interleave
     (``mmevo::acmix_conv``, vectors along the groups): oneDNN runs these
-    small groups (12 -> 4 channels) one at a time, in 1.3-2x the C++
-    kernel's time forward and 1.4-1.8x backward at ACmix-ResNet-50's
-    shapes (``docs/benchmarks.md``). x's gradient comes back
-    channels-last, the buffer's layout. A double backward takes the stock,
-    differentiable formula.
+    small groups (12 -> 4 channels) one at a time, in 1.1-2.1x the C++
+    kernel's time forward and 1.25-2.05x forward + backward at
+    ACmix-ResNet-50's layer shapes (``docs/benchmarks.md``). x's gradient
+    comes back channels-last, the buffer's layout. A double backward takes
+    the stock, differentiable formula.
     """
 
     @staticmethod
@@ -581,9 +581,8 @@ class ACmix(EvolutionLayer):
         weight = torch.cat([w_q / q_scale, w_k, w_v], 1)
         conv = (self.stride, self.kernel_conv // 2, 1, self.head_dim)
         if cpp_backend.available() and not torch.is_autocast_enabled('cpu'):
-            groups, (stride, padding) = conv[3], conv[:2]
             out_conv = _GroupConv.apply(
-                conv_input, weight, groups, stride, padding
+                conv_input, weight, self.head_dim, *conv[:2]
             )
         else:
             out_conv = F.conv2d(

@@ -35,6 +35,8 @@ GEOMETRIES = [
     (1, 2, 1, 2, 4, 3, 1, 1),
     (2, 12, 9, 4, 5, 4, 3, 3),
     (1, 4, 24, 6, 3, 7, 3, 1),
+    (1, 3, 16, 2, 6, 9, 5, 2),
+    (2, 4, 8, 3, 4, 13, 5, 1),
 ]
 
 
@@ -82,21 +84,24 @@ def test_conv_and_gradients_equal_grouped_conv(geometry):
             assert gw is None
 
 
-def test_any_input_layout_and_padding():
+@pytest.mark.parametrize('groups', [5, 8])
+def test_any_input_layout_and_padding(groups):
     """NCHW inputs and a grad of any layout give the same numbers; padding
-    need not be k // 2."""
-    x, w = inputs(2, 6, 5, 3, 7, 6, 3)
-    for p in (0, 2):
+    need not be k // 2 (with groups that fill whole vectors, read in place,
+    or not, copied)."""
+    x, w = inputs(2, 6, groups, 3, 7, 6, 3)
+    for p in (0, 2, 4):
         Ho, Wo = (7 + 2 * p - 3) // 2 + 1, (6 + 2 * p - 3) // 2 + 1
-        gy = torch.randn(2, 15, Ho, Wo, dtype=torch.float64)
-        y_ref, gx_ref, gw_ref = reference(x, w, 5, 2, p, gy)
-        xc = x.contiguous()
-        torch.testing.assert_close(ops.acmix_conv(xc, w, 5, 2, p), y_ref)
+        gy = torch.randn(2, 3 * groups, Ho, Wo, dtype=torch.float64)
+        y_ref, gx_ref, gw_ref = reference(x, w, groups, 2, p, gy)
+        for xi in (x, x.contiguous()):
+            y = ops.acmix_conv(xi, w, groups, 2, p)
+            torch.testing.assert_close(y, y_ref)
         gx, gw = ops.acmix_conv_backward(
             gy.contiguous(memory_format=torch.channels_last),
-            xc,
+            x.contiguous(),
             w,
-            5,
+            groups,
             2,
             p,
             [True, True],

@@ -57,6 +57,24 @@ void mix_load_rows(A* __restrict__ dst, const T* __restrict__ x, const MixShape&
   }
 }
 
+// w (G * O, J, k, k) as vectors of V groups: pack[gc][u][v][m][n][lane] with
+// (m, n) = (h, j) if h_major else (j, h), padded with zeros to M x N.
+template <typename T, typename A>
+std::vector<A> mix_pack_weights(const T* w, const MixShape& a, int64_t V, bool h_major,
+                                int64_t M, int64_t N) {
+  const int64_t KK = a.k * a.k;
+  std::vector<A> pack(ceil_div(a.G, V) * KK * M * N * V, A(0));
+  for (int64_t g = 0; g < a.G; ++g)
+    for (int64_t h = 0; h < a.O; ++h)
+      for (int64_t j = 0; j < a.J; ++j)
+        for (int64_t uv = 0; uv < KK; ++uv) {
+          const int64_t mn = h_major ? h * N + j : j * N + h;
+          pack[(((g / V) * KK + uv) * M * N + mn) * V + g % V] =
+              static_cast<A>(w[((g * a.O + h) * a.J + j) * KK + uv]);
+        }
+  return pack;
+}
+
 // acc[q][h] += the taps (u, v), u = us[0..nu), v in [v0, v1), of NPX output
 // pixels: input pixel (u, q * s + v) at xr[u] + (q * s + v) * pix, its J
 // vectors Gp apart; the weights of tap (u, v) at w + (u * k + v) * wu.
@@ -108,14 +126,7 @@ void mix_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict
   const int64_t in1 = a.W - 1 + a.p - (a.k - 1) < 0
                           ? in0
                           : std::max(in0, std::min(a.Wo, (a.W - 1 + a.p - (a.k - 1)) / a.s + 1));
-  // wt[gc][u][v][j][h][lane]: the weights of V groups as one vector.
-  std::vector<A> wt(nGC * KK * wu, A(0));
-  for (int64_t g = 0; g < a.G; ++g)
-    for (int64_t h = 0; h < a.O; ++h)
-      for (int64_t j = 0; j < a.J; ++j)
-        for (int64_t uv = 0; uv < KK; ++uv)
-          wt[((((g / V) * KK + uv) * a.J + j) * O4 + h) * V + g % V] =
-              static_cast<A>(w[((g * a.O + h) * a.J + j) * KK + uv]);
+  const std::vector<A> wt = mix_pack_weights<T, A>(w, a, V, false, a.J, O4);
   const int64_t grain = grain_for(a.Wo * KK * a.J * a.O * a.G);
   at::parallel_for(0, a.B * a.Ho, grain, [&](int64_t begin, int64_t end) {
     std::vector<A> rows(a.k * Wp * pix), orow(Wo4 * O4 * Gp);
@@ -203,14 +214,7 @@ void mix_backward_input(const T* __restrict__ gt, const T* __restrict__ w, T* __
       const int64_t d = ph + a.p - v;
       if ((d % a.s + a.s) % a.s == 0) taps[ph].emplace_back(v, d / a.s + pad);
     }
-  // wb[gc][u][v][h][j][lane]
-  std::vector<A> wb(nGC * KK * a.O * JX * V, A(0));
-  for (int64_t g = 0; g < a.G; ++g)
-    for (int64_t h = 0; h < a.O; ++h)
-      for (int64_t j = 0; j < a.J; ++j)
-        for (int64_t uv = 0; uv < KK; ++uv)
-          wb[((((g / V) * KK + uv) * a.O + h) * JX + j) * V + g % V] =
-              static_cast<A>(w[((g * a.O + h) * a.J + j) * KK + uv]);
+  const std::vector<A> wb = mix_pack_weights<T, A>(w, a, V, true, a.O, JX);
   const int64_t grain = grain_for(a.W * KK * a.J * a.O * a.G / (a.s * a.s));
   at::parallel_for(0, a.B * a.H, grain, [&](int64_t begin, int64_t end) {
     std::vector<A> z(a.k * Wz * zpix);
