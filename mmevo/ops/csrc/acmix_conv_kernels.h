@@ -14,11 +14,13 @@
 // G lanes, so every tap is J vector loads and the group's O outputs O FMAs
 // per load. oneDNN runs grouped convolutions of such small groups (16
 // groups of 12 -> 4 channels in ACmix's stage 1) a group at a time, at a
-// third to half of the FMA rate these reach. A task copies the input rows
-// its windows read into a zero-padded buffer in the accumulation type A
-// (lanes past G zero, G padded to Gp), so every tap is an always-valid
-// load; the register tiles (kMixPx pixels x kMixOut outputs, and their
-// transposes) fill the register file.
+// third to half of the FMA rate these reach. Where a pixel's channels are
+// whole vectors of the accumulation type A (G a multiple of the lanes, no
+// conversion), the kernels read the maps in place and clip the taps at the
+// edges; otherwise a task copies the rows its windows read into a
+// zero-padded buffer in A (lanes past G zero, G padded to Gp). The
+// register tiles (kMixPx pixels x kMixOut outputs, and their transposes)
+// fill the register file.
 
 constexpr int64_t kMixPx = kVecBytes == 64 ? 4 : 2;   // pixels of a register tile
 constexpr int64_t kMixOut = 4;                        // outputs of a forward tile
@@ -146,7 +148,7 @@ void mix_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict
         }
       }
       if (!direct) mix_load_rows(rows.data(), x, a, b, i, Wp, a.J, Gp);
-      // n pixels from o0, taps [v0, v1), into the row buffer.
+      // NPX pixels from o0, taps [v0, v1), into the row buffer.
       auto tile = [&]<int NPX>(int64_t o0, int64_t gc, int64_t v0, int64_t v1) {
         for (int64_t n = 0; n < nu; ++n) xr[n] = base[n] + (o0 * a.s - a.p) * pix + gc * V;
         for (int64_t hb = 0; hb < O4; hb += kMixOut) {
