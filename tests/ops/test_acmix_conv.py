@@ -243,6 +243,8 @@ def test_add_heads_equals_strided_adds(stride, dtype):
         ops.acmix_add_heads_(grad, gk, gk, gv, 2 if stride == 1 else stride)
     with pytest.raises(ValueError, match='grad must be a contiguous'):
         ops.acmix_add_heads_(grad[:, :-1], gq, gk, gv, stride)
+    with pytest.raises(TypeError, match='grad and g_value must have the same'):
+        ops.acmix_add_heads_(grad, gq, gk, gv.half(), stride)
 
 
 SCRIPT = r"""

@@ -145,7 +145,9 @@ void acmix_add_heads_cpu(const at::Tensor& grad, const at::Tensor& g_query,
                         g_query.size(2) == Ho && g_query.size(3) == Wo,
                     "g_query must be (", B, ", ", C, ", ", Ho, ", ", Wo, "), got ",
                     g_query.sizes());
-  for (const auto* t : {&g_query, &g_key, &g_value}) check_floating("gradient", *t, "grad", grad);
+  check_floating("g_query", g_query, "grad", grad);
+  check_floating("g_key", g_key, "grad", grad);
+  check_floating("g_value", g_value, "grad", grad);
   TORCH_CHECK_VALUE(grad.device().is_cpu(), "acmix_add_heads_'s C++ kernel runs CPU tensors, got ",
                     grad.device());
   if (grad.numel() == 0) return;
