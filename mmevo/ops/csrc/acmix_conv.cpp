@@ -29,6 +29,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -104,7 +105,10 @@ std::tuple<at::Tensor, at::Tensor> acmix_conv_backward_cpu(
   if (output_mask[0])
     gx = at::empty({a.B, a.J * a.G, a.H, a.W},
                    input.options().memory_format(at::MemoryFormat::ChannelsLast));
-  if (output_mask[1]) gw = at::zeros(weight.sizes(), weight.options());
+  // The kernel writes every weight's gradient; an empty batch gives zeros.
+  if (output_mask[1])
+    gw = a.B == 0 ? at::zeros(weight.sizes(), weight.options())
+                  : at::empty(weight.sizes(), weight.options());
   if (a.B == 0 || !(output_mask[0] || output_mask[1])) return {gx, gw};
   // (B, Ho, Wo, O, G): each output pixel's gradient with the groups inner.
   const auto gt = grad.reshape({a.B, a.G, a.O, a.Ho, a.Wo}).permute({0, 3, 4, 2, 1}).contiguous();
