@@ -222,6 +222,28 @@ def _onednn_conv1x1(x, weight, bias=None):
     )
 
 
+def _onednn_conv1x1_input_grad(grad, weight):
+    """The input gradient of a 1x1 convolution by ``weight``, as oneDNN's
+    transposed convolution of ``grad`` by ``weight`` as it is. A
+    convolution by the transposed weight would first copy it with strided
+    reads: at ResNet-50's 7² widths 1.7-2.3x this time, 3-4% of a
+    RedNet-50 train step on one thread (``docs/benchmarks.md``). Not
+    differentiable: a double backward takes that convolution."""
+    return torch.ops.mkldnn._convolution_transpose_pointwise(
+        grad.contiguous(),
+        weight,
+        None,
+        [0, 0],
+        [0, 0],
+        [1, 1],
+        [1, 1],
+        1,
+        'none',
+        [],
+        '',
+    )
+
+
 class _Pointwise(torch.autograd.Function):
     """A 1x1 convolution whose weight gradient is a matmul; y and grad_x
     are matmuls too, or (``onednn``) oneDNN's 1x1 convolutions.
@@ -254,7 +276,9 @@ class _Pointwise(torch.autograd.Function):
         w2 = weight.view(C_out, C).to(g3.dtype)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            if ctx.onednn:
+            if ctx.onednn and not torch.is_grad_enabled():
+                grad_x = _onednn_conv1x1_input_grad(grad, weight)
+            elif ctx.onednn:  # create_graph: a differentiable convolution
                 w_t = w2.t().reshape(C, C_out, 1, 1)
                 grad_x = _onednn_conv1x1(grad, w_t)
             else:

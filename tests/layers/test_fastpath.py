@@ -388,6 +388,29 @@ def test_conv1x1_equals_float64_conv2d(
         torch.testing.assert_close(a, r.float(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize('shape, c_out', [((2, 96, 5, 7), 160), ((3, 64, 1, 1), 64)])
+@pytest.mark.parametrize('channels_last_grad', [False, True])
+def test_conv1x1_plain_backward_equals_float64_conv2d(
+    threads, onednn_conv1x1, shape, c_out, channels_last_grad
+):
+    """The gradients of a plain backward (no ``create_graph``), whose input
+    gradient on oneDNN is a transposed convolution by the weight as it is,
+    against conv2d in float64, for an NCHW and a channels-last gradient."""
+    gen = torch.Generator().manual_seed(c_out)
+    x = torch.randn(*shape, generator=gen, requires_grad=True)
+    w = torch.randn(c_out, shape[1], 1, 1, generator=gen) / shape[1] ** 0.5
+    w.requires_grad_()
+    ref = [t.detach().double().requires_grad_() for t in (x, w)]
+    y = conv1x1(x, w)
+    g = torch.randn(y.shape, generator=gen)
+    if channels_last_grad:
+        g = g.contiguous(memory_format=torch.channels_last)
+    grads = torch.autograd.grad(y, (x, w), g)
+    grads_ref = torch.autograd.grad(F.conv2d(*ref), ref, g.double())
+    for a, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, r.float(), rtol=1e-5, atol=1e-4)
+
+
 def test_conv1x1_takes_onednn_in_float32_at_64_channels(onednn_conv1x1):
     """Other dtypes, narrower convs, autocast and oneDNN switched off take
     the matmul."""
