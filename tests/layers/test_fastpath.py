@@ -388,7 +388,9 @@ def test_conv1x1_equals_float64_conv2d(
         torch.testing.assert_close(a, r.float(), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize('shape, c_out', [((2, 96, 5, 7), 160), ((3, 64, 1, 1), 64)])
+@pytest.mark.parametrize(
+    'shape, c_out', [((2, 96, 5, 7), 160), ((3, 64, 1, 1), 64)]
+)
 @pytest.mark.parametrize('channels_last_grad', [False, True])
 def test_conv1x1_plain_backward_equals_float64_conv2d(
     threads, onednn_conv1x1, shape, c_out, channels_last_grad
