@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmevo.ops import cpp_backend
 from mmevo.ops.backends import backend_name
 
 ENV_VAR = 'MMEVO_CPU_FASTPATH'
@@ -429,3 +430,134 @@ def conv1x1(
     if torch.get_num_threads() > 1 or x.shape[0] >= 16:
         return F.conv2d(x, weight, bias)  # PyTorch takes oneDNN itself
     return _Pointwise.apply(x, weight, bias, True)
+
+
+class _BatchNormTrain(torch.autograd.Function):
+    """``F.batch_norm`` in training on ``mmevo::batch_norm_train`` (ATen's
+    CPU forward is 4-5x slower on NCHW maps), updating the running
+    statistics as it does; the backward is ATen's. Twice differentiable:
+    under ``create_graph`` the backward recomputes the stock batch norm
+    with the same batch statistics and differentiates it."""
+
+    @staticmethod
+    def forward(
+        ctx, x, weight, bias, running_mean, running_var, momentum, eps
+    ):
+        out, mean, invstd = torch.ops.mmevo.batch_norm_train(
+            x, weight, bias, running_mean, running_var, momentum, eps
+        )
+        ctx.save_for_backward(x, weight, bias, mean, invstd)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, mean, invstd = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # create_graph
+            inputs = (x, weight, bias)
+            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
+            with torch.enable_grad():
+                y = F.batch_norm(
+                    x, None, None, weight, bias, True, 0.0, ctx.eps
+                )
+            found = iter(
+                torch.autograd.grad(y, wanted, grad, create_graph=True)
+            )
+            grads = [next(found) if need else None for need in needs]
+        else:
+            grads = torch.ops.aten.native_batch_norm_backward(
+                grad.contiguous(),
+                x,
+                weight,
+                None,
+                None,
+                mean,
+                invstd,
+                True,
+                ctx.eps,
+                [
+                    needs[0],
+                    weight is not None and needs[1],
+                    bias is not None and needs[2],
+                ],
+            )
+        return *grads, None, None, None, None
+
+
+def takes_batch_norm_kernel(x: torch.Tensor, norm: nn.Module) -> bool:
+    """Whether :func:`batch_norm` runs ``norm(x)`` on mmevo's kernel: a
+    plain ``nn.BatchNorm2d`` in training that tracks running statistics,
+    an NCHW float32 or float64 CPU ``x`` of its dtype with more than one
+    value per channel, autocast off, the C++ extension built."""
+    return (
+        type(norm) is nn.BatchNorm2d
+        and norm.training
+        and norm.track_running_stats
+        and norm.running_mean is not None
+        and x.device.type == 'cpu'
+        and x.dtype in (torch.float32, torch.float64)
+        and x.dtype == norm.running_mean.dtype
+        and (norm.weight is None or norm.weight.dtype == x.dtype)
+        and x.dim() == 4
+        and x.is_contiguous()
+        and x.numel() > x.shape[1]
+        and not torch.is_autocast_enabled('cpu')
+        and cpp_backend.available()
+    )
+
+
+def batch_norm_train(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """``F.batch_norm(x, None, None, weight, bias, True, 0.0, eps)`` on
+    mmevo's kernel, for an ``x`` that :func:`takes_batch_norm_kernel`
+    takes: a batch norm in training that updates no running statistics
+    (a recomputation's)."""
+    return _BatchNormTrain.apply(x, weight, bias, None, None, 0.0, eps)
+
+
+def batch_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``norm(x)``, where :func:`takes_batch_norm_kernel` holds computed by
+    a kernel that reads each channel once from memory (ATen's CPU forward
+    of a training batch norm takes 4-5x its time on ResNet-50's NCHW maps,
+    ``docs/benchmarks.md``): the same numbers to float rounding, the same
+    running statistics and batch count. For the CPU fast paths, which call
+    it only where no hook waits for ``norm``'s call.
+
+    Args:
+        x (Tensor): (B, C, H, W).
+        norm (nn.Module): the batch norm, or any module (called as it is
+            where the kernel does not take it).
+
+    Returns:
+        Tensor: ``norm(x)``.
+
+    Example:
+        >>> import torch
+        >>> bn = torch.nn.BatchNorm2d(4)
+        >>> x = torch.randn(2, 4, 3, 3)
+        >>> y = batch_norm(x, bn)
+        >>> torch.allclose(y, torch.nn.functional.batch_norm(
+        ...     x, None, None, bn.weight, bn.bias, True), atol=1e-5)
+        True
+    """
+    if not takes_batch_norm_kernel(x, norm):
+        return norm(x)
+    # As nn.BatchNorm2d.forward counts batches and picks the momentum.
+    norm.num_batches_tracked.add_(1)
+    momentum = norm.momentum
+    if momentum is None:  # a cumulative moving average
+        momentum = 1.0 / float(norm.num_batches_tracked)
+    return _BatchNormTrain.apply(
+        x,
+        norm.weight,
+        norm.bias,
+        norm.running_mean,
+        norm.running_var,
+        momentum,
+        norm.eps,
+    )

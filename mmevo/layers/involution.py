@@ -10,6 +10,7 @@ from mmevo.registry import MODELS
 
 from .base import EvolutionLayer, InitCfg, check_divisible, check_layer_cfg
 from .fastpath import (
+    batch_norm,
     conv1x1,
     cpu_fastpath_default,
     takes_cpu_fastpath,
@@ -126,11 +127,12 @@ class Involution(EvolutionLayer):
 
     def _reduce_cpu(self, x: torch.Tensor) -> torch.Tensor:
         """``conv1(x)``, its 1x1 convolution on the faster of oneDNN and a
-        matmul (:func:`~mmevo.layers.fastpath.conv1x1`)."""
+        matmul (:func:`~mmevo.layers.fastpath.conv1x1`), a training BN on
+        :func:`~mmevo.layers.fastpath.batch_norm`."""
         conv1 = self.conv1
         out = conv1x1(x, conv1.conv.weight, conv1.conv.bias)
         if conv1.with_norm:
-            out = conv1.norm(out)
+            out = batch_norm(out, conv1.norm)
         if conv1.with_activation:
             out = conv1.activate(out)
         return out

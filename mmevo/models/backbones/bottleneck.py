@@ -19,6 +19,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from mmevo.layers.fastpath import (
+    batch_norm,
     conv1x1,
     cpu_fastpath_default,
     is_plain_conv1x1,
@@ -108,11 +109,14 @@ class MiddleLayerBottleneck(Bottleneck):
 
     def _residual(self, x, fast):
         """The block before its last ReLU: branch + shortcut; ``fast``
-        takes the CPU fast path."""
+        takes the CPU fast path (its BNs on :func:`batch_norm`)."""
+        norm = batch_norm if fast else _call
         out = self._conv1_cpu(x) if fast else self.conv1(x)
-        out = self.relu(self.norm1(out))
-        out = self.relu(self.norm2(self.conv2(out)))
-        out = self.norm3(self._conv3_cpu(out) if fast else self.conv3(out))
+        out = self.relu(norm(out, self.norm1))
+        out = self.relu(norm(self.conv2(out), self.norm2))
+        out = norm(
+            self._conv3_cpu(out) if fast else self.conv3(out), self.norm3
+        )
         if self.downsample is not None:
             x = self._downsample_cpu(x) if fast else self.downsample(x)
         out += x
@@ -144,8 +148,12 @@ class MiddleLayerBottleneck(Bottleneck):
             if is_plain_conv1x1(conv) and conv.stride != (1, 1):
                 sh, sw = conv.stride
                 x = x[:, :, ::sh, ::sw]
-                return norm(conv1x1(x, conv.weight, conv.bias))
+                return batch_norm(conv1x1(x, conv.weight, conv.bias), norm)
         return downsample(x)
+
+
+def _call(x, module):
+    return module(x)
 
 
 @contextlib.contextmanager

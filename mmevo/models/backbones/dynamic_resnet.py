@@ -20,7 +20,13 @@ from mmengine.model import Sequential
 from torch import nn
 
 from mmevo.layers.base import check_layer_cfg
-from mmevo.layers.fastpath import cpu_fastpath_default, takes_cpu_fastpath
+from mmevo.layers.fastpath import (
+    batch_norm,
+    batch_norm_train,
+    cpu_fastpath_default,
+    takes_batch_norm_kernel,
+    takes_cpu_fastpath,
+)
 
 from .bottleneck import MiddleLayerBottleneck
 
@@ -119,10 +125,11 @@ def _replayed(x, conv, norm, act, pool=None):
     max-pool's int64 indices, each as large as ``x`` or more; the backward
     reruns the conv (a stem's first, from 3 channels, is cheap), the BN
     with the statistics of the forward and the pool. The forward calls the
-    modules as they are: the same numbers, and the BN's running statistics
-    updated once. Taken in a train step when ``norm`` is an
-    ``nn.BatchNorm2d`` and ``act`` an ``nn.ReLU``; anything else, or
-    nothing to differentiate, runs the modules as they are.
+    modules as they are (a training BN on :func:`batch_norm`'s kernel): the
+    same numbers, and the BN's running statistics updated once. Taken in a
+    train step when ``norm`` is an ``nn.BatchNorm2d`` and ``act`` an
+    ``nn.ReLU``; anything else, or nothing to differentiate, runs the
+    modules as the forward does.
 
     Args:
         x (Tensor): (B, C, H, W), the input of ``conv``, or of ``norm``
@@ -140,7 +147,8 @@ def _replayed(x, conv, norm, act, pool=None):
 
     def stock(x):
         for layer in layers:
-            x = layer(x)
+            # batch_norm(x, layer) is layer(x), a training BN on a kernel
+            x = batch_norm(x, layer)
         return x
 
     # None where a module lacks one (no conv, no bias, a BN without affine).
@@ -170,9 +178,12 @@ def _replayed(x, conv, norm, act, pool=None):
             return stock(x)
         if conv is not None:
             x = conv._conv_forward(x, conv_w, conv_b)
-        x = F.batch_norm(
-            x, *stats, norm_w, norm_b, stats[0] is None, 0.0, norm.eps
-        )
+        if stats[0] is None and takes_batch_norm_kernel(x, norm):
+            x = batch_norm_train(x, norm_w, norm_b, norm.eps)
+        else:
+            x = F.batch_norm(
+                x, *stats, norm_w, norm_b, stats[0] is None, 0.0, norm.eps
+            )
         x = act(x)
         return x if pool is None else pool(x)
 
@@ -389,7 +400,7 @@ class DynamicResNet(ResNet):
             parts = _conv_norm_relu(first)
             x = first(x) if parts is None else _replayed(x, *parts)
             for layer in head:
-                x = layer(x)
+                x = batch_norm(x, layer)  # layer(x), a training BN's faster
             # A map already in channels_last (a channels_last model) goes
             # on as it is: the Function would return it as a view, which
             # the in-place ReLU may not modify.

@@ -1,0 +1,184 @@
+"""``mmevo.layers.fastpath.batch_norm`` (on ``mmevo::batch_norm_train``)
+equals the ``nn.BatchNorm2d`` module it runs: outputs, gradients, running
+statistics and batch counts, and steps aside where the kernel cannot take
+the call."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmevo.layers.fastpath import batch_norm, takes_batch_norm_kernel
+
+
+def _bn(channels, affine=True, momentum=0.1, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    bn = nn.BatchNorm2d(channels, affine=affine, momentum=momentum)
+    bn = bn.to(dtype)
+    with torch.no_grad():
+        bn.running_mean.normal_(0, 0.5, generator=gen)
+        bn.running_var.uniform_(0.5, 2, generator=gen)
+        if affine:
+            bn.weight.normal_(1, 0.5, generator=gen)
+            bn.bias.normal_(0, 0.5, generator=gen)
+    return bn
+
+
+def _step(fn, bn, x, g):
+    """Output, input and parameter gradients of ``fn(x, bn)``."""
+    x = x.clone().requires_grad_()
+    y = fn(x, bn)
+    params = [p for p in (bn.weight, bn.bias) if p is not None]
+    grads = torch.autograd.grad(y, [x, *params], g)
+    return y, grads
+
+
+@pytest.mark.parametrize(
+    'shape', [(3, 5, 7, 1), (2, 16, 9, 11), (1, 8, 1, 2), (4, 3, 40, 33)]
+)
+@pytest.mark.parametrize('affine', [True, False])
+@pytest.mark.parametrize('momentum', [0.1, None, 0.0])
+def test_equals_the_module_in_float64(threads, shape, affine, momentum):
+    """Two train steps (a cumulative momentum changes between them):
+    outputs, gradients of x, weight and bias, running statistics and the
+    batch count; ``(4, 3, 40, 33)`` sums a channel over more than one
+    chunk of the kernel's partial sums."""
+    ours = _bn(shape[1], affine, momentum)
+    ref = copy.deepcopy(ours)
+    assert takes_batch_norm_kernel(
+        torch.zeros(shape, dtype=torch.float64), ours
+    )
+    gen = torch.Generator().manual_seed(sum(shape))
+    for _ in range(2):
+        x = torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 1
+        g = torch.randn(shape, generator=gen, dtype=torch.float64)
+        y, grads = _step(batch_norm, ours, x, g)
+        y_ref, grads_ref = _step(lambda t, m: m(t), ref, x, g)
+        torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+        for a, r in zip(grads, grads_ref, strict=True):
+            torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+        for name, buf in ref.named_buffers():
+            torch.testing.assert_close(
+                getattr(ours, name), buf, rtol=1e-12, atol=1e-12, msg=name
+            )
+
+
+def test_float32_as_accurate_as_the_module():
+    """float32 against the float64 module, on a map whose mean is 1e3 times
+    its spread (a one-pass variance would lose it): no further from it
+    than the float32 module."""
+    shape = (4, 24, 28, 28)
+    gen = torch.Generator().manual_seed(3)
+    x64 = torch.randn(shape, generator=gen, dtype=torch.float64) * 0.1 + 100
+    g64 = torch.randn(shape, generator=gen, dtype=torch.float64)
+    ref = _bn(24)
+    y_ref, grads_ref = _step(lambda t, m: m(t), ref, x64, g64)
+    results = {}
+    for name, fn in (('ours', batch_norm), ('module', lambda t, m: m(t))):
+        bn = copy.deepcopy(ref).float()
+        bn.load_state_dict(_bn(24).state_dict())  # the start's statistics
+        y, grads = _step(fn, bn, x64.float(), g64.float())
+        errors = [(y.double() - y_ref).abs().max()]
+        errors += [
+            (a.double() - r).abs().max()
+            for a, r in zip(grads, grads_ref, strict=True)
+        ]
+        errors += [
+            (getattr(bn, n).double() - getattr(ref, n)).abs().max()
+            for n in ('running_mean', 'running_var')
+        ]
+        results[name] = torch.stack(errors)
+    assert (results['ours'] <= 2 * results['module'] + 1e-6).all(), results
+
+
+def test_double_backward_equals_the_module():
+    shape = (2, 6, 5, 4)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    found = []
+    for fn in (batch_norm, lambda t, m: m(t)):
+        bn = _bn(6)
+        xr = x.clone().requires_grad_()
+        y = fn(xr, bn)
+        grads = torch.autograd.grad(
+            y, (xr, bn.weight, bn.bias), g, create_graph=True
+        )
+        again = torch.autograd.grad(
+            sum((t * t).sum() for t in grads),
+            (xr, bn.weight, bn.bias),
+            allow_unused=True,  # the bias's: its gradient is linear in g
+        )
+        found.append((*grads, *again))
+    assert found[1][-1] is None
+    for a, r in zip(*found, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+
+
+def _variants():
+    x = torch.randn(2, 4, 3, 3)
+    yield 'eval', x, _bn(4, dtype=torch.float32).eval()
+    yield (
+        'channels_last',
+        x.contiguous(memory_format=torch.channels_last),
+        _bn(4, dtype=torch.float32),
+    )
+    yield 'bfloat16', x.bfloat16(), _bn(4, dtype=torch.bfloat16)
+    yield 'no running stats', x, nn.BatchNorm2d(4, track_running_stats=False)
+
+    class MyNorm(nn.BatchNorm2d):
+        pass
+
+    yield 'subclass', x, MyNorm(4)
+
+
+@pytest.mark.parametrize(
+    'name, x, bn', list(_variants()), ids=[v[0] for v in _variants()]
+)
+def test_steps_aside_where_the_kernel_cannot_take_it(name, x, bn):
+    """Another layout, dtype, mode or class: the module itself, the same
+    numbers and buffers."""
+    assert not takes_batch_norm_kernel(x, bn)
+    ref = copy.deepcopy(bn)
+    torch.testing.assert_close(batch_norm(x, bn), ref(x))
+    for (n, a), b in zip(bn.named_buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(a, b, msg=n)
+
+
+def test_steps_aside_under_autocast_and_for_one_value_per_channel():
+    bn = _bn(4, dtype=torch.float32)
+    x = torch.randn(2, 4, 3, 3)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert not takes_batch_norm_kernel(x, bn)
+    one = torch.randn(1, 4, 1, 1)
+    assert not takes_batch_norm_kernel(one, bn)
+    with pytest.raises(ValueError, match='more than 1 value per channel'):
+        batch_norm(one, bn)  # the module's own error
+    assert not takes_batch_norm_kernel(x, bn.double())
+    with pytest.raises(RuntimeError, match='mixed dtype'):
+        batch_norm(x, bn)  # the module's own error
+
+
+def test_kernel_rejects_bad_input_naming_the_argument():
+    op = torch.ops.mmevo.batch_norm_train
+    x, w = torch.randn(2, 4, 3, 3), torch.randn(4)
+    with pytest.raises(ValueError, match='input must be a contiguous'):
+        op(x.transpose(2, 3), w, w, None, None, 0.1, 1e-5)
+    with pytest.raises(TypeError, match='input must be float32 or float64'):
+        op(x.half(), None, None, None, None, 0.1, 1e-5)
+    with pytest.raises(TypeError, match="weight must have input's dtype"):
+        op(x, w.double(), None, None, None, 0.1, 1e-5)
+    with pytest.raises(ValueError, match=r'running_var must be a contiguous'):
+        op(x, w, w, w.clone(), torch.ones(5), 0.1, 1e-5)
+    with pytest.raises(ValueError, match='more than one value per channel'):
+        op(x[:1, :, :1, :1].contiguous(), None, None, None, None, 0.1, 1e-5)
+    with pytest.raises(ValueError, match='eps must be > 0'):
+        op(x, None, None, None, None, 0.1, 0.0)
+    y, mean, invstd = op(x, None, None, None, None, 0.1, 1e-5)
+    ref = F.batch_norm(x, None, None, training=True)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(mean, x.mean((0, 2, 3)))
+    var = x.var((0, 2, 3), unbiased=False)
+    torch.testing.assert_close(invstd, (var + 1e-5).rsqrt())
