@@ -89,3 +89,28 @@ def test_acmix_conv_rows(monkeypatch, capsys):
                 0.005 / max(a, 0.005) + 0.005 / max(b, 0.005)
             )
             assert b > 0 and abs(float(ratio) - a / b) <= slack
+
+
+def test_batch_norm_rows(monkeypatch, capsys):
+    """--batch-norm at two small shapes: a row per shape, each ratio that
+    of its two times."""
+    tool = load_tool('analysis/benchmark_ops')
+    monkeypatch.setattr(tool, 'BATCH_NORM_SHAPES', [(8, 16), (16, 12)])
+    monkeypatch.setattr(
+        sys, 'argv', ['benchmark_ops', '--batch-norm', '--repeat', '1']
+    )
+    tool.main()
+    rows = re.findall(
+        r'^\| (\d+)·(\d+)² \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× '
+        r'\| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× \|$',
+        capsys.readouterr().out,
+        re.M,
+    )
+    assert [tuple(int(v) for v in r[:2]) for r in rows] == [(8, 16), (16, 12)]
+    for row in rows:
+        for a, b, ratio in (row[2:5], row[5:8]):
+            a, b = float(a), float(b)
+            slack = 0.01 + a / max(b, 0.005) * (
+                0.005 / max(a, 0.005) + 0.005 / max(b, 0.005)
+            )
+            assert b > 0 and abs(float(ratio) - a / b) <= slack

@@ -58,6 +58,12 @@ weight: ``onednn`` (``F.conv2d`` of the channels-last buffer, which
 PyTorch runs on oneDNN) against ``mmevo`` (``mmevo::acmix_conv`` and its
 backward, which ACmix's CPU fast path takes).
 
+``--batch-norm`` times a training ``nn.BatchNorm2d`` at the NCHW maps of
+ResNet-50's bottlenecks and RedNet-50's stem (B4), the forward alone and
+forward + backward of the input, weight and bias: ``aten`` (the module)
+against ``mmevo`` (``mmevo.layers.fastpath.batch_norm``, which the
+backbones' CPU fast paths take; the same backward).
+
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
     # on a busy machine:
@@ -71,6 +77,8 @@ Example:
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --conv1x1 \
         --cpu-time --repeat 9
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --acmix-conv \
+        --cpu-time --repeat 9
+    OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --batch-norm \
         --cpu-time --repeat 9
     python tools/analysis/benchmark_ops.py --device cuda --dtype float16
 """
@@ -486,6 +494,70 @@ def _positive_float(text):
 _positive_float.__name__ = 'float'  # argparse names the type in its message
 
 
+# --batch-norm: (C, H) of the NCHW maps a BN normalises in ResNet-50's
+# bottlenecks and RedNet-50's stem.
+BATCH_NORM_SHAPES = [
+    (32, 112),
+    (64, 56),
+    (256, 56),
+    (128, 28),
+    (512, 28),
+    (256, 14),
+    (1024, 14),
+    (512, 7),
+    (2048, 7),
+]
+
+
+def batch_norm_paths(device, dtype, repeat, clock):
+    """A training ``nn.BatchNorm2d`` at :data:`BATCH_NORM_SHAPES`: the
+    module (ATen's kernels) against ``fastpath.batch_norm``, the forward
+    alone and with the backward of the input, weight and bias."""
+    from torch import nn
+
+    from mmevo.layers.fastpath import batch_norm
+
+    print(
+        '| C·H² | aten fwd ms | mmevo fwd ms | aten / mmevo fwd '
+        '| aten fwd+bwd ms | mmevo fwd+bwd ms | aten / mmevo fwd+bwd |'
+        '\n|---|---|---|---|---|---|---|'
+    )
+    for C, H in BATCH_NORM_SHAPES:
+        bn = nn.BatchNorm2d(C).to(device, dtype)
+        x = torch.randn(4, C, H, H, device=device, dtype=dtype)
+        x.requires_grad_()
+        gy = torch.randn(4, C, H, H, device=device, dtype=dtype)
+        paths = {'aten': lambda t, bn=bn: bn(t), 'mmevo': batch_norm}
+
+        def forward(fn, x=x, bn=bn):
+            with torch.no_grad():
+                fn(x, bn)
+
+        def step(fn, x=x, bn=bn, gy=gy):
+            reset_grads(x, bn.weight, bn.bias)
+            fn(x, bn).backward(gy)
+
+        ms = time_ms(
+            {
+                **{n: lambda fn=fn: forward(fn) for n, fn in paths.items()},
+                **{
+                    f'{n}_step': lambda fn=fn: step(fn)
+                    for n, fn in paths.items()
+                },
+            },
+            device,
+            repeat,
+            clock,
+        )
+        print(
+            f'| {C}·{H}² | {ms["aten"]:.2f} | {ms["mmevo"]:.2f} '
+            f'| {ms["aten"] / ms["mmevo"]:.2f}× '
+            f'| {ms["aten_step"]:.2f} | {ms["mmevo_step"]:.2f} '
+            f'| {ms["aten_step"] / ms["mmevo_step"]:.2f}× |',
+            flush=True,
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--device', type=device_arg, default='cpu')
@@ -544,6 +616,12 @@ def main():
         help="ACmix's grouped conv path, forward and forward + backward: "
         'oneDNN against mmevo::acmix_conv (CPU), at the layer shapes',
     )
+    parser.add_argument(
+        '--batch-norm',
+        action='store_true',
+        help='a training BatchNorm2d, forward and forward + backward: '
+        "the module against mmevo's kernel (CPU), at ResNet-50's maps",
+    )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -569,6 +647,10 @@ def main():
         'attention': (attention_layers, train),
         'acmix_conv': (
             acmix_conv_paths,
+            f'median of {args.repeat} ({clock_name} time), B4',
+        ),
+        'batch_norm': (
+            batch_norm_paths,
             f'median of {args.repeat} ({clock_name} time), B4',
         ),
     }
