@@ -182,3 +182,23 @@ def test_kernel_rejects_bad_input_naming_the_argument():
     torch.testing.assert_close(mean, x.mean((0, 2, 3)))
     var = x.var((0, 2, 3), unbiased=False)
     torch.testing.assert_close(invstd, (var + 1e-5).rsqrt())
+
+
+def test_backward_kernel_rejects_bad_input_naming_the_argument():
+    op = torch.ops.mmevo.batch_norm_train_backward
+    x, w = torch.randn(2, 4, 3, 3), torch.randn(4)
+    _, mean, invstd = torch.ops.mmevo.batch_norm_train(
+        x, w, None, None, None, 0.1, 1e-5
+    )
+    mask = [True, True, True]
+    with pytest.raises(ValueError, match='grad must be a contiguous'):
+        op(x[:, :, :2], x, w, mean, invstd, mask)
+    with pytest.raises(TypeError, match="grad must have input's dtype"):
+        op(x.double(), x, w, mean, invstd, mask)
+    with pytest.raises(ValueError, match=r'invstd must be a contiguous'):
+        op(x, x, w, mean, invstd[:3], mask)
+    with pytest.raises(ValueError, match="weight's gradient wanted"):
+        op(x, x, None, mean, invstd, mask)
+    gx, gw, gb = op(x, x, None, mean, invstd, [True, False, True])
+    assert gw is None and gx.shape == x.shape
+    torch.testing.assert_close(gb, x.sum((0, 2, 3)))

@@ -63,3 +63,49 @@ void bn_train_forward(const T* __restrict__ x, const T* w, const T* b, T* __rest
     }
   });
 }
+
+// The gradients of bn_train_forward's y (dy, NCHW like x): gx = dy * k1 +
+// x * k2 + k3 per channel, gw = sum(dy * (x - mean)) * invstd, gb =
+// sum(dy); gx, gw, gb null where not wanted. Task: whole channels, the sums
+// read dy and x once from memory, gx's pass from the cache.
+template <typename T>
+void bn_train_backward(const T* __restrict__ dy, const T* __restrict__ x, const T* w,
+                       const T* mean_in, const T* invstd_in, T* __restrict__ gx, T* gw, T* gb,
+                       int64_t B, int64_t C, int64_t HW) {
+  const int64_t n = B * HW;
+  at::parallel_for(0, C, grain_for(4 * n), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const T m = mean_in[c];
+      double sdy = 0, sdx = 0;
+      for (int64_t i = 0; i < B; ++i) {
+        const T* g = dy + (i * C + c) * HW;
+        const T* p = x + (i * C + c) * HW;
+        for (int64_t k0 = 0; k0 < HW; k0 += kBnChunk) {
+          const int64_t k1 = std::min(HW, k0 + kBnChunk);
+          T a = 0, d = 0;
+#pragma omp simd reduction(+ : a, d)
+          for (int64_t k = k0; k < k1; ++k) {
+            a += g[k];
+            d += g[k] * (p[k] - m);
+          }
+          sdy += a;
+          sdx += d;
+        }
+      }
+      const double invstd = invstd_in[c], wc = w ? static_cast<double>(w[c]) : 1.0;
+      if (gw) gw[c] = static_cast<T>(sdx * invstd);
+      if (gb) gb[c] = static_cast<T>(sdy);
+      if (!gx) continue;
+      const double k1 = invstd * wc, k2 = -k1 * invstd * invstd * sdx / n;
+      const T a = static_cast<T>(k1), b = static_cast<T>(k2);
+      const T e = static_cast<T>(-k1 * sdy / n - static_cast<double>(m) * k2);
+      for (int64_t i = 0; i < B; ++i) {
+        const T* g = dy + (i * C + c) * HW;
+        const T* p = x + (i * C + c) * HW;
+        T* q = gx + (i * C + c) * HW;
+#pragma omp simd
+        for (int64_t k = 0; k < HW; ++k) q[k] = g[k] * a + p[k] * b + e;
+      }
+    }
+  });
+}
