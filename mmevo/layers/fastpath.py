@@ -434,7 +434,7 @@ def conv1x1(
 
 class _BatchNormTrain(torch.autograd.Function):
     """``F.batch_norm`` in training on ``mmevo::batch_norm_train`` and its
-    backward (ATen's CPU forward takes 4-5x the time on NCHW maps, its
+    backward (ATen's CPU forward takes 2.2-6.2x the time on NCHW maps, its
     backward up to 1.5x), updating the running statistics as it does.
     Twice differentiable: under ``create_graph`` the backward recomputes
     the stock batch norm with the same batch statistics and differentiates
@@ -516,7 +516,7 @@ def batch_norm_train(
 def batch_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """``norm(x)``, where :func:`takes_batch_norm_kernel` holds computed by
     a kernel that reads each channel once from memory (ATen's CPU forward
-    of a training batch norm takes 4-5x its time on ResNet-50's NCHW maps,
+    of a training batch norm takes 2.2-6.2x its time on ResNet-50's NCHW maps,
     ``docs/benchmarks.md``): the same numbers to float rounding, the same
     running statistics and batch count. For the CPU fast paths, which call
     it only where no hook waits for ``norm``'s call.
