@@ -62,55 +62,54 @@ def test_attention_rows(monkeypatch, capsys):
         assert float(stock[8]) > float(fused[8])
 
 
-def test_acmix_conv_rows(monkeypatch, capsys):
-    """--acmix-conv at two small shapes: a row per shape, each ratio that
-    of its two times."""
+def _ratio_rows(monkeypatch, capsys, flag, table, shapes, label):
+    """The shape labels of the rows ``benchmark_ops.py flag --repeat 1``
+    prints at ``shapes`` (its list ``table``), each row's two ratios
+    checked to be those of its times (forward, forward + backward)."""
     tool = load_tool('analysis/benchmark_ops')
-    monkeypatch.setattr(tool, 'ACMIX_CONV_SHAPES', [(64, 9, 1), (32, 8, 2)])
-    monkeypatch.setattr(
-        sys, 'argv', ['benchmark_ops', '--acmix-conv', '--repeat', '1']
-    )
+    monkeypatch.setattr(tool, table, shapes)
+    monkeypatch.setattr(sys, 'argv', ['benchmark_ops', flag, '--repeat', '1'])
     tool.main()
     rows = re.findall(
-        r'^\| (\d+)·(\d+)²·(\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× '
+        rf'^\| ({label}) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× '
         r'\| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× \|$',
         capsys.readouterr().out,
         re.M,
     )
-    assert [tuple(int(v) for v in r[:3]) for r in rows] == [
-        (64, 9, 1),
-        (32, 8, 2),
-    ]
     for row in rows:
-        for a, b, ratio in (row[3:6], row[6:9]):
+        for a, b, ratio in (row[1:4], row[4:7]):
             a, b = float(a), float(b)
             # the figures are rounded to 0.01, the ratio to 0.01
             slack = 0.01 + a / max(b, 0.005) * (
                 0.005 / max(a, 0.005) + 0.005 / max(b, 0.005)
             )
             assert b > 0 and abs(float(ratio) - a / b) <= slack
+    return [row[0] for row in rows]
+
+
+def test_acmix_conv_rows(monkeypatch, capsys):
+    """--acmix-conv at two small shapes: a row per shape, each ratio that
+    of its two times."""
+    labels = _ratio_rows(
+        monkeypatch,
+        capsys,
+        '--acmix-conv',
+        'ACMIX_CONV_SHAPES',
+        [(64, 9, 1), (32, 8, 2)],
+        r'\d+·\d+²·\d+',
+    )
+    assert labels == ['64·9²·1', '32·8²·2']
 
 
 def test_batch_norm_rows(monkeypatch, capsys):
     """--batch-norm at two small shapes: a row per shape, each ratio that
     of its two times."""
-    tool = load_tool('analysis/benchmark_ops')
-    monkeypatch.setattr(tool, 'BATCH_NORM_SHAPES', [(8, 16), (16, 12)])
-    monkeypatch.setattr(
-        sys, 'argv', ['benchmark_ops', '--batch-norm', '--repeat', '1']
+    labels = _ratio_rows(
+        monkeypatch,
+        capsys,
+        '--batch-norm',
+        'BATCH_NORM_SHAPES',
+        [(8, 16), (16, 12)],
+        r'\d+·\d+²',
     )
-    tool.main()
-    rows = re.findall(
-        r'^\| (\d+)·(\d+)² \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× '
-        r'\| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× \|$',
-        capsys.readouterr().out,
-        re.M,
-    )
-    assert [tuple(int(v) for v in r[:2]) for r in rows] == [(8, 16), (16, 12)]
-    for row in rows:
-        for a, b, ratio in (row[2:5], row[5:8]):
-            a, b = float(a), float(b)
-            slack = 0.01 + a / max(b, 0.005) * (
-                0.005 / max(a, 0.005) + 0.005 / max(b, 0.005)
-            )
-            assert b > 0 and abs(float(ratio) - a / b) <= slack
+    assert labels == ['8·16²', '16·12²']

@@ -400,7 +400,7 @@ class DynamicResNet(ResNet):
             parts = _conv_norm_relu(first)
             x = first(x) if parts is None else _replayed(x, *parts)
             for layer in head:
-                x = batch_norm(x, layer)  # layer(x), a training BN's faster
+                x = batch_norm(x, layer)  # layer(x), a training BN on a kernel
             # A map already in channels_last (a channels_last model) goes
             # on as it is: the Function would return it as a view, which
             # the in-place ReLU may not modify.
