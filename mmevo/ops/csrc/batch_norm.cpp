@@ -59,8 +59,13 @@ void check_input(const at::Tensor& input) {
 }
 
 template <typename T>
+T* data_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+template <typename T>
 T* data_or_null(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() ? t->data_ptr<T>() : nullptr;
+  return t.has_value() ? data_or_null<T>(*t) : nullptr;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_cpu(
@@ -112,10 +117,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_backward_cpu(
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "batch_norm_train_backward", [&] {
     MMEVO_ISA_CALL(bn_train_backward<scalar_t>(
         grad.data_ptr<scalar_t>(), input.data_ptr<scalar_t>(),
-        with_w ? weight->data_ptr<scalar_t>() : nullptr, mean.data_ptr<scalar_t>(),
-        invstd.data_ptr<scalar_t>(), gx.defined() ? gx.data_ptr<scalar_t>() : nullptr,
-        gw.defined() ? gw.data_ptr<scalar_t>() : nullptr,
-        gb.defined() ? gb.data_ptr<scalar_t>() : nullptr, B, C, HW));
+        data_or_null<scalar_t>(weight), mean.data_ptr<scalar_t>(), invstd.data_ptr<scalar_t>(),
+        data_or_null<scalar_t>(gx), data_or_null<scalar_t>(gw), data_or_null<scalar_t>(gb), B,
+        C, HW));
   });
   return {gx, gw, gb};
 }
