@@ -435,25 +435,30 @@ def conv1x1(
 class _BatchNormTrain(torch.autograd.Function):
     """``F.batch_norm`` in training on ``mmevo::batch_norm_train`` and its
     backward (ATen's CPU forward takes 2.2-6.2x the time on NCHW maps, its
-    backward up to 1.5x), updating the running statistics as it does.
-    Twice differentiable: under ``create_graph`` the backward recomputes
-    the stock batch norm with the same batch statistics and differentiates
-    it."""
+    backward up to 1.5x), updating the running statistics as it does; with
+    ``relu``, the ReLU of it, in the same pass (the backward masks the
+    gradient by the output, where the ReLU's backward would write a masked
+    copy of it). Twice differentiable: under ``create_graph`` the backward
+    recomputes the stock batch norm (and ReLU) with the same batch
+    statistics and differentiates it."""
 
     @staticmethod
     def forward(
-        ctx, x, weight, bias, running_mean, running_var, momentum, eps
+        ctx, x, weight, bias, running_mean, running_var, momentum, eps, relu
     ):
         out, mean, invstd = torch.ops.mmevo.batch_norm_train(
-            x, weight, bias, running_mean, running_var, momentum, eps
+            x, weight, bias, running_mean, running_var, momentum, eps, relu
         )
-        ctx.save_for_backward(x, weight, bias, mean, invstd)
+        ctx.save_for_backward(
+            x, weight, bias, mean, invstd, out if relu else None
+        )
         ctx.eps = eps
+        ctx.relu = relu
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, bias, mean, invstd = ctx.saved_tensors
+        x, weight, bias, mean, invstd, out = ctx.saved_tensors
         needs = ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():  # create_graph
             inputs = (x, weight, bias)
@@ -462,6 +467,8 @@ class _BatchNormTrain(torch.autograd.Function):
                 y = F.batch_norm(
                     x, None, None, weight, bias, True, 0.0, ctx.eps
                 )
+                if ctx.relu:
+                    y = F.relu(y)
             found = iter(
                 torch.autograd.grad(y, wanted, grad, create_graph=True)
             )
@@ -474,8 +481,9 @@ class _BatchNormTrain(torch.autograd.Function):
                 mean,
                 invstd,
                 list(needs),  # a None weight or bias needs no gradient
+                out,
             )
-        return *grads, None, None, None, None
+        return *grads, None, None, None, None, None
 
 
 def takes_batch_norm_kernel(x: torch.Tensor, norm: nn.Module) -> bool:
@@ -505,29 +513,37 @@ def batch_norm_train(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
+    relu: bool = False,
 ) -> torch.Tensor:
     """``F.batch_norm(x, None, None, weight, bias, True, 0.0, eps)`` on
     mmevo's kernel, for an ``x`` that :func:`takes_batch_norm_kernel`
     takes: a batch norm in training that updates no running statistics
-    (a recomputation's)."""
-    return _BatchNormTrain.apply(x, weight, bias, None, None, 0.0, eps)
+    (a recomputation's); with ``relu``, ``F.relu`` of it."""
+    return _BatchNormTrain.apply(x, weight, bias, None, None, 0.0, eps, relu)
 
 
-def batch_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """``norm(x)``, where :func:`takes_batch_norm_kernel` holds computed by
-    a kernel that reads each channel once from memory (ATen's CPU forward
-    of a training batch norm takes 2.2-6.2x its time on ResNet-50's NCHW maps,
-    ``docs/benchmarks.md``): the same numbers to float rounding, the same
-    running statistics and batch count. For the CPU fast paths, which call
-    it only where no hook waits for ``norm``'s call.
+def batch_norm(
+    x: torch.Tensor, norm: nn.Module, act: nn.Module | None = None
+) -> torch.Tensor:
+    """``norm(x)``, or ``act(norm(x))``, where :func:`takes_batch_norm_kernel`
+    holds computed by a kernel that reads each channel once from memory
+    (ATen's CPU forward of a training batch norm takes 2.2-6.2x its time on
+    ResNet-50's NCHW maps, ``docs/benchmarks.md``): the same numbers to
+    float rounding, the same running statistics and batch count. An ``act``
+    that is an ``nn.ReLU`` runs in the kernel's pass, and its backward in
+    the BN's (no ReLU pass, no masked gradient map). For the CPU fast
+    paths, which call it only where no hook waits for ``norm``'s or
+    ``act``'s call.
 
     Args:
         x (Tensor): (B, C, H, W).
         norm (nn.Module): the batch norm, or any module (called as it is
             where the kernel does not take it).
+        act (nn.Module, optional): the activation after it, or any module
+            (called as it is where the kernel does not take it).
 
     Returns:
-        Tensor: ``norm(x)``.
+        Tensor: ``norm(x)``, or ``act(norm(x))``.
 
     Example:
         >>> import torch
@@ -539,13 +555,15 @@ def batch_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         True
     """
     if not takes_batch_norm_kernel(x, norm):
-        return norm(x)
+        x = norm(x)
+        return x if act is None else act(x)
+    relu = type(act) is nn.ReLU
     # As nn.BatchNorm2d.forward counts batches and picks the momentum.
     norm.num_batches_tracked.add_(1)
     momentum = norm.momentum
     if momentum is None:  # a cumulative moving average
         momentum = 1.0 / float(norm.num_batches_tracked)
-    return _BatchNormTrain.apply(
+    x = _BatchNormTrain.apply(
         x,
         norm.weight,
         norm.bias,
@@ -553,4 +571,6 @@ def batch_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         norm.running_var,
         momentum,
         norm.eps,
+        relu,
     )
+    return x if act is None or relu else act(x)

@@ -128,14 +128,14 @@ class Involution(EvolutionLayer):
     def _reduce_cpu(self, x: torch.Tensor) -> torch.Tensor:
         """``conv1(x)``, its 1x1 convolution on the faster of oneDNN and a
         matmul (:func:`~mmevo.layers.fastpath.conv1x1`), a training BN on
-        :func:`~mmevo.layers.fastpath.batch_norm`."""
+        :func:`~mmevo.layers.fastpath.batch_norm` (with a ReLU after it,
+        in its pass)."""
         conv1 = self.conv1
         out = conv1x1(x, conv1.conv.weight, conv1.conv.bias)
+        act = conv1.activate if conv1.with_activation else None
         if conv1.with_norm:
-            out = batch_norm(out, conv1.norm)
-        if conv1.with_activation:
-            out = conv1.activate(out)
-        return out
+            return batch_norm(out, conv1.norm, act)
+        return out if act is None else act(out)
 
     def _kernel_weights_cpu(self, x: torch.Tensor) -> torch.Tensor:
         """``conv2(conv1(x))``, both 1x1 convolutions as in

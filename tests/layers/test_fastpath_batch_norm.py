@@ -1,7 +1,7 @@
 """``mmevo.layers.fastpath.batch_norm`` (on ``mmevo::batch_norm_train``)
-equals the ``nn.BatchNorm2d`` module it runs: outputs, gradients, running
-statistics and batch counts, and steps aside where the kernel cannot take
-the call."""
+equals the ``nn.BatchNorm2d`` module it runs, and the ``nn.ReLU`` after it
+where it takes one: outputs, gradients, running statistics and batch
+counts, and steps aside where the kernel cannot take the call."""
 
 import copy
 
@@ -117,6 +117,85 @@ def test_double_backward_equals_the_module():
         torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    'shape', [(3, 5, 7, 1), (2, 16, 9, 11), (4, 3, 40, 33)]
+)
+@pytest.mark.parametrize('affine', [True, False])
+def test_with_relu_equals_the_module_then_relu_in_float64(
+    threads, shape, affine
+):
+    """``batch_norm(x, bn, relu)`` (the ReLU in the kernel's pass, its
+    backward in the BN's) against ``relu(bn(x))``, two train steps."""
+    ours = _bn(shape[1], affine)
+    ref = copy.deepcopy(ours)
+    relu = nn.ReLU(inplace=True)
+    gen = torch.Generator().manual_seed(sum(shape) + 1)
+    for _ in range(2):
+        x = torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 1
+        g = torch.randn(shape, generator=gen, dtype=torch.float64)
+        y, grads = _step(lambda t, m: batch_norm(t, m, relu), ours, x, g)
+        y_ref, grads_ref = _step(lambda t, m: F.relu(m(t)), ref, x, g)
+        assert (y == 0).any() and (y > 0).any()
+        torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+        for a, r in zip(grads, grads_ref, strict=True):
+            torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+        for name, buf in ref.named_buffers():
+            torch.testing.assert_close(
+                getattr(ours, name), buf, rtol=1e-12, atol=1e-12, msg=name
+            )
+
+
+def test_with_relu_double_backward_equals_the_module():
+    shape = (2, 6, 5, 4)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    found = []
+    for fn in (
+        lambda t, m: batch_norm(t, m, nn.ReLU()),
+        lambda t, m: F.relu(m(t)),
+    ):
+        bn = _bn(6)
+        xr = x.clone().requires_grad_()
+        y = fn(xr, bn)
+        grads = torch.autograd.grad(
+            y, (xr, bn.weight, bn.bias), g, create_graph=True
+        )
+        again = torch.autograd.grad(
+            sum((t * t).sum() for t in grads),
+            (xr, bn.weight, bn.bias),
+            allow_unused=True,
+        )
+        found.append((*grads, *again))
+    for a, r in zip(*found, strict=True):
+        if r is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+
+
+class _MyReLU(nn.ReLU):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+@pytest.mark.parametrize(
+    'act',
+    [nn.ReLU6(), nn.GELU(), _MyReLU()],
+    ids=['relu6', 'gelu', 'subclass'],
+)
+def test_other_activations_run_as_they_are(act):
+    """Only a plain ``nn.ReLU`` joins the kernel's pass; another module is
+    called on its output."""
+    x = torch.randn(2, 4, 5, 3, dtype=torch.float64) * 3
+    ours, ref = _bn(4), _bn(4)
+    y, grads = _step(lambda t, m: batch_norm(t, m, act), ours, x, x)
+    y_ref, grads_ref = _step(lambda t, m: act(m(t)), ref, x, x)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for a, r in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
 def _variants():
     x = torch.randn(2, 4, 3, 3)
     yield 'eval', x, _bn(4, dtype=torch.float32).eval()
@@ -179,6 +258,9 @@ def test_kernel_rejects_bad_input_naming_the_argument():
     y, mean, invstd = op(x, None, None, None, None, 0.1, 1e-5)
     ref = F.batch_norm(x, None, None, training=True)
     torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(
+        op(x, None, None, None, None, 0.1, 1e-5, True)[0], F.relu(ref)
+    )
     torch.testing.assert_close(mean, x.mean((0, 2, 3)))
     var = x.var((0, 2, 3), unbiased=False)
     torch.testing.assert_close(invstd, (var + 1e-5).rsqrt())
@@ -199,6 +281,13 @@ def test_backward_kernel_rejects_bad_input_naming_the_argument():
         op(x, x, w, mean, invstd[:3], mask)
     with pytest.raises(ValueError, match="weight's gradient wanted"):
         op(x, x, None, mean, invstd, mask)
+    with pytest.raises(ValueError, match='relu_output must be a contiguous'):
+        op(x, x, w, mean, invstd, mask, x[:1])
+    with pytest.raises(TypeError, match="relu_output must have input's"):
+        op(x, x, w, mean, invstd, mask, x.double())
     gx, gw, gb = op(x, x, None, mean, invstd, [True, False, True])
     assert gw is None and gx.shape == x.shape
     torch.testing.assert_close(gb, x.sum((0, 2, 3)))
+    # The gradient where relu_output > 0 only: here, where x > 0.
+    _, _, gb = op(x, x, None, mean, invstd, [False, False, True], x)
+    torch.testing.assert_close(gb, (x * (x > 0)).sum((0, 2, 3)))

@@ -109,11 +109,12 @@ class MiddleLayerBottleneck(Bottleneck):
 
     def _residual(self, x, fast):
         """The block before its last ReLU: branch + shortcut; ``fast``
-        takes the CPU fast path (its BNs on :func:`batch_norm`)."""
-        norm = batch_norm if fast else _call
+        takes the CPU fast path (its BNs on :func:`batch_norm`, the ReLUs
+        after the first two in their pass)."""
+        norm = batch_norm if fast else _norm_act
         out = self._conv1_cpu(x) if fast else self.conv1(x)
-        out = self.relu(norm(out, self.norm1))
-        out = self.relu(norm(self.conv2(out), self.norm2))
+        out = norm(out, self.norm1, self.relu)
+        out = norm(self.conv2(out), self.norm2, self.relu)
         out = norm(
             self._conv3_cpu(out) if fast else self.conv3(out), self.norm3
         )
@@ -152,8 +153,9 @@ class MiddleLayerBottleneck(Bottleneck):
         return downsample(x)
 
 
-def _call(x, module):
-    return module(x)
+def _norm_act(x, norm, act=None):
+    x = norm(x)
+    return x if act is None else act(x)
 
 
 @contextlib.contextmanager

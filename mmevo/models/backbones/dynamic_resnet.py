@@ -125,11 +125,11 @@ def _replayed(x, conv, norm, act, pool=None):
     max-pool's int64 indices, each as large as ``x`` or more; the backward
     reruns the conv (a stem's first, from 3 channels, is cheap), the BN
     with the statistics of the forward and the pool. The forward calls the
-    modules as they are (a training BN on :func:`batch_norm`'s kernel): the
-    same numbers, and the BN's running statistics updated once. Taken in a
-    train step when ``norm`` is an ``nn.BatchNorm2d`` and ``act`` an
-    ``nn.ReLU``; anything else, or nothing to differentiate, runs the
-    modules as the forward does.
+    modules as they are (a training BN and ReLU on :func:`batch_norm`'s
+    kernel): the same numbers, and the BN's running statistics updated
+    once. Taken in a train step when ``norm`` is an ``nn.BatchNorm2d`` and
+    ``act`` an ``nn.ReLU``; anything else, or nothing to differentiate,
+    runs the modules as the forward does.
 
     Args:
         x (Tensor): (B, C, H, W), the input of ``conv``, or of ``norm``
@@ -142,14 +142,13 @@ def _replayed(x, conv, norm, act, pool=None):
     Returns:
         Tensor: what the modules return.
     """
-    convs = () if conv is None else (conv,)
-    layers = (*convs, norm, act, *(() if pool is None else (pool,)))
 
     def stock(x):
-        for layer in layers:
-            # batch_norm(x, layer) is layer(x), a training BN on a kernel
-            x = batch_norm(x, layer)
-        return x
+        if conv is not None:
+            x = conv(x)
+        # act(norm(x)), a training BN (and ReLU) on a kernel
+        x = batch_norm(x, norm, act)
+        return x if pool is None else pool(x)
 
     # None where a module lacks one (no conv, no bias, a BN without affine).
     params = [
@@ -179,12 +178,12 @@ def _replayed(x, conv, norm, act, pool=None):
         if conv is not None:
             x = conv._conv_forward(x, conv_w, conv_b)
         if stats[0] is None and takes_batch_norm_kernel(x, norm):
-            x = batch_norm_train(x, norm_w, norm_b, norm.eps)
+            x = batch_norm_train(x, norm_w, norm_b, norm.eps, relu=True)
         else:
             x = F.batch_norm(
                 x, *stats, norm_w, norm_b, stats[0] is None, 0.0, norm.eps
             )
-        x = act(x)
+            x = act(x)
         return x if pool is None else pool(x)
 
     return _Replayed.apply(run, x, *params)

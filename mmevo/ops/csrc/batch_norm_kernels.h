@@ -1,4 +1,4 @@
-// The batch norm kernel, for one instruction set.
+// The batch norm kernels, for one instruction set.
 //
 // Included by batch_norm.cpp inside a namespace per `#pragma GCC target`
 // (isa_kernels.h), like the other kernel headers. No #include here on
@@ -7,53 +7,77 @@
 // Elements summed in T before each partial sum goes into a double: T's
 // vectors at full width, and in float32 a relative error of ~1e-6 at most.
 constexpr int64_t kBnChunk = 1024;
+// Vector accumulators per sum: one would wait on the add's latency.
+constexpr int64_t kBnAcc = 4;
+
+template <typename V, typename T>
+inline V bn_load(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
 
 // sum_k f(p[k]) over k < n, in T within chunks of kBnChunk and in double
-// across them.
+// across them; f takes T and T's vectors.
 template <typename T, typename F>
 inline double bn_sum(const T* __restrict__ p, int64_t n, F f) {
+  typedef T vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(T);
   double sum = 0;
   for (int64_t k0 = 0; k0 < n; k0 += kBnChunk) {
     const int64_t k1 = std::min(n, k0 + kBnChunk);
+    vec acc[kBnAcc] = {};
+    int64_t k = k0;
+    for (; k + kBnAcc * V <= k1; k += kBnAcc * V)
+      for (int64_t a = 0; a < kBnAcc; ++a) acc[a] += f(bn_load<vec>(p + k + a * V));
+    for (; k + V <= k1; k += V) acc[0] += f(bn_load<vec>(p + k));
     T part = 0;
-#pragma omp simd reduction(+ : part)
-    for (int64_t k = k0; k < k1; ++k) part += f(p[k]);
+    for (; k < k1; ++k) part += f(p[k]);
+    for (int64_t a = 1; a < kBnAcc; ++a) acc[0] += acc[a];
+    for (int64_t j = 0; j < V; ++j) part += acc[0][j];
     sum += part;
   }
   return sum;
 }
 
-// y = batch_norm(x) in training, and each channel's mean and 1 / sqrt(var +
-// eps), for an NCHW x (B planes of HW per channel, plane stride C * HW);
-// the running statistics (either null) updated as nn.BatchNorm2d does, with
-// the unbiased variance. Task: whole channels. A channel's mean, then its
-// biased variance as the mean square of x - mean, are summed in two passes
-// (the second, and the pass that writes y, from the cache), so the variance
-// has no cancellation.
+// y = batch_norm(x) in training (then max(y, 0) if relu), and each
+// channel's mean and 1 / sqrt(var + eps), for an NCHW x (B planes of HW per
+// channel, plane stride C * HW); the running statistics (either null)
+// updated as nn.BatchNorm2d does, with the unbiased variance. Task: whole
+// channels. A channel's mean, then its biased variance as the mean square
+// of x - mean, are summed in two passes (the second, and the pass that
+// writes y, from the cache), so the variance has no cancellation.
 template <typename T>
 void bn_train_forward(const T* __restrict__ x, const T* w, const T* b, T* __restrict__ y,
                       T* mean_out, T* invstd_out, T* rmean, T* rvar, double momentum,
-                      double eps, int64_t B, int64_t C, int64_t HW) {
+                      double eps, bool relu, int64_t B, int64_t C, int64_t HW) {
   const int64_t n = B * HW;
   at::parallel_for(0, C, grain_for(3 * n), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       double sum = 0;
       for (int64_t i = 0; i < B; ++i)
-        sum += bn_sum(x + (i * C + c) * HW, HW, [](T v) { return v; });
+        sum += bn_sum(x + (i * C + c) * HW, HW, [](auto v) { return v; });
       const double mean = sum / n;
       const T m = static_cast<T>(mean);
       double sq = 0;
       for (int64_t i = 0; i < B; ++i)
-        sq += bn_sum(x + (i * C + c) * HW, HW, [m](T v) { return (v - m) * (v - m); });
+        sq += bn_sum(x + (i * C + c) * HW, HW, [m](auto v) { return (v - m) * (v - m); });
       const double var = sq / n, invstd = 1 / std::sqrt(var + eps);
       const double scale = (w ? static_cast<double>(w[c]) : 1.0) * invstd;
       const T s = static_cast<T>(scale);
-      const T t = static_cast<T>((b ? static_cast<double>(b[c]) : 0.0) - mean * scale);
+      // y = (x - m) * s + t: x - m is exact where x is near the mean, so y
+      // does not lose x * s's digits to t, as x * s + (b - mean * s) would.
+      const T t = static_cast<T>((b ? static_cast<double>(b[c]) : 0.0) - (mean - m) * scale);
       for (int64_t i = 0; i < B; ++i) {
         const T* p = x + (i * C + c) * HW;
         T* q = y + (i * C + c) * HW;
+        if (relu) {
 #pragma omp simd
-        for (int64_t k = 0; k < HW; ++k) q[k] = p[k] * s + t;
+          for (int64_t k = 0; k < HW; ++k) q[k] = std::max((p[k] - m) * s + t, T(0));
+        } else {
+#pragma omp simd
+          for (int64_t k = 0; k < HW; ++k) q[k] = (p[k] - m) * s + t;
+        }
       }
       mean_out[c] = static_cast<T>(mean);
       invstd_out[c] = static_cast<T>(invstd);
@@ -64,47 +88,100 @@ void bn_train_forward(const T* __restrict__ x, const T* w, const T* b, T* __rest
   });
 }
 
-// The gradients of bn_train_forward's y (dy, NCHW like x): gx = dy * k1 +
-// x * k2 + k3 per channel, gw = sum(dy * (x - mean)) * invstd, gb =
-// sum(dy); gx, gw, gb null where not wanted. Task: whole channels, the sums
-// read dy and x once from memory, gx's pass from the cache.
+// sum(g), sum(g * (x - m)) and sum(x - m) over one plane of n elements,
+// where g is dy, or (r non-null) dy where r > 0 and 0 elsewhere; in T
+// within chunks of kBnChunk, added to the doubles sdy, sdx and sxm.
 template <typename T>
-void bn_train_backward(const T* __restrict__ dy, const T* __restrict__ x, const T* w,
-                       const T* mean_in, const T* invstd_in, T* __restrict__ gx, T* gw, T* gb,
-                       int64_t B, int64_t C, int64_t HW) {
+inline void bn_grad_sums(const T* __restrict__ dy, const T* __restrict__ x,
+                         const T* __restrict__ r, T m, int64_t n, double& sdy, double& sdx,
+                         double& sxm) {
+  typedef T vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(T);
+  const vec zero = {};
+  for (int64_t k0 = 0; k0 < n; k0 += kBnChunk) {
+    const int64_t k1 = std::min(n, k0 + kBnChunk);
+    vec a[kBnAcc] = {}, d[kBnAcc] = {}, e[kBnAcc] = {};
+    int64_t k = k0;
+    for (; k + kBnAcc * V <= k1; k += kBnAcc * V)
+      for (int64_t j = 0; j < kBnAcc; ++j) {
+        vec g = bn_load<vec>(dy + k + j * V);
+        if (r) g = bn_load<vec>(r + k + j * V) > zero ? g : zero;
+        const vec xm = bn_load<vec>(x + k + j * V) - m;
+        a[j] += g;
+        d[j] += g * xm;
+        e[j] += xm;
+      }
+    T sa = 0, sd = 0, se = 0;
+    for (; k < k1; ++k) {
+      const T g = r && !(r[k] > 0) ? T(0) : dy[k];
+      sa += g;
+      sd += g * (x[k] - m);
+      se += x[k] - m;
+    }
+    for (int64_t j = 1; j < kBnAcc; ++j) {
+      a[0] += a[j];
+      d[0] += d[j];
+      e[0] += e[j];
+    }
+    for (int64_t j = 0; j < V; ++j) {
+      sa += a[0][j];
+      sd += d[0][j];
+      se += e[0][j];
+    }
+    sdy += sa;
+    sdx += sd;
+    sxm += se;
+  }
+}
+
+// The gradients of bn_train_forward's y (dy, NCHW like x): with g = dy, or
+// (r, the forward's y after its ReLU, non-null) dy where r > 0 and 0
+// elsewhere, gx = g * k1 + (x - m) * k2 + k3 per channel, gw = sum(g * (x -
+// mean)) * invstd, gb = sum(g); gx, gw, gb null where not wanted. Task:
+// whole channels, the sums read dy, x (and r) once from memory, gx's pass
+// from the cache.
+template <typename T>
+void bn_train_backward(const T* __restrict__ dy, const T* __restrict__ x,
+                       const T* __restrict__ r, const T* w, const T* mean_in,
+                       const T* invstd_in, T* __restrict__ gx, T* gw, T* gb, int64_t B,
+                       int64_t C, int64_t HW) {
   const int64_t n = B * HW;
   at::parallel_for(0, C, grain_for(4 * n), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const T m = mean_in[c];
-      double sdy = 0, sdx = 0;
+      double sdy = 0, sdx = 0, sxm = 0;
       for (int64_t i = 0; i < B; ++i) {
-        const T* g = dy + (i * C + c) * HW;
-        const T* p = x + (i * C + c) * HW;
-        for (int64_t k0 = 0; k0 < HW; k0 += kBnChunk) {
-          const int64_t k1 = std::min(HW, k0 + kBnChunk);
-          T a = 0, d = 0;
-#pragma omp simd reduction(+ : a, d)
-          for (int64_t k = k0; k < k1; ++k) {
-            a += g[k];
-            d += g[k] * (p[k] - m);
-          }
-          sdy += a;
-          sdx += d;
-        }
+        const int64_t o = (i * C + c) * HW;
+        bn_grad_sums(dy + o, x + o, r ? r + o : nullptr, m, HW, sdy, sdx, sxm);
       }
+      // The saved mean m is the batch mean rounded to T; delta = mean - m
+      // puts the rounding back (sum(g * (x - mean)) = sdx - delta * sdy),
+      // where it would cost gw digits in sum(g) * ulp(mean) / spread.
+      const double delta = sxm / n;
+      sdx -= delta * sdy;
       const double invstd = invstd_in[c], wc = w ? static_cast<double>(w[c]) : 1.0;
       if (gw) gw[c] = static_cast<T>(sdx * invstd);
       if (gb) gb[c] = static_cast<T>(sdy);
       if (!gx) continue;
+      // gx = g * k1 + (x - mean) * k2 - k1 * mean(g), with x - mean as
+      // (x - m) - delta.
       const double k1 = invstd * wc, k2 = -k1 * invstd * invstd * sdx / n;
       const T a = static_cast<T>(k1), b = static_cast<T>(k2);
-      const T e = static_cast<T>(-k1 * sdy / n - static_cast<double>(m) * k2);
+      const T e = static_cast<T>(-k1 * sdy / n - delta * k2);
       for (int64_t i = 0; i < B; ++i) {
-        const T* g = dy + (i * C + c) * HW;
-        const T* p = x + (i * C + c) * HW;
-        T* q = gx + (i * C + c) * HW;
+        const int64_t o = (i * C + c) * HW;
+        const T* g = dy + o;
+        const T* p = x + o;
+        T* q = gx + o;
+        if (r) {
+          const T* rr = r + o;
 #pragma omp simd
-        for (int64_t k = 0; k < HW; ++k) q[k] = g[k] * a + p[k] * b + e;
+          for (int64_t k = 0; k < HW; ++k)
+            q[k] = (rr[k] > 0 ? g[k] : T(0)) * a + (p[k] - m) * b + e;
+        } else {
+#pragma omp simd
+          for (int64_t k = 0; k < HW; ++k) q[k] = g[k] * a + (p[k] - m) * b + e;
+        }
       }
     }
   });
