@@ -435,55 +435,91 @@ def conv1x1(
 class _BatchNormTrain(torch.autograd.Function):
     """``F.batch_norm`` in training on ``mmevo::batch_norm_train`` and its
     backward (ATen's CPU forward takes 2.2-6.2x the time on NCHW maps, its
-    backward up to 1.5x), updating the running statistics as it does; with
-    ``relu``, the ReLU of it, in the same pass (the backward masks the
-    gradient by the output, where the ReLU's backward would write a masked
-    copy of it). Twice differentiable: under ``create_graph`` the backward
-    recomputes the stock batch norm (and ReLU) with the same batch
-    statistics and differentiates it."""
+    backward up to 1.5x), updating the running statistics as it does; plus
+    ``residual`` if given, and with ``relu`` the ReLU of that, in the same
+    pass. The backward masks the gradient by the output in its own pass,
+    where the ReLU's backward would write a masked copy of it (only the
+    residual's gradient is that copy). Twice differentiable: under
+    ``create_graph`` the backward recomputes the stock batch norm (add and
+    ReLU) with the same batch statistics and differentiates it."""
 
     @staticmethod
     def forward(
-        ctx, x, weight, bias, running_mean, running_var, momentum, eps, relu
+        ctx,
+        x,
+        weight,
+        bias,
+        residual,
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+        relu,
     ):
         out, mean, invstd = torch.ops.mmevo.batch_norm_train(
-            x, weight, bias, running_mean, running_var, momentum, eps, relu
+            x,
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            momentum,
+            eps,
+            relu,
+            residual,
         )
         ctx.save_for_backward(
             x, weight, bias, mean, invstd, out if relu else None
         )
         ctx.eps = eps
         ctx.relu = relu
+        ctx.with_residual = residual is not None
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, bias, mean, invstd, out = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:3]
+        x, weight, _, mean, invstd, out = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():  # create_graph
-            inputs = (x, weight, bias)
-            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
-            with torch.enable_grad():
-                y = F.batch_norm(
-                    x, None, None, weight, bias, True, 0.0, ctx.eps
-                )
-                if ctx.relu:
-                    y = F.relu(y)
-            found = iter(
-                torch.autograd.grad(y, wanted, grad, create_graph=True)
-            )
-            grads = [next(found) if need else None for need in needs]
-        else:
-            grads = torch.ops.mmevo.batch_norm_train_backward(
-                grad.contiguous(),
+            return *_batch_norm_double_backward(ctx, grad), *[None] * 5
+        grad = grad.contiguous()
+        grad_x, grad_w, grad_b, grad_r = (
+            torch.ops.mmevo.batch_norm_train_backward(
+                grad,
                 x,
                 weight,
                 mean,
                 invstd,
-                list(needs),  # a None weight or bias needs no gradient
+                list(needs[:3]),  # a None weight or bias needs no gradient
                 out,
+                ctx.relu and needs[3],
             )
-        return *grads, None, None, None, None, None
+        )
+        if needs[3] and not ctx.relu:
+            grad_r = grad
+        return grad_x, grad_w, grad_b, grad_r, *[None] * 5
+
+
+def _batch_norm_double_backward(ctx, grad):
+    """The gradients of (x, weight, bias, residual) of the stock batch norm
+    (plus residual, ReLU) recomputed with the forward's batch statistics,
+    as a graph (``create_graph``)."""
+    x, weight, bias, _, _, out = ctx.saved_tensors
+    needs = ctx.needs_input_grad[:4]
+    # y is linear in the residual, which is not saved: a zero leaf in its
+    # place gives the same derivatives, and the ReLU's are its mask, out > 0.
+    residual = (
+        torch.zeros_like(x, requires_grad=True) if ctx.with_residual else None
+    )
+    inputs = (x, weight, bias, residual)
+    wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
+    with torch.enable_grad():
+        y = F.batch_norm(x, None, None, weight, bias, True, 0.0, ctx.eps)
+        if residual is not None:
+            y = y + residual
+        if ctx.relu:
+            y = y * (out > 0)
+    found = iter(torch.autograd.grad(y, wanted, grad, create_graph=True))
+    return [next(found) if need else None for need in needs]
 
 
 def takes_batch_norm_kernel(x: torch.Tensor, norm: nn.Module) -> bool:
@@ -519,21 +555,28 @@ def batch_norm_train(
     mmevo's kernel, for an ``x`` that :func:`takes_batch_norm_kernel`
     takes: a batch norm in training that updates no running statistics
     (a recomputation's); with ``relu``, ``F.relu`` of it."""
-    return _BatchNormTrain.apply(x, weight, bias, None, None, 0.0, eps, relu)
+    return _BatchNormTrain.apply(
+        x, weight, bias, None, None, None, 0.0, eps, relu
+    )
 
 
 def batch_norm(
-    x: torch.Tensor, norm: nn.Module, act: nn.Module | None = None
+    x: torch.Tensor,
+    norm: nn.Module,
+    act: nn.Module | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``norm(x)``, or ``act(norm(x))``, where :func:`takes_batch_norm_kernel`
-    holds computed by a kernel that reads each channel once from memory
-    (ATen's CPU forward of a training batch norm takes 2.2-6.2x its time on
+    """``norm(x)``, or ``act(norm(x) + residual)`` (each of ``act`` and
+    ``residual`` optional), where :func:`takes_batch_norm_kernel` holds
+    computed by a kernel that reads each channel once from memory (ATen's
+    CPU forward of a training batch norm takes 2.2-6.2x its time on
     ResNet-50's NCHW maps, ``docs/benchmarks.md``): the same numbers to
-    float rounding, the same running statistics and batch count. An ``act``
-    that is an ``nn.ReLU`` runs in the kernel's pass, and its backward in
-    the BN's (no ReLU pass, no masked gradient map). For the CPU fast
-    paths, which call it only where no hook waits for ``norm``'s or
-    ``act``'s call.
+    float rounding, the same running statistics and batch count. A
+    ``residual`` of ``x``'s shape, dtype and layout and an ``act`` that is
+    an ``nn.ReLU`` run in the kernel's pass, and their backward in the BN's
+    (no add or ReLU pass, no masked gradient map but the residual's). For
+    the CPU fast paths, which call it only where no hook waits for
+    ``norm``'s or ``act``'s call.
 
     Args:
         x (Tensor): (B, C, H, W).
@@ -541,36 +584,53 @@ def batch_norm(
             where the kernel does not take it).
         act (nn.Module, optional): the activation after it, or any module
             (called as it is where the kernel does not take it).
+        residual (Tensor, optional): added to ``norm(x)`` before ``act``
+            (in place where the kernel does not take it, as mmdet's blocks
+            add their shortcut).
 
     Returns:
-        Tensor: ``norm(x)``, or ``act(norm(x))``.
+        Tensor: ``act(norm(x) + residual)``, without the parts not given.
 
     Example:
         >>> import torch
         >>> bn = torch.nn.BatchNorm2d(4)
-        >>> x = torch.randn(2, 4, 3, 3)
-        >>> y = batch_norm(x, bn)
-        >>> torch.allclose(y, torch.nn.functional.batch_norm(
-        ...     x, None, None, bn.weight, bn.bias, True), atol=1e-5)
+        >>> x, r = torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3, 3)
+        >>> y = batch_norm(x, bn, torch.nn.ReLU(), r)
+        >>> torch.allclose(y, torch.relu(torch.nn.functional.batch_norm(
+        ...     x, None, None, bn.weight, bn.bias, True) + r), atol=1e-5)
         True
     """
     if not takes_batch_norm_kernel(x, norm):
-        x = norm(x)
-        return x if act is None else act(x)
+        return _add_act(norm(x), act, residual)
     relu = type(act) is nn.ReLU
+    fused = residual is None or (
+        residual.shape == x.shape
+        and residual.dtype == x.dtype
+        and residual.device == x.device
+        and residual.is_contiguous()
+    )
     # As nn.BatchNorm2d.forward counts batches and picks the momentum.
     norm.num_batches_tracked.add_(1)
     momentum = norm.momentum
     if momentum is None:  # a cumulative moving average
         momentum = 1.0 / float(norm.num_batches_tracked)
-    x = _BatchNormTrain.apply(
+    y = _BatchNormTrain.apply(
         x,
         norm.weight,
         norm.bias,
+        residual if fused else None,
         norm.running_mean,
         norm.running_var,
         momentum,
         norm.eps,
-        relu,
+        relu and fused,
     )
-    return x if act is None or relu else act(x)
+    if fused:
+        return y if act is None or relu else act(y)
+    return _add_act(y, act, residual)
+
+
+def _add_act(y, act, residual):
+    if residual is not None:
+        y += residual
+    return y if act is None else act(y)

@@ -145,6 +145,14 @@ def test_with_relu_equals_the_module_then_relu_in_float64(
             )
 
 
+def _zero_if_none(grads, wrt):
+    """``grads`` with a None (no path: a zero derivative) as zeros."""
+    return [
+        torch.zeros_like(t) if g is None else g
+        for g, t in zip(grads, wrt, strict=True)
+    ]
+
+
 def test_with_relu_double_backward_equals_the_module():
     shape = (2, 6, 5, 4)
     gen = torch.Generator().manual_seed(6)
@@ -157,21 +165,102 @@ def test_with_relu_double_backward_equals_the_module():
     ):
         bn = _bn(6)
         xr = x.clone().requires_grad_()
+        wrt = (xr, bn.weight, bn.bias)
         y = fn(xr, bn)
-        grads = torch.autograd.grad(
-            y, (xr, bn.weight, bn.bias), g, create_graph=True
-        )
+        grads = torch.autograd.grad(y, wrt, g, create_graph=True)
         again = torch.autograd.grad(
-            sum((t * t).sum() for t in grads),
-            (xr, bn.weight, bn.bias),
-            allow_unused=True,
+            sum((t * t).sum() for t in grads), wrt, allow_unused=True
         )
-        found.append((*grads, *again))
+        found.append((*grads, *_zero_if_none(again, wrt)))
     for a, r in zip(*found, strict=True):
-        if r is None:
-            assert a is None
-        else:
-            torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    'shape', [(3, 5, 7, 1), (2, 16, 9, 11), (4, 3, 40, 33)]
+)
+@pytest.mark.parametrize('relu', [True, False])
+def test_with_residual_equals_the_module_plus_it_in_float64(
+    threads, shape, relu
+):
+    """``batch_norm(x, bn, act, r)`` (a block's last BN, its shortcut's
+    addition and ReLU in one pass) against ``act(bn(x) + r)``: output,
+    gradients of x, weight, bias and r, buffers, two train steps."""
+    ours = _bn(shape[1])
+    ref = copy.deepcopy(ours)
+    act = nn.ReLU(inplace=True) if relu else None
+    gen = torch.Generator().manual_seed(sum(shape) + 2)
+
+    def stock(t, m, r):
+        y = m(t) + r
+        return F.relu(y) if relu else y
+
+    for _ in range(2):
+        x = torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 1
+        r = torch.randn(shape, generator=gen, dtype=torch.float64)
+        g = torch.randn(shape, generator=gen, dtype=torch.float64)
+        found = []
+        for fn, bn in (
+            (lambda t, m, r: batch_norm(t, m, act, r), ours),
+            (stock, ref),
+        ):
+            xr, rr = x.clone().requires_grad_(), r.clone().requires_grad_()
+            y = fn(xr, bn, rr)
+            found.append(
+                (y, *torch.autograd.grad(y, (xr, rr, bn.weight, bn.bias), g))
+            )
+        for a, b in zip(*found, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+        if relu:
+            assert (found[0][0] == 0).any()
+        for name, buf in ref.named_buffers():
+            torch.testing.assert_close(
+                getattr(ours, name), buf, rtol=1e-12, atol=1e-12, msg=name
+            )
+
+
+def test_with_residual_double_backward_equals_the_module():
+    shape = (2, 6, 5, 4)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    r = torch.randn(shape, generator=gen, dtype=torch.float64)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    found = []
+    for fn in (
+        lambda t, m, r: batch_norm(t, m, nn.ReLU(), r),
+        lambda t, m, r: F.relu(m(t) + r),
+    ):
+        bn = _bn(6)
+        xr, rr = x.clone().requires_grad_(), r.clone().requires_grad_()
+        wrt = (xr, rr, bn.weight, bn.bias)
+        y = fn(xr, bn, rr)
+        grads = torch.autograd.grad(y, wrt, g, create_graph=True)
+        again = torch.autograd.grad(
+            sum((t * t).sum() for t in grads), wrt, allow_unused=True
+        )
+        found.append((*grads, *_zero_if_none(again, wrt)))
+    for a, b in zip(*found, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('layout', ['channels_last', 'broadcast'])
+def test_a_residual_the_kernel_cannot_read_is_added_after_it(layout):
+    x = torch.randn(2, 4, 5, 3, dtype=torch.float64)
+    r = torch.randn(2, 4, 5, 3, dtype=torch.float64)
+    if layout == 'channels_last':
+        r = r.contiguous(memory_format=torch.channels_last)
+    else:
+        r = r[:1, :, :1, :1]
+    ours, ref = _bn(4), _bn(4)
+    xo, ro = x.clone().requires_grad_(), r.clone().requires_grad_()
+    xr, rr = x.clone().requires_grad_(), r.clone().requires_grad_()
+    y = batch_norm(xo, ours, nn.ReLU(), ro)
+    y_ref = F.relu(ref(xr) + rr)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(y.sum(), (xo, ro))
+    grads_ref = torch.autograd.grad(y_ref.sum(), (xr, rr))
+    for a, b in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
 
 
 class _MyReLU(nn.ReLU):
@@ -255,6 +344,10 @@ def test_kernel_rejects_bad_input_naming_the_argument():
         op(x[:1, :, :1, :1].contiguous(), None, None, None, None, 0.1, 1e-5)
     with pytest.raises(ValueError, match='eps must be > 0'):
         op(x, None, None, None, None, 0.1, 0.0)
+    with pytest.raises(ValueError, match='residual must be a contiguous'):
+        op(x, None, None, None, None, 0.1, 1e-5, False, x[:1])
+    with pytest.raises(TypeError, match="residual must have input's dtype"):
+        op(x, None, None, None, None, 0.1, 1e-5, False, x.double())
     y, mean, invstd = op(x, None, None, None, None, 0.1, 1e-5)
     ref = F.batch_norm(x, None, None, training=True)
     torch.testing.assert_close(y, ref)
@@ -285,9 +378,12 @@ def test_backward_kernel_rejects_bad_input_naming_the_argument():
         op(x, x, w, mean, invstd, mask, x[:1])
     with pytest.raises(TypeError, match="relu_output must have input's"):
         op(x, x, w, mean, invstd, mask, x.double())
-    gx, gw, gb = op(x, x, None, mean, invstd, [True, False, True])
-    assert gw is None and gx.shape == x.shape
+    with pytest.raises(ValueError, match='masked_grad wanted without'):
+        op(x, x, w, mean, invstd, mask, None, True)
+    gx, gw, gb, gr = op(x, x, None, mean, invstd, [True, False, True])
+    assert gw is None and gr is None and gx.shape == x.shape
     torch.testing.assert_close(gb, x.sum((0, 2, 3)))
     # The gradient where relu_output > 0 only: here, where x > 0.
-    _, _, gb = op(x, x, None, mean, invstd, [False, False, True], x)
-    torch.testing.assert_close(gb, (x * (x > 0)).sum((0, 2, 3)))
+    _, _, gb, gr = op(x, x, None, mean, invstd, [False, False, True], x, True)
+    torch.testing.assert_close(gr, x * (x > 0))
+    torch.testing.assert_close(gb, gr.sum((0, 2, 3)))

@@ -64,33 +64,36 @@ def test_attention_rows(monkeypatch, capsys):
 
 def _ratio_rows(monkeypatch, capsys, flag, table, shapes, label):
     """The shape labels of the rows ``benchmark_ops.py flag --repeat 1``
-    prints at ``shapes`` (its list ``table``), each row's two ratios
-    checked to be those of its times (forward, forward + backward)."""
+    prints at ``shapes`` (its list ``table``), each row's ratios (after
+    each pair of times: forward, forward + backward, ...) checked to be
+    those of its times; and the number of ratios a row has."""
     tool = load_tool('analysis/benchmark_ops')
     monkeypatch.setattr(tool, table, shapes)
     monkeypatch.setattr(sys, 'argv', ['benchmark_ops', flag, '--repeat', '1'])
     tool.main()
-    rows = re.findall(
-        rf'^\| ({label}) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× '
-        r'\| ([\d.]+) \| ([\d.]+) \| ([\d.]+)× \|$',
-        capsys.readouterr().out,
-        re.M,
-    )
-    for row in rows:
-        for a, b, ratio in (row[1:4], row[4:7]):
+    labels, widths = [], set()
+    for line in capsys.readouterr().out.splitlines():
+        head = re.match(rf'^\| ({label}) \|', line)
+        if not head:
+            continue
+        labels.append(head[1])
+        triples = re.findall(r' ([\d.]+) \| ([\d.]+) \| ([\d.]+)× \|', line)
+        widths.add(len(triples))
+        for a, b, ratio in triples:
             a, b = float(a), float(b)
             # the figures are rounded to 0.01, the ratio to 0.01
             slack = 0.01 + a / max(b, 0.005) * (
                 0.005 / max(a, 0.005) + 0.005 / max(b, 0.005)
             )
             assert b > 0 and abs(float(ratio) - a / b) <= slack
-    return [row[0] for row in rows]
+    assert len(widths) == 1
+    return labels, widths.pop()
 
 
 def test_acmix_conv_rows(monkeypatch, capsys):
     """--acmix-conv at two small shapes: a row per shape, each ratio that
     of its two times."""
-    labels = _ratio_rows(
+    labels, ratios = _ratio_rows(
         monkeypatch,
         capsys,
         '--acmix-conv',
@@ -98,13 +101,14 @@ def test_acmix_conv_rows(monkeypatch, capsys):
         [(64, 9, 1), (32, 8, 2)],
         r'\d+·\d+²·\d+',
     )
-    assert labels == ['64·9²·1', '32·8²·2']
+    assert labels == ['64·9²·1', '32·8²·2'] and ratios == 2
 
 
 def test_batch_norm_rows(monkeypatch, capsys):
     """--batch-norm at two small shapes: a row per shape, each ratio that
-    of its two times."""
-    labels = _ratio_rows(
+    of its two times (the BN's forward and step, with the ReLU, with the
+    residual and the ReLU)."""
+    labels, ratios = _ratio_rows(
         monkeypatch,
         capsys,
         '--batch-norm',
@@ -112,4 +116,4 @@ def test_batch_norm_rows(monkeypatch, capsys):
         [(8, 16), (16, 12)],
         r'\d+·\d+²',
     )
-    assert labels == ['8·16²', '16·12²']
+    assert labels == ['8·16²', '16·12²'] and ratios == 4

@@ -62,7 +62,10 @@ backward, which ACmix's CPU fast path takes).
 ResNet-50's bottlenecks and RedNet-50's stem (B4), the forward alone and
 forward + backward of the input, weight and bias: ``aten`` (the module)
 against ``mmevo`` (``mmevo.layers.fastpath.batch_norm``, which the
-backbones' CPU fast paths take; the same backward).
+backbones' CPU fast paths take; the same backward); then forward +
+backward of the BN and the ReLU after it, and of the BN, a residual added
+to it and the ReLU (a bottleneck's end), which ``batch_norm`` runs in its
+pass.
 
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
@@ -512,34 +515,55 @@ BATCH_NORM_SHAPES = [
 def batch_norm_paths(device, dtype, repeat, clock):
     """A training ``nn.BatchNorm2d`` at :data:`BATCH_NORM_SHAPES`: the
     module (ATen's kernels) against ``fastpath.batch_norm``, the forward
-    alone and with the backward of the input, weight and bias."""
+    alone and with the backward of the input, weight and bias; then with
+    the ReLU after it (a bottleneck's first two BNs), and with a residual
+    added before the ReLU (its last), forward + backward of the residual
+    too (the stock ``relu(bn(x))`` and ``relu(bn(x) + r)`` against
+    ``batch_norm(x, bn, relu)`` and ``batch_norm(x, bn, relu, r)``)."""
     from torch import nn
 
     from mmevo.layers.fastpath import batch_norm
 
     print(
         '| C·H² | aten fwd ms | mmevo fwd ms | aten / mmevo fwd '
-        '| aten fwd+bwd ms | mmevo fwd+bwd ms | aten / mmevo fwd+bwd |'
-        '\n|---|---|---|---|---|---|---|'
+        '| aten fwd+bwd ms | mmevo fwd+bwd ms | aten / mmevo fwd+bwd '
+        '| + ReLU: aten ms | mmevo ms | aten / mmevo '
+        '| + residual + ReLU: aten ms | mmevo ms | aten / mmevo |'
+        '\n|---|---|---|---|---|---|---|---|---|---|---|---|---|'
     )
+    relu = nn.ReLU(inplace=True)
     for C, H in BATCH_NORM_SHAPES:
         bn = nn.BatchNorm2d(C).to(device, dtype)
-        x = torch.randn(4, C, H, H, device=device, dtype=dtype)
+        x, r, gy = (
+            torch.randn(4, C, H, H, device=device, dtype=dtype)
+            for _ in range(3)
+        )
         x.requires_grad_()
-        gy = torch.randn(4, C, H, H, device=device, dtype=dtype)
-        paths = {'aten': lambda t, bn=bn: bn(t), 'mmevo': batch_norm}
+        r.requires_grad_()
+        paths = {
+            'aten': lambda t, bn=bn: bn(t),
+            'mmevo': batch_norm,
+            'aten_relu': lambda t, bn=bn: relu(bn(t)),
+            'mmevo_relu': lambda t, bn=bn: batch_norm(t, bn, relu),
+            # the stock block's order: BN, shortcut added in place, ReLU
+            'aten_res': lambda t, bn=bn, r=r: relu(bn(t).add_(r)),
+            'mmevo_res': lambda t, bn=bn, r=r: batch_norm(t, bn, relu, r),
+        }
 
         def forward(fn, x=x, bn=bn):
             with torch.no_grad():
                 fn(x, bn)
 
-        def step(fn, x=x, bn=bn, gy=gy):
-            reset_grads(x, bn.weight, bn.bias)
+        def step(fn, x=x, bn=bn, gy=gy, r=r):
+            reset_grads(x, r, bn.weight, bn.bias)
             fn(x, bn).backward(gy)
 
         ms = time_ms(
             {
-                **{n: lambda fn=fn: forward(fn) for n, fn in paths.items()},
+                **{
+                    n: lambda fn=paths[n]: forward(fn)
+                    for n in ('aten', 'mmevo')
+                },
                 **{
                     f'{n}_step': lambda fn=fn: step(fn)
                     for n, fn in paths.items()
@@ -549,13 +573,19 @@ def batch_norm_paths(device, dtype, repeat, clock):
             repeat,
             clock,
         )
-        print(
-            f'| {C}·{H}² | {ms["aten"]:.2f} | {ms["mmevo"]:.2f} '
-            f'| {ms["aten"] / ms["mmevo"]:.2f}× '
-            f'| {ms["aten_step"]:.2f} | {ms["mmevo_step"]:.2f} '
-            f'| {ms["aten_step"] / ms["mmevo_step"]:.2f}× |',
-            flush=True,
-        )
+        cells = [f'{C}·{H}²']
+        for a, b in (
+            ('aten', 'mmevo'),
+            ('aten_step', 'mmevo_step'),
+            ('aten_relu_step', 'mmevo_relu_step'),
+            ('aten_res_step', 'mmevo_res_step'),
+        ):
+            cells += [
+                f'{ms[a]:.2f}',
+                f'{ms[b]:.2f}',
+                f'{ms[a] / ms[b]:.2f}×',
+            ]
+        print('| ' + ' | '.join(cells) + ' |', flush=True)
 
 
 def main():

@@ -103,25 +103,28 @@ class MiddleLayerBottleneck(Bottleneck):
                     _running_stats_kept(self),
                 ),
             )
-        else:
-            out = self._residual(x, takes_cpu_fastpath(self, x))
-        return self.relu(out)
+            return self.relu(out)
+        return self._residual(x, takes_cpu_fastpath(self, x), self.relu)
 
-    def _residual(self, x, fast):
-        """The block before its last ReLU: branch + shortcut; ``fast``
-        takes the CPU fast path (its BNs on :func:`batch_norm`, the ReLUs
-        after the first two in their pass)."""
+    def _residual(self, x, fast, act=None):
+        """The block: ``act(branch + shortcut)``, or before its last ReLU
+        without ``act``; ``fast`` takes the CPU fast path (its BNs on
+        :func:`batch_norm`, with the ReLUs and the shortcut's addition in
+        their passes)."""
         norm = batch_norm if fast else _norm_act
         out = self._conv1_cpu(x) if fast else self.conv1(x)
         out = norm(out, self.norm1, self.relu)
         out = norm(self.conv2(out), self.norm2, self.relu)
-        out = norm(
-            self._conv3_cpu(out) if fast else self.conv3(out), self.norm3
-        )
+        if fast:
+            out = self._conv3_cpu(out)
+            if self.downsample is not None:
+                x = self._downsample_cpu(x)
+            return batch_norm(out, self.norm3, act, x)
+        out = self.norm3(self.conv3(out))
         if self.downsample is not None:
-            x = self._downsample_cpu(x) if fast else self.downsample(x)
+            x = self.downsample(x)
         out += x
-        return out
+        return out if act is None else act(out)
 
     def _conv1_cpu(self, x):
         """``conv1(x)``: the faster of oneDNN and a matmul

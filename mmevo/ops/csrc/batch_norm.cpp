@@ -5,9 +5,10 @@
 // each channel once from memory and twice more from the cache
 // (batch_norm_kernels.h). Its outputs are native_batch_norm's (y,
 // save_mean, save_invstd); mmevo::batch_norm_train_backward gives the
-// gradients the same way. With relu, y is the ReLU of the batch norm, and
-// the backward takes it as relu_output: no ReLU pass over the map and no
-// masked gradient map.
+// gradients the same way. With a residual, y is the batch norm plus it;
+// with relu, y is the ReLU of that, and the backward takes y as
+// relu_output: no add or ReLU pass over the map, and the masked gradient
+// written (for the residual) or not at all.
 //
 // A kernel of the fast path, not a public operator: no fake kernel and no
 // other backend; it runs in eager mode only. The checks guard C++ callers.
@@ -59,6 +60,16 @@ void check_input(const at::Tensor& input) {
                     input.device());
 }
 
+// name is a contiguous NCHW tensor of input's shape and dtype.
+void check_like_input(const char* name, const at::Tensor& t, const at::Tensor& input) {
+  TORCH_CHECK_VALUE(t.sizes() == input.sizes() && t.is_contiguous(), name,
+                    " must be a contiguous (NCHW) tensor of input's shape ", input.sizes(),
+                    ", got ", t.sizes(), " with strides ", t.strides());
+  TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), name, " must have input's dtype ",
+                   input.scalar_type(), ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
+}
+
 template <typename T>
 T* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
@@ -72,7 +83,8 @@ T* data_or_null(const std::optional<at::Tensor>& t) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_cpu(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
-    const std::optional<at::Tensor>& running_var, double momentum, double eps, bool relu) {
+    const std::optional<at::Tensor>& running_var, double momentum, double eps, bool relu,
+    const std::optional<at::Tensor>& residual) {
   check_input(input);
   check_channels("weight", weight, input);
   check_channels("bias", bias, input);
@@ -82,58 +94,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_cpu(
   TORCH_CHECK_VALUE(B * HW > 1, "input must have more than one value per channel in training, "
                     "got ", input.sizes());
   TORCH_CHECK_VALUE(eps > 0, "eps must be > 0, got ", eps);
+  if (residual.has_value() && residual->defined()) check_like_input("residual", *residual, input);
   auto out = at::empty_like(input);
   auto mean = at::empty({C}, input.options()), invstd = at::empty({C}, input.options());
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "batch_norm_train", [&] {
     MMEVO_ISA_CALL(bn_train_forward<scalar_t>(
         input.data_ptr<scalar_t>(), data_or_null<scalar_t>(weight),
-        data_or_null<scalar_t>(bias), out.data_ptr<scalar_t>(), mean.data_ptr<scalar_t>(),
-        invstd.data_ptr<scalar_t>(), data_or_null<scalar_t>(running_mean),
+        data_or_null<scalar_t>(bias), data_or_null<scalar_t>(residual),
+        out.data_ptr<scalar_t>(), mean.data_ptr<scalar_t>(), invstd.data_ptr<scalar_t>(),
+        data_or_null<scalar_t>(running_mean),
         data_or_null<scalar_t>(running_var), momentum, eps, relu, B, C, HW));
   });
   return {out, mean, invstd};
 }
 
-// name is a contiguous NCHW tensor of input's shape and dtype.
-void check_like_input(const char* name, const at::Tensor& t, const at::Tensor& input) {
-  TORCH_CHECK_VALUE(t.sizes() == input.sizes() && t.is_contiguous(), name,
-                    " must be a contiguous (NCHW) tensor of input's shape ", input.sizes(),
-                    ", got ", t.sizes(), " with strides ", t.strides());
-  TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), name, " must have input's dtype ",
-                   input.scalar_type(), ", got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
-}
-
 // The gradients of batch_norm_train's out for the wanted of (input, weight,
 // bias), from its input, weight, mean and invstd; the others undefined.
 // With relu_output (the out of a batch_norm_train with relu), grad is the
-// gradient of that out, taken where it is > 0.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_backward_cpu(
+// gradient of that out, taken where it is > 0, and with masked_grad that
+// masked gradient (a residual's) is the fourth result.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_train_backward_cpu(
     const at::Tensor& grad, const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const at::Tensor& mean, const at::Tensor& invstd, std::array<bool, 3> output_mask,
-    const std::optional<at::Tensor>& relu_output) {
+    const std::optional<at::Tensor>& relu_output, bool masked_grad) {
   check_input(input);
   check_like_input("grad", grad, input);
   const bool with_relu = relu_output.has_value() && relu_output->defined();
   if (with_relu) check_like_input("relu_output", *relu_output, input);
+  TORCH_CHECK_VALUE(with_relu || !masked_grad, "masked_grad wanted without a relu_output");
   check_channels("weight", weight, input);
   check_channels("mean", std::optional<at::Tensor>(mean), input);
   check_channels("invstd", std::optional<at::Tensor>(invstd), input);
   const bool with_w = weight.has_value() && weight->defined();
   TORCH_CHECK_VALUE(with_w || !output_mask[1], "weight's gradient wanted without a weight");
   const int64_t B = input.size(0), C = input.size(1), HW = input.size(2) * input.size(3);
-  at::Tensor gx, gw, gb;
+  at::Tensor gx, gw, gb, go;
+  if (masked_grad) go = at::empty_like(input);
   if (output_mask[0]) gx = at::empty_like(input);
   if (output_mask[1]) gw = at::empty({C}, input.options());
   if (output_mask[2]) gb = at::empty({C}, input.options());
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "batch_norm_train_backward", [&] {
     MMEVO_ISA_CALL(bn_train_backward<scalar_t>(
         grad.data_ptr<scalar_t>(), input.data_ptr<scalar_t>(),
-        data_or_null<scalar_t>(relu_output), data_or_null<scalar_t>(weight), mean.data_ptr<scalar_t>(), invstd.data_ptr<scalar_t>(),
-        data_or_null<scalar_t>(gx), data_or_null<scalar_t>(gw), data_or_null<scalar_t>(gb), B,
-        C, HW));
+        data_or_null<scalar_t>(relu_output), data_or_null<scalar_t>(weight),
+        mean.data_ptr<scalar_t>(), invstd.data_ptr<scalar_t>(),
+        data_or_null<scalar_t>(gx), data_or_null<scalar_t>(gw), data_or_null<scalar_t>(gb),
+        data_or_null<scalar_t>(go), B, C, HW));
   });
-  return {gx, gw, gb};
+  return {gx, gw, gb, go};
 }
 
 }  // namespace
@@ -142,11 +150,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_backward_cpu(
 TORCH_LIBRARY_FRAGMENT(mmevo, m) {
   m.def("batch_norm_train(Tensor input, Tensor? weight, Tensor? bias, "
         "Tensor(a!)? running_mean, Tensor(b!)? running_var, float momentum, float eps, "
-        "bool relu=False) "
+        "bool relu=False, Tensor? residual=None) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("batch_norm_train_backward(Tensor grad, Tensor input, Tensor? weight, Tensor mean, "
-        "Tensor invstd, bool[3] output_mask, Tensor? relu_output=None) "
-        "-> (Tensor, Tensor, Tensor)");
+        "Tensor invstd, bool[3] output_mask, Tensor? relu_output=None, bool masked_grad=False) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(mmevo, CPU, m) {

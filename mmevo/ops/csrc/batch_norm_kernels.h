@@ -40,17 +40,19 @@ inline double bn_sum(const T* __restrict__ p, int64_t n, F f) {
   return sum;
 }
 
-// y = batch_norm(x) in training (then max(y, 0) if relu), and each
-// channel's mean and 1 / sqrt(var + eps), for an NCHW x (B planes of HW per
+// y = batch_norm(x) in training (plus res, an NCHW map like x, if
+// non-null; then max(y, 0) if relu), and each channel's mean and
+// 1 / sqrt(var + eps), for an NCHW x (B planes of HW per
 // channel, plane stride C * HW); the running statistics (either null)
 // updated as nn.BatchNorm2d does, with the unbiased variance. Task: whole
 // channels. A channel's mean, then its biased variance as the mean square
 // of x - mean, are summed in two passes (the second, and the pass that
 // writes y, from the cache), so the variance has no cancellation.
 template <typename T>
-void bn_train_forward(const T* __restrict__ x, const T* w, const T* b, T* __restrict__ y,
-                      T* mean_out, T* invstd_out, T* rmean, T* rvar, double momentum,
-                      double eps, bool relu, int64_t B, int64_t C, int64_t HW) {
+void bn_train_forward(const T* __restrict__ x, const T* w, const T* b,
+                      const T* __restrict__ res, T* __restrict__ y, T* mean_out, T* invstd_out,
+                      T* rmean, T* rvar, double momentum, double eps, bool relu, int64_t B,
+                      int64_t C, int64_t HW) {
   const int64_t n = B * HW;
   at::parallel_for(0, C, grain_for(3 * n), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -71,7 +73,14 @@ void bn_train_forward(const T* __restrict__ x, const T* w, const T* b, T* __rest
       for (int64_t i = 0; i < B; ++i) {
         const T* p = x + (i * C + c) * HW;
         T* q = y + (i * C + c) * HW;
-        if (relu) {
+        const T* rp = res ? res + (i * C + c) * HW : nullptr;
+        if (rp && relu) {
+#pragma omp simd
+          for (int64_t k = 0; k < HW; ++k) q[k] = std::max((p[k] - m) * s + t + rp[k], T(0));
+        } else if (rp) {
+#pragma omp simd
+          for (int64_t k = 0; k < HW; ++k) q[k] = (p[k] - m) * s + t + rp[k];
+        } else if (relu) {
 #pragma omp simd
           for (int64_t k = 0; k < HW; ++k) q[k] = std::max((p[k] - m) * s + t, T(0));
         } else {
@@ -90,11 +99,12 @@ void bn_train_forward(const T* __restrict__ x, const T* w, const T* b, T* __rest
 
 // sum(g), sum(g * (x - m)) and sum(x - m) over one plane of n elements,
 // where g is dy, or (r non-null) dy where r > 0 and 0 elsewhere; in T
-// within chunks of kBnChunk, added to the doubles sdy, sdx and sxm.
+// within chunks of kBnChunk, added to the doubles sdy, sdx and sxm; g
+// written to go if non-null.
 template <typename T>
 inline void bn_grad_sums(const T* __restrict__ dy, const T* __restrict__ x,
-                         const T* __restrict__ r, T m, int64_t n, double& sdy, double& sdx,
-                         double& sxm) {
+                         const T* __restrict__ r, T* __restrict__ go, T m, int64_t n,
+                         double& sdy, double& sdx, double& sxm) {
   typedef T vec __attribute__((vector_size(kVecBytes)));
   constexpr int64_t V = kVecBytes / sizeof(T);
   const vec zero = {};
@@ -106,6 +116,7 @@ inline void bn_grad_sums(const T* __restrict__ dy, const T* __restrict__ x,
       for (int64_t j = 0; j < kBnAcc; ++j) {
         vec g = bn_load<vec>(dy + k + j * V);
         if (r) g = bn_load<vec>(r + k + j * V) > zero ? g : zero;
+        if (go) std::memcpy(go + k + j * V, &g, sizeof(vec));
         const vec xm = bn_load<vec>(x + k + j * V) - m;
         a[j] += g;
         d[j] += g * xm;
@@ -114,6 +125,7 @@ inline void bn_grad_sums(const T* __restrict__ dy, const T* __restrict__ x,
     T sa = 0, sd = 0, se = 0;
     for (; k < k1; ++k) {
       const T g = r && !(r[k] > 0) ? T(0) : dy[k];
+      if (go) go[k] = g;
       sa += g;
       sd += g * (x[k] - m);
       se += x[k] - m;
@@ -137,14 +149,14 @@ inline void bn_grad_sums(const T* __restrict__ dy, const T* __restrict__ x,
 // The gradients of bn_train_forward's y (dy, NCHW like x): with g = dy, or
 // (r, the forward's y after its ReLU, non-null) dy where r > 0 and 0
 // elsewhere, gx = g * k1 + (x - m) * k2 + k3 per channel, gw = sum(g * (x -
-// mean)) * invstd, gb = sum(g); gx, gw, gb null where not wanted. Task:
-// whole channels, the sums read dy, x (and r) once from memory, gx's pass
-// from the cache.
+// mean)) * invstd, gb = sum(g); gx, gw, gb null where not wanted, and g
+// written to go (with r) if non-null. Task: whole channels, the sums read
+// dy, x (and r) once from memory, gx's pass from the cache.
 template <typename T>
 void bn_train_backward(const T* __restrict__ dy, const T* __restrict__ x,
                        const T* __restrict__ r, const T* w, const T* mean_in,
-                       const T* invstd_in, T* __restrict__ gx, T* gw, T* gb, int64_t B,
-                       int64_t C, int64_t HW) {
+                       const T* invstd_in, T* __restrict__ gx, T* gw, T* gb,
+                       T* __restrict__ go, int64_t B, int64_t C, int64_t HW) {
   const int64_t n = B * HW;
   at::parallel_for(0, C, grain_for(4 * n), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -152,7 +164,8 @@ void bn_train_backward(const T* __restrict__ dy, const T* __restrict__ x,
       double sdy = 0, sdx = 0, sxm = 0;
       for (int64_t i = 0; i < B; ++i) {
         const int64_t o = (i * C + c) * HW;
-        bn_grad_sums(dy + o, x + o, r ? r + o : nullptr, m, HW, sdy, sdx, sxm);
+        bn_grad_sums(dy + o, x + o, r ? r + o : nullptr, go ? go + o : nullptr, m, HW, sdy, sdx,
+                     sxm);
       }
       // The saved mean m is the batch mean rounded to T; delta = mean - m
       // puts the rounding back (sum(g * (x - mean)) = sdx - delta * sdy),
@@ -170,10 +183,10 @@ void bn_train_backward(const T* __restrict__ dy, const T* __restrict__ x,
       const T e = static_cast<T>(-k1 * sdy / n - delta * k2);
       for (int64_t i = 0; i < B; ++i) {
         const int64_t o = (i * C + c) * HW;
-        const T* g = dy + o;
+        const T* g = go ? go + o : dy + o;  // g itself, from the cache
         const T* p = x + o;
         T* q = gx + o;
-        if (r) {
+        if (r && !go) {
           const T* rr = r + o;
 #pragma omp simd
           for (int64_t k = 0; k < HW; ++k)
