@@ -434,7 +434,7 @@ def conv1x1(
 
 class _BatchNormTrain(torch.autograd.Function):
     """``F.batch_norm`` in training on ``mmevo::batch_norm_train`` and its
-    backward (ATen's CPU forward takes 2.2-6.2x the time on NCHW maps, its
+    backward (ATen's CPU forward takes 2.2-4.3x the time on NCHW maps, its
     backward up to 1.5x), updating the running statistics as it does; plus
     ``residual`` if given, and with ``relu`` the ReLU of that, in the same
     pass. The backward masks the gradient by the output in its own pass,
@@ -569,7 +569,7 @@ def batch_norm(
     """``norm(x)``, or ``act(norm(x) + residual)`` (each of ``act`` and
     ``residual`` optional), where :func:`takes_batch_norm_kernel` holds
     computed by a kernel that reads each channel once from memory (ATen's
-    CPU forward of a training batch norm takes 2.2-6.2x its time on
+    CPU forward of a training batch norm takes 2.2-4.3x its time on
     ResNet-50's NCHW maps, ``docs/benchmarks.md``): the same numbers to
     float rounding, the same running statistics and batch count. A
     ``residual`` of ``x``'s shape, dtype and layout and an ``act`` that is
