@@ -93,58 +93,6 @@ def test_float32_as_accurate_as_the_module():
     assert (results['ours'] <= 2 * results['module'] + 1e-6).all(), results
 
 
-def test_double_backward_equals_the_module():
-    shape = (2, 6, 5, 4)
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    g = torch.randn(shape, generator=gen, dtype=torch.float64)
-    found = []
-    for fn in (batch_norm, lambda t, m: m(t)):
-        bn = _bn(6)
-        xr = x.clone().requires_grad_()
-        y = fn(xr, bn)
-        grads = torch.autograd.grad(
-            y, (xr, bn.weight, bn.bias), g, create_graph=True
-        )
-        again = torch.autograd.grad(
-            sum((t * t).sum() for t in grads),
-            (xr, bn.weight, bn.bias),
-            allow_unused=True,  # the bias's: its gradient is linear in g
-        )
-        found.append((*grads, *again))
-    assert found[1][-1] is None
-    for a, r in zip(*found, strict=True):
-        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize(
-    'shape', [(3, 5, 7, 1), (2, 16, 9, 11), (4, 3, 40, 33)]
-)
-@pytest.mark.parametrize('affine', [True, False])
-def test_with_relu_equals_the_module_then_relu_in_float64(
-    threads, shape, affine
-):
-    """``batch_norm(x, bn, relu)`` (the ReLU in the kernel's pass, its
-    backward in the BN's) against ``relu(bn(x))``, two train steps."""
-    ours = _bn(shape[1], affine)
-    ref = copy.deepcopy(ours)
-    relu = nn.ReLU(inplace=True)
-    gen = torch.Generator().manual_seed(sum(shape) + 1)
-    for _ in range(2):
-        x = torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 1
-        g = torch.randn(shape, generator=gen, dtype=torch.float64)
-        y, grads = _step(lambda t, m: batch_norm(t, m, relu), ours, x, g)
-        y_ref, grads_ref = _step(lambda t, m: F.relu(m(t)), ref, x, g)
-        assert (y == 0).any() and (y > 0).any()
-        torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
-        for a, r in zip(grads, grads_ref, strict=True):
-            torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
-        for name, buf in ref.named_buffers():
-            torch.testing.assert_close(
-                getattr(ours, name), buf, rtol=1e-12, atol=1e-12, msg=name
-            )
-
-
 def _zero_if_none(grads, wrt):
     """``grads`` with a None (no path: a zero derivative) as zeros."""
     return [
@@ -153,90 +101,85 @@ def _zero_if_none(grads, wrt):
     ]
 
 
-def test_with_relu_double_backward_equals_the_module():
-    shape = (2, 6, 5, 4)
-    gen = torch.Generator().manual_seed(6)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    g = torch.randn(shape, generator=gen, dtype=torch.float64)
-    found = []
-    for fn in (
-        lambda t, m: batch_norm(t, m, nn.ReLU()),
-        lambda t, m: F.relu(m(t)),
-    ):
-        bn = _bn(6)
-        xr = x.clone().requires_grad_()
-        wrt = (xr, bn.weight, bn.bias)
-        y = fn(xr, bn)
-        grads = torch.autograd.grad(y, wrt, g, create_graph=True)
-        again = torch.autograd.grad(
-            sum((t * t).sum() for t in grads), wrt, allow_unused=True
-        )
-        found.append((*grads, *_zero_if_none(again, wrt)))
-    for a, r in zip(*found, strict=True):
-        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+# (batch_norm's call, the stock graph it stands for), of (x, bn, r).
+_FUSED = {
+    'bn': (lambda t, m, r: batch_norm(t, m), lambda t, m, r: m(t)),
+    'relu': (
+        lambda t, m, r: batch_norm(t, m, nn.ReLU(inplace=True)),
+        lambda t, m, r: F.relu(m(t)),
+    ),
+    'residual': (
+        lambda t, m, r: batch_norm(t, m, None, r),
+        lambda t, m, r: m(t) + r,
+    ),
+    'residual_relu': (
+        lambda t, m, r: batch_norm(t, m, nn.ReLU(inplace=True), r),
+        lambda t, m, r: F.relu(m(t) + r),
+    ),
+}
+
+
+def _grads(fn, bn, x, r, g, create_graph=False):
+    """``fn(x, bn, r)`` and its gradients of x, weight, bias (and r, where
+    ``fn`` takes it), at copies of x and r."""
+    x, r = x.clone().requires_grad_(), r.clone().requires_grad_()
+    y = fn(x, bn, r)
+    wrt = [t for t in (x, bn.weight, bn.bias, r) if t is not None]
+    grads = torch.autograd.grad(
+        y, wrt, g, create_graph=create_graph, allow_unused=True
+    )
+    return y, wrt, _zero_if_none(grads, wrt)
 
 
 @pytest.mark.parametrize(
     'shape', [(3, 5, 7, 1), (2, 16, 9, 11), (4, 3, 40, 33)]
 )
-@pytest.mark.parametrize('relu', [True, False])
-def test_with_residual_equals_the_module_plus_it_in_float64(
-    threads, shape, relu
+@pytest.mark.parametrize('affine', [True, False])
+@pytest.mark.parametrize('variant', ['relu', 'residual', 'residual_relu'])
+def test_with_relu_or_residual_equals_the_stock_graph_in_float64(
+    threads, shape, affine, variant
 ):
-    """``batch_norm(x, bn, act, r)`` (a block's last BN, its shortcut's
-    addition and ReLU in one pass) against ``act(bn(x) + r)``: output,
-    gradients of x, weight, bias and r, buffers, two train steps."""
-    ours = _bn(shape[1])
+    """``batch_norm(x, bn, relu, r)`` (the ReLU and a shortcut's addition in
+    the kernel's pass, their backward in the BN's) against ``relu(bn(x) +
+    r)``, and each part alone: output, gradients of x, weight, bias and r,
+    buffers, two train steps."""
+    ours = _bn(shape[1], affine)
     ref = copy.deepcopy(ours)
-    act = nn.ReLU(inplace=True) if relu else None
-    gen = torch.Generator().manual_seed(sum(shape) + 2)
-
-    def stock(t, m, r):
-        y = m(t) + r
-        return F.relu(y) if relu else y
-
+    fused, stock = _FUSED[variant]
+    gen = torch.Generator().manual_seed(sum(shape) + 1)
     for _ in range(2):
-        x = torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 1
-        r = torch.randn(shape, generator=gen, dtype=torch.float64)
-        g = torch.randn(shape, generator=gen, dtype=torch.float64)
-        found = []
-        for fn, bn in (
-            (lambda t, m, r: batch_norm(t, m, act, r), ours),
-            (stock, ref),
-        ):
-            xr, rr = x.clone().requires_grad_(), r.clone().requires_grad_()
-            y = fn(xr, bn, rr)
-            found.append(
-                (y, *torch.autograd.grad(y, (xr, rr, bn.weight, bn.bias), g))
-            )
-        for a, b in zip(*found, strict=True):
+        x, r, g = (
+            torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 1
+            for _ in range(3)
+        )
+        y, _, grads = _grads(fused, ours, x, r, g)
+        y_ref, _, grads_ref = _grads(stock, ref, x, r, g)
+        if 'relu' in variant:
+            assert (y == 0).any() and (y > 0).any()
+        for a, b in zip((y, *grads), (y_ref, *grads_ref), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
-        if relu:
-            assert (found[0][0] == 0).any()
         for name, buf in ref.named_buffers():
             torch.testing.assert_close(
                 getattr(ours, name), buf, rtol=1e-12, atol=1e-12, msg=name
             )
 
 
-def test_with_residual_double_backward_equals_the_module():
+@pytest.mark.parametrize('variant', list(_FUSED))
+def test_double_backward_equals_the_stock_graph(variant):
+    """The gradients as a graph, and the gradients of their squares."""
     shape = (2, 6, 5, 4)
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    r = torch.randn(shape, generator=gen, dtype=torch.float64)
-    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(5)
+    x, r, g = (
+        torch.randn(shape, generator=gen, dtype=torch.float64)
+        for _ in range(3)
+    )
     found = []
-    for fn in (
-        lambda t, m, r: batch_norm(t, m, nn.ReLU(), r),
-        lambda t, m, r: F.relu(m(t) + r),
-    ):
-        bn = _bn(6)
-        xr, rr = x.clone().requires_grad_(), r.clone().requires_grad_()
-        wrt = (xr, rr, bn.weight, bn.bias)
-        y = fn(xr, bn, rr)
-        grads = torch.autograd.grad(y, wrt, g, create_graph=True)
+    for fn in _FUSED[variant]:
+        _, wrt, grads = _grads(fn, _bn(6), x, r, g, create_graph=True)
         again = torch.autograd.grad(
-            sum((t * t).sum() for t in grads), wrt, allow_unused=True
+            sum((t * t).sum() for t in grads if t.requires_grad),
+            wrt,
+            allow_unused=True,  # the bias's: its gradient is linear in g
         )
         found.append((*grads, *_zero_if_none(again, wrt)))
     for a, b in zip(*found, strict=True):
