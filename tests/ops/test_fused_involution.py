@@ -118,6 +118,30 @@ def test_seeded_sweep_odd_sizes():
 
 
 @needs_cpp
+@pytest.mark.parametrize('shape', [(4, 16, 7, 7, 7, 1, 1, 4, 32), CASES[5]])
+def test_same_bits_for_any_thread_count(shape):
+    """The backward's plan (strips, and runs each summing its own grad_S)
+    depends on the shapes alone: 1, 2 and 3 threads give the same bits.
+    The first shape's grad_S partial sums are each larger than x (4 runs
+    all the same, shared out between the threads)."""
+    tensors = make(*shape, dtype=torch.float32)
+    K, s, d, G = shape[4:8]
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            y, grads = values_and_grads(
+                fused_involution, tensors, (K, s, d, G)
+            )
+            results.append([y, *grads])
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(map(torch.equal, results[0], other))
+
+
+@needs_cpp
 def test_gradcheck_and_gradgradcheck():
     x, z, S, b = (t.requires_grad_() for t in make(1, 4, 5, 6, 3, 2, 2, 2, 3))
     window = (3, 2, 2, 2)

@@ -26,6 +26,7 @@ constexpr int64_t kMP = kVecBytes == 64 ? 4 : 2;  // pixel vectors of one
 constexpr int64_t kMR = kVecBytes == 64 ? 4 : 2;  // z channels of a grad_S one
 constexpr int64_t kFusedTasks = 32;  // backward tasks wanted: strips x batch
 constexpr int64_t kMaxSlots = 64;    // grad_S partial sums, at most
+constexpr int64_t kMinSlots = 4;     // and at least, where the tasks allow
 
 // out[k][p] = bias[k] + sum_{r < Cr} S[k][r] * z[r][p] for k < nk and
 // pixels p < np (multiples of kMK and of kMP vectors): S rows Cs apart, z
@@ -337,7 +338,10 @@ void fused_forward(const T* __restrict__ x, const T* __restrict__ z, const T* __
 // in `nstrips` strips of `rows` (a multiple of kFB, and tall enough that an
 // input row is reached from two strips at most), the b-major list of
 // (b, strip) tasks cut into `nslots` runs, each summing its own grad_S:
-// at most kMaxSlots, and their partial sums no larger than x.
+// at most kMaxSlots, their partial sums no larger than x unless that leaves
+// fewer than kMinSlots runs, and a power of two. A run is one thread's
+// (1 or 3 runs left the backward at RedNet-50's 7² and 14² serial or 2:1
+// between two threads), and 2, 4, 8 ... threads get equal shares.
 struct FusedPlan {
   int64_t rows, nstrips, nslots;
 
@@ -347,8 +351,9 @@ struct FusedPlan {
     rows = round_up(std::max({wanted, ceil_div(span + 1, g.s), kFB}), kFB);
     nstrips = ceil_div(g.Ho, rows);
     const int64_t partial = g.G * g.K * g.K * (Cr + 1);
-    const int64_t fit = std::max<int64_t>(1, g.B * g.C * g.H * g.W / partial);
-    nslots = std::min({g.B * nstrips, kMaxSlots, fit});
+    const int64_t fit = g.B * g.C * g.H * g.W / partial;
+    nslots = std::min({g.B * nstrips, kMaxSlots, std::max(fit, kMinSlots)});
+    while (nslots & (nslots - 1)) nslots &= nslots - 1;  // the power of two below
   }
 };
 
