@@ -75,7 +75,9 @@ def assert_matches_unfused(tensors, window, atol=1e-10):
         )
 
 
-# (B, C, H, W, K, s, d, G, Cr): odd sizes, every stride / dilation mix.
+# (B, C, H, W, K, s, d, G, Cr): odd sizes, every stride / dilation mix,
+# tiles whose last rows are 1, 2 or 3 vectors past the kernels' 4-vector
+# blocks (float64 on AVX-512: 7 x 20 leaves one row of three).
 CASES = [
     (2, 32, 9, 11, 3, 1, 1, 2, 8),
     (2, 16, 13, 10, 7, 2, 2, 1, 5),
@@ -83,6 +85,7 @@ CASES = [
     (3, 8, 5, 6, 1, 1, 1, 8, 2),
     (1, 4, 20, 3, 3, 3, 2, 1, 1),
     (2, 64, 15, 17, 7, 1, 1, 4, 16),
+    (1, 16, 7, 20, 3, 1, 1, 2, 4),
 ]
 
 

@@ -28,63 +28,111 @@ constexpr int64_t kFusedTasks = 32;  // backward tasks wanted: strips x batch
 constexpr int64_t kMaxSlots = 64;    // grad_S partial sums, at most
 constexpr int64_t kMinSlots = 4;     // and at least, where the tasks allow
 
-// out[k][p] = bias[k] + sum_{r < Cr} S[k][r] * z[r][p] for k < nk and
-// pixels p < np (multiples of kMK and of kMP vectors): S rows Cs apart, z
-// rows zs apart, out planes os apart.
+// out[k][p0 + p] = bias[k] + sum_{r < Cr} S[k][r] * z[r][p0 + p] for k < nk
+// (a multiple of kMK) and the NQ pixel vectors from p0.
+template <int NQ, typename A, typename vec>
+__attribute__((always_inline)) inline void span_block(A* __restrict__ out, int64_t os,
+                                                      const A* __restrict__ S, int64_t Cs,
+                                                      const A* __restrict__ bias,
+                                                      const A* __restrict__ z, int64_t zs,
+                                                      int64_t Cr, int64_t nk, int64_t p0) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A), VB = sizeof(vec);
+  for (int64_t k0 = 0; k0 < nk; k0 += kMK) {
+    vec acc[kMK][NQ];
+#pragma GCC unroll 4
+    for (int k = 0; k < kMK; ++k)
+      for (int q = 0; q < NQ; ++q) acc[k][q] = vec{} + bias[k0 + k];
+    for (int64_t r = 0; r < Cr; ++r) {
+      vec zv[NQ];
+#pragma GCC unroll 4
+      for (int q = 0; q < NQ; ++q) std::memcpy(&zv[q], z + r * zs + p0 + q * V, VB);
+#pragma GCC unroll 4
+      for (int k = 0; k < kMK; ++k) {
+        const vec sv = vec{} + S[(k0 + k) * Cs + r];
+#pragma GCC unroll 4
+        for (int q = 0; q < NQ; ++q) acc[k][q] += sv * zv[q];
+      }
+    }
+    for (int k = 0; k < kMK; ++k)
+      for (int q = 0; q < NQ; ++q) std::memcpy(out + (k0 + k) * os + p0 + q * V, &acc[k][q], VB);
+  }
+}
+
+// out[k][p] = bias[k] + sum_{r < Cr} S[k][r] * z[r][p] for k < nk (a
+// multiple of kMK) and pixels p < np (whole vectors; a tile's valid rows
+// only, not the buffer's padded plane): S rows Cs apart, z rows zs apart,
+// out planes os apart.
 template <typename A, typename vec>
 void span_tile(A* __restrict__ out, int64_t os, const A* __restrict__ S, int64_t Cs,
                const A* __restrict__ bias, const A* __restrict__ z, int64_t zs, int64_t Cr,
                int64_t nk, int64_t np) {
-  constexpr int64_t V = sizeof(vec) / sizeof(A), VB = sizeof(vec);
-  for (int64_t k0 = 0; k0 < nk; k0 += kMK)
-    for (int64_t p0 = 0; p0 < np; p0 += kMP * V) {
-      vec acc[kMK][kMP];
-#pragma GCC unroll 4
-      for (int k = 0; k < kMK; ++k)
-        for (int q = 0; q < kMP; ++q) acc[k][q] = vec{} + bias[k0 + k];
-      for (int64_t r = 0; r < Cr; ++r) {
-        vec zv[kMP];
-#pragma GCC unroll 4
-        for (int q = 0; q < kMP; ++q) std::memcpy(&zv[q], z + r * zs + p0 + q * V, VB);
-#pragma GCC unroll 4
-        for (int k = 0; k < kMK; ++k) {
-          const vec sv = vec{} + S[(k0 + k) * Cs + r];
-#pragma GCC unroll 4
-          for (int q = 0; q < kMP; ++q) acc[k][q] += sv * zv[q];
-        }
-      }
-      for (int k = 0; k < kMK; ++k)
-        for (int q = 0; q < kMP; ++q)
-          std::memcpy(out + (k0 + k) * os + p0 + q * V, &acc[k][q], VB);
-    }
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  int64_t p0 = 0;
+  for (; p0 + kMP * V <= np; p0 += kMP * V)
+    span_block<kMP, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
+  switch ((np - p0) / V) {  // the tail, fewer than kMP vectors
+    case 3:
+      if constexpr (kMP > 3) span_block<3, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
+      break;
+    case 2:
+      if constexpr (kMP > 2) span_block<2, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
+      break;
+    case 1:
+      span_block<1, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
+      break;
+    default: break;
+  }
 }
 
-// gz[r][p] += sum_{k < nk} S[k][r] * dw[k][p] for r < Cp, p < np (multiples
-// of kMK and of kMP vectors): the transpose of span_tile in z.
+// gz[r][p0 + p] += sum_{k < nk} S[k][r] * dw[k][p0 + p] for r < Cp (a
+// multiple of kMK) and the NQ pixel vectors from p0.
+template <int NQ, typename A, typename vec>
+__attribute__((always_inline)) inline void span_transpose_block(
+    A* __restrict__ gz, int64_t gs, const A* __restrict__ S, int64_t Cs,
+    const A* __restrict__ dw, int64_t ds, int64_t Cp, int64_t nk, int64_t p0) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A), VB = sizeof(vec);
+  for (int64_t r0 = 0; r0 < Cp; r0 += kMK) {
+    vec acc[kMK][NQ];
+    for (int r = 0; r < kMK; ++r)
+      for (int q = 0; q < NQ; ++q) std::memcpy(&acc[r][q], gz + (r0 + r) * gs + p0 + q * V, VB);
+    for (int64_t k = 0; k < nk; ++k) {
+      vec dv[NQ];
+#pragma GCC unroll 4
+      for (int q = 0; q < NQ; ++q) std::memcpy(&dv[q], dw + k * ds + p0 + q * V, VB);
+#pragma GCC unroll 4
+      for (int r = 0; r < kMK; ++r) {
+        const vec sv = vec{} + S[k * Cs + r0 + r];
+#pragma GCC unroll 4
+        for (int q = 0; q < NQ; ++q) acc[r][q] += sv * dv[q];
+      }
+    }
+    for (int r = 0; r < kMK; ++r)
+      for (int q = 0; q < NQ; ++q) std::memcpy(gz + (r0 + r) * gs + p0 + q * V, &acc[r][q], VB);
+  }
+}
+
+// gz[r][p] += sum_{k < nk} S[k][r] * dw[k][p] for r < Cp (a multiple of
+// kMK) and p < np (whole vectors): the transpose of span_tile in z.
 template <typename A, typename vec>
 void span_transpose_tile(A* __restrict__ gz, int64_t gs, const A* __restrict__ S, int64_t Cs,
                          const A* __restrict__ dw, int64_t ds, int64_t Cp, int64_t nk,
                          int64_t np) {
-  constexpr int64_t V = sizeof(vec) / sizeof(A), VB = sizeof(vec);
-  for (int64_t r0 = 0; r0 < Cp; r0 += kMK)
-    for (int64_t p0 = 0; p0 < np; p0 += kMP * V) {
-      vec acc[kMK][kMP];
-      for (int r = 0; r < kMK; ++r)
-        for (int q = 0; q < kMP; ++q) std::memcpy(&acc[r][q], gz + (r0 + r) * gs + p0 + q * V, VB);
-      for (int64_t k = 0; k < nk; ++k) {
-        vec dv[kMP];
-#pragma GCC unroll 4
-        for (int q = 0; q < kMP; ++q) std::memcpy(&dv[q], dw + k * ds + p0 + q * V, VB);
-#pragma GCC unroll 4
-        for (int r = 0; r < kMK; ++r) {
-          const vec sv = vec{} + S[k * Cs + r0 + r];
-#pragma GCC unroll 4
-          for (int q = 0; q < kMP; ++q) acc[r][q] += sv * dv[q];
-        }
-      }
-      for (int r = 0; r < kMK; ++r)
-        for (int q = 0; q < kMP; ++q) std::memcpy(gz + (r0 + r) * gs + p0 + q * V, &acc[r][q], VB);
-    }
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  int64_t p0 = 0;
+  for (; p0 + kMP * V <= np; p0 += kMP * V)
+    span_transpose_block<kMP, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
+  switch ((np - p0) / V) {  // the tail, fewer than kMP vectors
+    case 3:
+      if constexpr (kMP > 3) span_transpose_block<3, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
+      break;
+    case 2:
+      if constexpr (kMP > 2) span_transpose_block<2, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
+      break;
+    case 1:
+      span_transpose_block<1, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
+      break;
+    default: break;
+  }
 }
 
 // Lane sums: the vector gs[k][r] += dw[k][:] * z[r][:] (k < nk, r < Cp,
@@ -196,9 +244,15 @@ void correlate_block(A* __restrict__ dw, int64_t PL, const A* __restrict__ y, in
   (unit ? correlate_tile<A, vec, NU, true>(acc, yq, Wv, ys, xq, xr, xc, Cg, 1, 1) \
         : correlate_tile<A, vec, NU, false>(acc, yq, Wv, ys, xq, xr, xc, Cg, s, d))
         switch (nu) {
-          case 4: MMEVO_FUSED_TILE(4); break;
-          case 3: MMEVO_FUSED_TILE(3); break;
-          case 2: MMEVO_FUSED_TILE(2); break;
+          case 4:
+            MMEVO_FUSED_TILE(4);
+            break;
+          case 3:
+            MMEVO_FUSED_TILE(3);
+            break;
+          case 2:
+            MMEVO_FUSED_TILE(2);
+            break;
           default: MMEVO_FUSED_TILE(1);
         }
 #undef MMEVO_FUSED_TILE
@@ -304,7 +358,7 @@ void fused_forward(const T* __restrict__ x, const T* __restrict__ z, const T* __
       const int64_t i0 = ib * kRows, ni = std::min(kRows, g.Ho - i0);
       load_z_rows(zb.data(), PL, z + b * Cr * g.Ho * g.Wo, Cr, g.Ho, g.Wo, Wv, i0, ni, kRows);
       span_tile<A, vec>(wb.data(), PL, sa.data() + grp * KKp * Cr, Cr, ba.data() + grp * KKp,
-                        zb.data(), PL, Cr, KKp, PL);
+                        zb.data(), PL, Cr, KKp, ni * Wv);
       const int64_t r0 = i0 * g.s - g.p;
       const int64_t rlo = std::max<int64_t>(0, -r0);
       const int64_t rhi = std::min((ni - 1) * g.s + span + 1, g.H - r0);
@@ -447,7 +501,9 @@ void fused_backward(const T* __restrict__ gy, const T* __restrict__ x, const T* 
       for (int64_t i0 = i_a; i0 < i_b; i0 += kFB) {
         const int64_t ni = std::min(kFB, i_b - i0), off = i0 - i_a;
         const A* zt = zs + off * Wv;
-        span_tile<A, vec>(buf.wb.data(), PL, sg, Cp, ba.data() + grp * KKp, zt, GZ, Cr, KKp, PL);
+        // The tile's rows only: rows past the strip have no gradient.
+        const int64_t np = ni * Wv;
+        span_tile<A, vec>(buf.wb.data(), PL, sg, Cp, ba.data() + grp * KKp, zt, GZ, Cr, KKp, np);
         // dW of the tile's kFB rows (zero on rows past the strip, whose
         // grad_y is zero), every tap summed over the group's channels.
         const A* xt = buf.xs.data() + off * g.s * Lrow;
@@ -455,9 +511,9 @@ void fused_backward(const T* __restrict__ gy, const T* __restrict__ x, const T* 
         correlate_block<A, vec>(buf.dwb.data(), PL, yt, Wv, SR * Wv, xt, Lrow, XR * Lrow, Cg, g.K,
                                 g.s, g.d, voff.data());
         weight_grad_tile<A, vec>(buf.gsv.data(), buf.gbv.data(), buf.dwb.data(), PL, zt, GZ, Cp,
-                                 KKp, PL);
+                                 KKp, np);
         span_transpose_tile<A, vec>(buf.gzs.data() + off * Wv, GZ, sg, Cp, buf.dwb.data(), PL,
-                                    Cp, KKp, PL);
+                                    Cp, KKp, np);
         // grad_x: each buffered row's kernel rows (any row where the mask
         // has no bit), then the scatter.
         const int64_t r0 = i0 * g.s - g.p, nr = (ni - 1) * g.s + span + 1;
