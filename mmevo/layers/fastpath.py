@@ -544,6 +544,40 @@ def takes_batch_norm_kernel(x: torch.Tensor, norm: nn.Module) -> bool:
     )
 
 
+def takes_batch_norm_eval_kernel(
+    x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None
+) -> bool:
+    """Whether :func:`batch_norm` runs ``norm(x)`` in inference on mmevo's
+    kernel: a plain ``nn.BatchNorm2d`` in eval mode that normalises by its
+    running statistics, an NCHW or channels-last float32 or float64 CPU
+    ``x`` of their dtype, nothing to differentiate (the kernel has no
+    backward: grad mode off, or no input or parameter that requires grad),
+    autocast off, the C++ extension built."""
+    return (
+        type(norm) is nn.BatchNorm2d
+        and not norm.training
+        and norm.running_mean is not None
+        and x.device.type == 'cpu'
+        and x.dtype in (torch.float32, torch.float64)
+        and x.dtype == norm.running_mean.dtype
+        and (norm.weight is None or norm.weight.dtype == x.dtype)
+        and x.dim() == 4
+        and (
+            x.is_contiguous()
+            or x.is_contiguous(memory_format=torch.channels_last)
+        )
+        and not (
+            torch.is_grad_enabled()
+            and any(
+                t is not None and t.requires_grad
+                for t in (x, norm.weight, norm.bias, residual)
+            )
+        )
+        and not torch.is_autocast_enabled('cpu')
+        and cpp_backend.available()
+    )
+
+
 def batch_norm_train(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -574,9 +608,11 @@ def batch_norm(
     float rounding, the same running statistics and batch count. A
     ``residual`` of ``x``'s shape, dtype and layout and an ``act`` that is
     an ``nn.ReLU`` run in the kernel's pass, and their backward in the BN's
-    (no add or ReLU pass, no masked gradient map but the residual's). For
-    the CPU fast paths, which call it only where no hook waits for
-    ``norm``'s or ``act``'s call.
+    (no add or ReLU pass, no masked gradient map but the residual's). In
+    inference (:func:`takes_batch_norm_eval_kernel`, NCHW or channels-last)
+    the norm by its running statistics, the residual and the ReLU are one
+    pass too, where ATen makes three. For the CPU fast paths, which call it
+    only where no hook waits for ``norm``'s or ``act``'s call.
 
     Args:
         x (Tensor): (B, C, H, W).
@@ -600,34 +636,57 @@ def batch_norm(
         ...     x, None, None, bn.weight, bn.bias, True) + r), atol=1e-5)
         True
     """
-    if not takes_batch_norm_kernel(x, norm):
-        return _add_act(norm(x), act, residual)
     relu = type(act) is nn.ReLU
+    # The kernels read a residual in x's layout (the training one takes NCHW
+    # only); NCHW where x is both.
+    nchw = x.dim() != 4 or x.is_contiguous()
+    layout = torch.contiguous_format if nchw else torch.channels_last
     fused = residual is None or (
         residual.shape == x.shape
         and residual.dtype == x.dtype
         and residual.device == x.device
-        and residual.is_contiguous()
+        and residual.is_contiguous(memory_format=layout)
     )
+    if takes_batch_norm_eval_kernel(x, norm, residual):
+        y = torch.ops.mmevo.batch_norm_eval(
+            x,
+            norm.weight,
+            norm.bias,
+            norm.running_mean,
+            norm.running_var,
+            norm.eps,
+            relu and fused,
+            residual if fused else None,
+        )
+    elif takes_batch_norm_kernel(x, norm):
+        y = _batch_norm_train_module(
+            x, norm, residual if fused else None, relu and fused
+        )
+    else:
+        return _add_act(norm(x), act, residual)
+    if fused:
+        return y if act is None or relu else act(y)
+    return _add_act(y, act, residual)
+
+
+def _batch_norm_train_module(x, norm, residual, relu):
+    """``_BatchNormTrain`` for a training ``norm``, counting its batches."""
     # As nn.BatchNorm2d.forward counts batches and picks the momentum.
     norm.num_batches_tracked.add_(1)
     momentum = norm.momentum
     if momentum is None:  # a cumulative moving average
         momentum = 1.0 / float(norm.num_batches_tracked)
-    y = _BatchNormTrain.apply(
+    return _BatchNormTrain.apply(
         x,
         norm.weight,
         norm.bias,
-        residual if fused else None,
+        residual,
         norm.running_mean,
         norm.running_var,
         momentum,
         norm.eps,
-        relu and fused,
+        relu,
     )
-    if fused:
-        return y if act is None or relu else act(y)
-    return _add_act(y, act, residual)
 
 
 def _add_act(y, act, residual):

@@ -1,7 +1,8 @@
-"""``mmevo.layers.fastpath.batch_norm`` (on ``mmevo::batch_norm_train``)
-equals the ``nn.BatchNorm2d`` module it runs, and the ``nn.ReLU`` after it
-where it takes one: outputs, gradients, running statistics and batch
-counts, and steps aside where the kernel cannot take the call."""
+"""``mmevo.layers.fastpath.batch_norm`` (on ``mmevo::batch_norm_train``,
+and in inference on ``mmevo::batch_norm_eval``) equals the
+``nn.BatchNorm2d`` module it runs, and the ``nn.ReLU`` after it where it
+takes one: outputs, gradients, running statistics and batch counts, and
+steps aside where the kernel cannot take the call."""
 
 import copy
 
@@ -10,7 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmevo.layers.fastpath import batch_norm, takes_batch_norm_kernel
+from mmevo.layers.fastpath import (
+    batch_norm,
+    takes_batch_norm_eval_kernel,
+    takes_batch_norm_kernel,
+)
 
 
 def _bn(channels, affine=True, momentum=0.1, dtype=torch.float64, seed=0):
@@ -330,3 +335,164 @@ def test_backward_kernel_rejects_bad_input_naming_the_argument():
     _, _, gb, gr = op(x, x, None, mean, invstd, [False, False, True], x, True)
     torch.testing.assert_close(gr, x * (x > 0))
     torch.testing.assert_close(gb, gr.sum((0, 2, 3)))
+
+
+@pytest.mark.parametrize(
+    'shape', [(3, 5, 7, 1), (2, 16, 9, 11), (1, 8, 1, 1), (0, 4, 3, 3)]
+)
+@pytest.mark.parametrize('affine', [True, False])
+@pytest.mark.parametrize('variant', list(_FUSED))
+@pytest.mark.parametrize('layout', ['nchw', 'channels_last'])
+def test_inference_equals_the_stock_graph_in_float64(
+    threads, shape, affine, variant, layout
+):
+    """Eval mode, nothing to differentiate: the norm by the running
+    statistics, the residual and the ReLU in one pass against the module
+    graph, an empty batch and a single pixel included, NCHW and
+    channels-last (the output in the input's layout, as the module's);
+    the input, the residual and the buffers untouched."""
+    ours = _bn(shape[1], affine).eval()
+    ref = copy.deepcopy(ours)
+    fused, stock = _FUSED[variant]
+    gen = torch.Generator().manual_seed(sum(shape) + 2)
+    fmt = getattr(torch, layout, torch.contiguous_format)
+    x, r = (
+        (
+            torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 1
+        ).contiguous(memory_format=fmt)
+        for _ in range(2)
+    )
+    x0, r0 = x.clone(), r.clone()
+    with torch.no_grad():
+        assert takes_batch_norm_eval_kernel(x, ours, r)
+        y = fused(x, ours, r)
+        y_ref = stock(x.clone(), ref, r)
+    if 'relu' in variant and x.numel():
+        assert (y == 0).any() and (y > 0).any()
+    torch.testing.assert_close(y, y_ref, rtol=1e-13, atol=1e-13)
+    if x.numel():  # (an empty map's strides differ between ATen's ops)
+        assert y.stride() == y_ref.stride()
+    assert torch.equal(x, x0) and torch.equal(r, r0)
+    for name, buf in ref.named_buffers():
+        assert torch.equal(getattr(ours, name), buf), name
+
+
+def test_inference_in_float32_as_accurate_as_the_module():
+    """float32 against the float64 module, channels of large running means
+    and small variances: no further from it than the float32 module."""
+    shape = (2, 24, 9, 13)
+    gen = torch.Generator().manual_seed(4)
+    ref = _bn(24).eval()
+    with torch.no_grad():
+        ref.running_mean.mul_(200)
+        ref.running_var.mul_(1e-3)
+    x = ref.running_mean.view(1, -1, 1, 1) + torch.randn(
+        shape, generator=gen, dtype=torch.float64
+    )
+    r = torch.randn(shape, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        y_ref = F.relu(ref(x) + r)
+        bn = copy.deepcopy(ref).float()
+        ours = batch_norm(x.float(), bn, nn.ReLU(), r.float())
+        module = F.relu(bn(x.float()) + r.float())
+        assert takes_batch_norm_eval_kernel(x.float(), bn)
+    error = (ours.double() - y_ref).abs().max()
+    assert error <= 2 * (module.double() - y_ref).abs().max() + 1e-6
+
+
+@pytest.mark.parametrize('variant', list(_FUSED))
+def test_inference_kernel_steps_aside_for_gradients(variant):
+    """Eval mode with something to differentiate (an input, a residual or
+    a parameter that requires grad, grad mode on: fine-tuning with
+    ``norm_eval``): the module graph, its gradients; frozen parameters and
+    inputs take the kernel, with nothing to differentiate."""
+    shape = (2, 6, 5, 4)
+    gen = torch.Generator().manual_seed(6)
+    x, r, g = (
+        torch.randn(shape, generator=gen, dtype=torch.float64)
+        for _ in range(3)
+    )
+    fused, stock = _FUSED[variant]
+    ours, ref = _bn(6).eval(), _bn(6).eval()
+    assert not takes_batch_norm_eval_kernel(x.requires_grad_(), ours)
+    x.requires_grad_(False)
+    assert not takes_batch_norm_eval_kernel(x, ours)  # the weight's
+    y, _, grads = _grads(fused, ours, x, r, g)
+    y_ref, _, grads_ref = _grads(stock, ref, x, r, g)
+    for a, b in zip((y, *grads), (y_ref, *grads_ref), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    ours.requires_grad_(False)
+    assert takes_batch_norm_eval_kernel(x, ours, r)
+    assert not takes_batch_norm_eval_kernel(x, ours, r.requires_grad_())
+    y = fused(x, ours, r.detach())
+    assert not y.requires_grad
+    torch.testing.assert_close(y, stock(x, ref, r.detach()).detach())
+
+
+@pytest.mark.parametrize(
+    'layout', ['channels_last', 'nchw_to_channels_last', 'broadcast']
+)
+def test_inference_adds_a_residual_the_kernel_cannot_read_after_it(layout):
+    """A residual in another layout than x's, or broadcast."""
+    x = torch.randn(2, 4, 5, 3, dtype=torch.float64)
+    r = torch.randn(2, 4, 5, 3, dtype=torch.float64)
+    if layout == 'channels_last':
+        r = r.contiguous(memory_format=torch.channels_last)
+    elif layout == 'nchw_to_channels_last':
+        x = x.contiguous(memory_format=torch.channels_last)
+    else:
+        r = r[:1, :, :1, :1]
+    bn = _bn(4).eval()
+    with torch.no_grad():
+        y = batch_norm(x, bn, nn.ReLU(), r)
+        torch.testing.assert_close(y, F.relu(bn(x) + r), rtol=0, atol=1e-13)
+
+
+def test_inference_steps_aside_where_the_kernel_cannot_take_it():
+    """A strided input, bfloat16, a training BN or one without running
+    statistics, a subclass, autocast: the module's numbers."""
+    x = torch.randn(2, 4, 3, 3)
+    bn = _bn(4, dtype=torch.float32).eval()
+    cases = [
+        (x.transpose(2, 3), bn),
+        (x.bfloat16(), _bn(4, dtype=torch.bfloat16).eval()),
+        (x, _bn(4, dtype=torch.float32)),
+        (x, nn.BatchNorm2d(4, track_running_stats=False).eval()),
+        (x, type('MyNorm', (nn.BatchNorm2d,), {})(4).eval()),
+    ]
+    with torch.no_grad():
+        for t, m in cases:
+            assert not takes_batch_norm_eval_kernel(t, m)
+            ref = copy.deepcopy(m)
+            torch.testing.assert_close(batch_norm(t, m), ref(t))
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            assert not takes_batch_norm_eval_kernel(x, bn)
+
+
+def test_eval_kernel_rejects_bad_input_naming_the_argument():
+    op = torch.ops.mmevo.batch_norm_eval
+    x, w = torch.randn(2, 4, 3, 3), torch.rand(4) + 0.5
+    with pytest.raises(ValueError, match='input must be a contiguous'):
+        op(x.transpose(2, 3), w, w, w, w, 1e-5)
+    with pytest.raises(TypeError, match='input must be float32 or float64'):
+        op(x.half(), None, None, w.half(), w.half(), 1e-5)
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match='residual must be a channels-last'):
+        op(nhwc, None, None, w, w, 1e-5, False, x)
+    with pytest.raises(TypeError, match="running_mean must have input's"):
+        op(x, None, None, w.double(), w, 1e-5)
+    with pytest.raises(ValueError, match=r'running_var must be a contiguous'):
+        op(x, None, None, w, torch.ones(5), 1e-5)
+    with pytest.raises(ValueError, match=r'bias must be a contiguous'):
+        op(x, w, torch.ones(4, 1), w, w, 1e-5)
+    with pytest.raises(ValueError, match='eps must be > 0'):
+        op(x, None, None, w, w, -1.0)
+    with pytest.raises(ValueError, match='residual must be a contiguous'):
+        op(x, None, None, w, w, 1e-5, False, x[:1])
+    with pytest.raises(TypeError, match="residual must have input's dtype"):
+        op(x, None, None, w, w, 1e-5, True, x.double())
+    ref = F.batch_norm(x, w, w, w, w, False, 0.0, 1e-5)
+    torch.testing.assert_close(op(x, w, w, w, w, 1e-5), ref)
+    torch.testing.assert_close(
+        op(x, w, w, w, w, 1e-5, True, x), F.relu(ref + x)
+    )

@@ -31,6 +31,27 @@ def test_backbone_fast_path_equals_stock(cls, tiny, mode):
 
 
 @pytest.mark.parametrize('cls,tiny', BACKBONES)
+def test_backbone_inference_fast_path_equals_stock(cls, tiny):
+    """Eval mode under ``torch.no_grad`` (where the BNs with their
+    shortcuts and ReLUs take the inference kernel): the stock outputs, from
+    fewer conv module calls (the fast path ran)."""
+    torch.manual_seed(0)
+    model = helpers.randomised(cls(26, **tiny)).double().eval()
+    x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
+    outs, calls = [], []
+    for on in (True, False):
+        set_cpu_fastpath(model, on)
+        counted = helpers.count_conv_calls(model)
+        with torch.no_grad():
+            outs.append(model(x))
+        calls.append(len(counted))
+        helpers.uncount_conv_calls(model)
+    assert calls[0] < calls[1]
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('cls,tiny', BACKBONES)
 def test_backbone_fast_path_equals_stock_with_checkpointing(cls, tiny):
     """``with_cp=True`` (activations recomputed in the backward) changes
     neither path: in float64 the gradients agree as without it. (In fp32

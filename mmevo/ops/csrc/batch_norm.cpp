@@ -10,7 +10,13 @@
 // relu_output: no add or ReLU pass over the map, and the masked gradient
 // written (for the residual) or not at all.
 //
-// A kernel of the fast path, not a public operator: no fake kernel and no
+// mmevo::batch_norm_eval is the forward of an nn.BatchNorm2d in eval mode
+// (by its running statistics), on an NCHW or a channels-last map, with the
+// same residual and relu in its one pass: the fast paths' inference, where ATen runs the norm, the add and the
+// ReLU as three passes over the map. It has no backward: the fast paths
+// call it only where nothing is differentiated.
+//
+// Kernels of the fast path, not public operators: no fake kernel and no
 // other backend; it runs in eager mode only. The checks guard C++ callers.
 #include "evolution.h"
 #include "fused_checks.h"
@@ -29,6 +35,7 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace mmevo {
 
@@ -49,14 +56,18 @@ void check_channels(const char* name, const std::optional<at::Tensor>& t,
                     t->sizes());
 }
 
-// input is a contiguous NCHW float32 / float64 CPU tensor.
-void check_input(const at::Tensor& input) {
-  TORCH_CHECK_VALUE(input.dim() == 4 && input.is_contiguous(),
-                    "input must be a contiguous (NCHW) (B, C, H, W) tensor, got ",
-                    input.sizes(), " with strides ", input.strides());
+// input is a contiguous NCHW (or, where channels_last is allowed, a
+// channels-last) float32 / float64 CPU tensor.
+void check_input(const at::Tensor& input, bool channels_last = false) {
+  TORCH_CHECK_VALUE(input.dim() == 4 &&
+                        (input.is_contiguous() ||
+                         (channels_last && input.is_contiguous(at::MemoryFormat::ChannelsLast))),
+                    "input must be a contiguous (NCHW) ", channels_last ? "or channels-last " : "",
+                    "(B, C, H, W) tensor, got ", input.sizes(), " with strides ",
+                    input.strides());
   TORCH_CHECK_TYPE(input.scalar_type() == at::kFloat || input.scalar_type() == at::kDouble,
                    "input must be float32 or float64, got ", input.scalar_type());
-  TORCH_CHECK_VALUE(input.device().is_cpu(), "batch_norm_train's C++ kernels run CPU tensors, got ",
+  TORCH_CHECK_VALUE(input.device().is_cpu(), "the batch norm kernels run CPU tensors, got ",
                     input.device());
 }
 
@@ -108,6 +119,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_cpu(
   return {out, mean, invstd};
 }
 
+at::Tensor batch_norm_eval_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias,
+                               const at::Tensor& running_mean, const at::Tensor& running_var,
+                               double eps, bool relu, const std::optional<at::Tensor>& residual) {
+  check_input(input, /*channels_last=*/true);
+  const bool nhwc = !input.is_contiguous();  // NCHW where it is both
+  const auto layout = nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  check_channels("weight", weight, input);
+  check_channels("bias", bias, input);
+  check_channels("running_mean", std::optional<at::Tensor>(running_mean), input);
+  check_channels("running_var", std::optional<at::Tensor>(running_var), input);
+  TORCH_CHECK_VALUE(eps > 0, "eps must be > 0, got ", eps);
+  if (residual.has_value() && residual->defined()) {
+    const auto& r = *residual;
+    TORCH_CHECK_VALUE(r.sizes() == input.sizes() && r.is_contiguous(layout),
+                      "residual must be a ", nhwc ? "channels-last" : "contiguous (NCHW)",
+                      " tensor of input's shape ", input.sizes(), " and layout, got ", r.sizes(),
+                      " with strides ", r.strides());
+    TORCH_CHECK_TYPE(r.scalar_type() == input.scalar_type(), "residual must have input's dtype ",
+                     input.scalar_type(), ", got ", r.scalar_type());
+    TORCH_CHECK_VALUE(r.device().is_cpu(), "residual must be a CPU tensor, got ", r.device());
+  }
+  const int64_t B = input.size(0), C = input.size(1), HW = input.size(2) * input.size(3);
+  auto out = at::empty_like(input);  // in its layout (strides kept)
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "batch_norm_eval", [&] {
+    MMEVO_ISA_CALL(bn_eval_forward<scalar_t>(
+        input.data_ptr<scalar_t>(), data_or_null<scalar_t>(weight),
+        data_or_null<scalar_t>(bias), running_mean.data_ptr<scalar_t>(),
+        running_var.data_ptr<scalar_t>(), data_or_null<scalar_t>(residual),
+        out.data_ptr<scalar_t>(), eps, relu, nhwc, B, C, HW));
+  });
+  return out;
+}
+
 // The gradients of batch_norm_train's out for the wanted of (input, weight,
 // bias), from its input, weight, mean and invstd; the others undefined.
 // With relu_output (the out of a batch_norm_train with relu), grad is the
@@ -152,6 +197,8 @@ TORCH_LIBRARY_FRAGMENT(mmevo, m) {
         "Tensor(a!)? running_mean, Tensor(b!)? running_var, float momentum, float eps, "
         "bool relu=False, Tensor? residual=None) "
         "-> (Tensor, Tensor, Tensor)");
+  m.def("batch_norm_eval(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, "
+        "Tensor running_var, float eps, bool relu=False, Tensor? residual=None) -> Tensor");
   m.def("batch_norm_train_backward(Tensor grad, Tensor input, Tensor? weight, Tensor mean, "
         "Tensor invstd, bool[3] output_mask, Tensor? relu_output=None, bool masked_grad=False) "
         "-> (Tensor, Tensor, Tensor, Tensor)");
@@ -159,5 +206,6 @@ TORCH_LIBRARY_FRAGMENT(mmevo, m) {
 
 TORCH_LIBRARY_IMPL(mmevo, CPU, m) {
   m.impl("batch_norm_train", &mmevo::batch_norm_train_cpu);
+  m.impl("batch_norm_eval", &mmevo::batch_norm_eval_cpu);
   m.impl("batch_norm_train_backward", &mmevo::batch_norm_train_backward_cpu);
 }

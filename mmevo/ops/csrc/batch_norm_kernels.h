@@ -40,6 +40,38 @@ inline double bn_sum(const T* __restrict__ p, int64_t n, F f) {
   return sum;
 }
 
+// A per-plane (one value) or per-element (an array) term of bn_apply.
+template <typename T>
+inline T bn_at(T v, int64_t) {
+  return v;
+}
+template <typename T>
+inline T bn_at(const T* v, int64_t k) {
+  return v[k];
+}
+
+// q = (p - m) * s + t (plus rp if non-null; then max(q, 0) if relu) over n
+// elements; m, s and t each one value (P = T) or one per element (const T*).
+template <typename T, typename P>
+inline void bn_apply(const T* __restrict__ p, const T* __restrict__ rp, T* __restrict__ q, P m,
+                     P s, P t, bool relu, int64_t n) {
+#define MMEVO_BN_Y(k) ((p[k] - bn_at(m, k)) * bn_at(s, k) + bn_at(t, k))
+  if (rp && relu) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) q[k] = std::max(MMEVO_BN_Y(k) + rp[k], T(0));
+  } else if (rp) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) q[k] = MMEVO_BN_Y(k) + rp[k];
+  } else if (relu) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) q[k] = std::max(MMEVO_BN_Y(k), T(0));
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) q[k] = MMEVO_BN_Y(k);
+  }
+#undef MMEVO_BN_Y
+}
+
 // y = batch_norm(x) in training (plus res, an NCHW map like x, if
 // non-null; then max(y, 0) if relu), and each channel's mean and
 // 1 / sqrt(var + eps), for an NCHW x (B planes of HW per
@@ -71,28 +103,45 @@ void bn_train_forward(const T* __restrict__ x, const T* w, const T* b,
       // does not lose x * s's digits to t, as x * s + (b - mean * s) would.
       const T t = static_cast<T>((b ? static_cast<double>(b[c]) : 0.0) - (mean - m) * scale);
       for (int64_t i = 0; i < B; ++i) {
-        const T* p = x + (i * C + c) * HW;
-        T* q = y + (i * C + c) * HW;
-        const T* rp = res ? res + (i * C + c) * HW : nullptr;
-        if (rp && relu) {
-#pragma omp simd
-          for (int64_t k = 0; k < HW; ++k) q[k] = std::max((p[k] - m) * s + t + rp[k], T(0));
-        } else if (rp) {
-#pragma omp simd
-          for (int64_t k = 0; k < HW; ++k) q[k] = (p[k] - m) * s + t + rp[k];
-        } else if (relu) {
-#pragma omp simd
-          for (int64_t k = 0; k < HW; ++k) q[k] = std::max((p[k] - m) * s + t, T(0));
-        } else {
-#pragma omp simd
-          for (int64_t k = 0; k < HW; ++k) q[k] = (p[k] - m) * s + t;
-        }
+        const int64_t at = (i * C + c) * HW;
+        bn_apply(x + at, res ? res + at : nullptr, y + at, m, s, t, relu, HW);
       }
       mean_out[c] = static_cast<T>(mean);
       invstd_out[c] = static_cast<T>(invstd);
       if (rmean) rmean[c] = static_cast<T>(momentum * mean + (1 - momentum) * rmean[c]);
       if (rvar)
         rvar[c] = static_cast<T>(momentum * var * n / (n - 1) + (1 - momentum) * rvar[c]);
+    }
+  });
+}
+
+// y = batch_norm(x) in inference, by the running statistics: (x - rm) * s +
+// b with s = w / sqrt(rv + eps) (plus res, a map of x's layout, if
+// non-null; then max(y, 0) if relu). NCHW x: a task is an (image,
+// channel) plane, so that a batch of one still splits; channels-last x
+// (nhwc): a pixel's C channels, by arrays of the per-channel terms.
+template <typename T>
+void bn_eval_forward(const T* __restrict__ x, const T* w, const T* b, const T* rmean,
+                     const T* rvar, const T* __restrict__ res, T* __restrict__ y, double eps,
+                     bool relu, bool nhwc, int64_t B, int64_t C, int64_t HW) {
+  std::vector<T> m(rmean, rmean + C), s(C), t(C);
+  for (int64_t c = 0; c < C; ++c) {
+    const double invstd = 1 / std::sqrt(static_cast<double>(rvar[c]) + eps);
+    s[c] = static_cast<T>((w ? static_cast<double>(w[c]) : 1.0) * invstd);
+    t[c] = b ? b[c] : T(0);
+  }
+  const int64_t tasks = nhwc ? B * HW : B * C, n = nhwc ? C : HW;
+  at::parallel_for(0, tasks, grain_for(n), [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      const T* p = x + task * n;
+      const T* rp = res ? res + task * n : nullptr;
+      if (nhwc) {
+        const T *mc = m.data(), *sc = s.data(), *tc = t.data();  // const: bn_at's arrays
+        bn_apply(p, rp, y + task * n, mc, sc, tc, relu, n);
+      } else {
+        const int64_t c = task % C;
+        bn_apply(p, rp, y + task * n, m[c], s[c], t[c], relu, n);
+      }
     }
   });
 }
