@@ -328,7 +328,7 @@ void load_z_rows(A* zb, int64_t zs, const T* z, int64_t Cr, int64_t Ho, int64_t 
 }
 
 // Y = the involution of x with the kernel S z + bias, never written. Task:
-// (b, g, kRows output rows), every channel of the group in blocks of <= 16:
+// (b, kRows output rows, g), every channel of the group in blocks of <= 16:
 // the tile's kernel is computed once, then aggregate_forward's loop runs on
 // it.
 template <typename T>
@@ -353,10 +353,14 @@ void fused_forward(const T* __restrict__ x, const T* __restrict__ z, const T* __
     std::vector<A> xb(round_up(CB, kCh) * R * Lrow), zb(Cr * PL, A(0)), wb(KKp * PL);
     std::vector<int64_t> u_of(R * kRows);
     int64_t taps_rows = 0;  // the tile height u_of was made for
+    int64_t z_tile = -1;    // the (b, row tile) whose z rows zb holds
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t ib = t % nIB, bg = t / nIB, b = bg / g.G, grp = bg % g.G;
+      // Groups fastest: a run of tasks shares its z rows, loaded once.
+      const int64_t grp = t % g.G, bi = t / g.G, ib = bi % nIB, b = bi / nIB;
       const int64_t i0 = ib * kRows, ni = std::min(kRows, g.Ho - i0);
-      load_z_rows(zb.data(), PL, z + b * Cr * g.Ho * g.Wo, Cr, g.Ho, g.Wo, Wv, i0, ni, kRows);
+      if (bi != z_tile)
+        load_z_rows(zb.data(), PL, z + b * Cr * g.Ho * g.Wo, Cr, g.Ho, g.Wo, Wv, i0, ni, kRows);
+      z_tile = bi;
       span_tile<A, vec>(wb.data(), PL, sa.data() + grp * KKp * Cr, Cr, ba.data() + grp * KKp,
                         zb.data(), PL, Cr, KKp, ni * Wv);
       const int64_t r0 = i0 * g.s - g.p;
