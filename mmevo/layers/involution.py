@@ -10,6 +10,7 @@ from mmevo.registry import MODELS
 
 from .base import EvolutionLayer, InitCfg, check_divisible, check_layer_cfg
 from .fastpath import (
+    avg_pool,
     batch_norm,
     conv1x1,
     cpu_fastpath_default,
@@ -167,7 +168,9 @@ class Involution(EvolutionLayer):
         if not (isinstance(x, torch.Tensor) and self._takes_fused(x)):
             return super().forward(x)
         self.check_input(x, self.channels)
-        z = self._reduce_cpu(self.avgpool(x) if self.stride > 1 else x)
+        z = self._reduce_cpu(
+            avg_pool(x, self.avgpool) if self.stride > 1 else x
+        )
         conv2 = self.conv2.conv
         return fused_involution(
             x,
@@ -183,8 +186,12 @@ class Involution(EvolutionLayer):
     def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(x, kernel)``, kernel (B, G, K, K, H_out, W_out)."""
         self.check_input(x, self.channels)
-        x_gen = self.avgpool(x) if self.stride > 1 else x
-        if takes_cpu_fastpath(self, x_gen):
+        fast = takes_cpu_fastpath(self, x)
+        if self.stride == 1:
+            x_gen = x
+        else:
+            x_gen = avg_pool(x, self.avgpool) if fast else self.avgpool(x)
+        if fast:
             weight = self._kernel_weights_cpu(x_gen)
         else:
             weight = self.conv2(self.conv1(x_gen))

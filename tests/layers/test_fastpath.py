@@ -24,8 +24,10 @@ from mmevo.layers import (
     set_cpu_fastpath,
 )
 from mmevo.layers.fastpath import (
+    avg_pool,
     conv1x1,
     pointwise,
+    takes_avg_pool_conv,
     takes_cpu_fastpath,
     takes_onednn_conv1x1,
 )
@@ -570,3 +572,59 @@ def test_acmix_fast_path_under_autocast_follows_stock():
         torch.testing.assert_close(
             got.float(), want.float(), rtol=5e-2, atol=5e-2 * scale
         )
+
+
+@pytest.mark.parametrize('k, size', [(2, (6, 8)), (3, (9, 3)), (2, (2, 2))])
+def test_avg_pool_equals_the_module_with_gradients(threads, k, size):
+    """Whole windows in float32: the depthwise convolution by 1 / k² gives
+    the pool's output and input gradient (sums of the same terms, to
+    float32 rounding), an empty batch included."""
+    pool = nn.AvgPool2d(k, k, ceil_mode=True)
+    gen = torch.Generator().manual_seed(k)
+    for B in (3, 0):
+        x = torch.randn(B, 5, *size, generator=gen)
+        assert takes_avg_pool_conv(x, pool)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y, y_ref = avg_pool(xa, pool), pool(xb)
+        g = torch.randn(y.shape, generator=gen)
+        torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
+        y.backward(g)
+        y_ref.backward(g)
+        torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_avg_pool_steps_aside_where_the_conv_differs():
+    """Partial windows (ceil_mode), padding, unequal stride, a divisor,
+    float64 (no oneDNN kernel), another layout or autocast: the module's
+    own result, bit for bit."""
+    x = torch.randn(2, 4, 6, 8)
+    cases = [
+        (x[..., :7], nn.AvgPool2d(2, 2, ceil_mode=True)),
+        (x, nn.AvgPool2d(2, 2, padding=1)),
+        (x, nn.AvgPool2d(2, 1)),
+        (x, nn.AvgPool2d(2, 2, divisor_override=3)),
+        (x.double(), nn.AvgPool2d(2, 2)),
+        (x.contiguous(memory_format=torch.channels_last), nn.AvgPool2d(2, 2)),
+        (x, nn.MaxPool2d(2, 2)),
+    ]
+    for t, pool in cases:
+        assert not takes_avg_pool_conv(t, pool), pool
+        assert torch.equal(avg_pool(t, pool), pool(t))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert not takes_avg_pool_conv(x, nn.AvgPool2d(2, 2))
+
+
+@pytest.mark.parametrize(
+    'size', [(28, 30), (16, 14)], ids=['fused', 'unfused']
+)
+def test_involution_s2_float32_pool_as_accurate_as_stock(threads, size):
+    """A strided involution on whole pooling windows (its pool a depthwise
+    convolution on the fast path), fused and unfused: in float32 as close
+    to the float64 stock graph as the float32 stock graph."""
+    torch.manual_seed(0)
+    layer = randomised(Involution(32, 3, 2, group_channels=8)).train()
+    ref = set_cpu_fastpath(copy.deepcopy(layer).double(), False)
+    stock = set_cpu_fastpath(copy.deepcopy(layer), False)
+    x = torch.randn(2, 32, *size, dtype=torch.float64)
+    assert takes_avg_pool_conv(x.float(), layer.avgpool)
+    assert_float32_as_accurate(layer, stock, ref, x)
