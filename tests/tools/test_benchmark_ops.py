@@ -117,3 +117,17 @@ def test_batch_norm_rows(monkeypatch, capsys):
         r'\d+·\d+²',
     )
     assert labels == ['8·16²', '16·12²'] and ratios == 4
+
+
+def test_avg_pool_rows(monkeypatch, capsys):
+    """--avg-pool at two small maps: a row per map, each ratio that of its
+    two times (forward, forward + backward)."""
+    labels, ratios = _ratio_rows(
+        monkeypatch,
+        capsys,
+        '--avg-pool',
+        'AVG_POOL_SHAPES',
+        [(8, 16), (16, 6)],
+        r'\d+·\d+²',
+    )
+    assert labels == ['8·16²', '16·6²'] and ratios == 2

@@ -67,6 +67,12 @@ backward of the BN and the ReLU after it, and of the BN, a residual added
 to it and the ReLU (a bottleneck's end), which ``batch_norm`` runs in its
 pass.
 
+``--avg-pool`` times a strided involution's average pool (2x2, stride 2)
+at RedNet-50's strided maps (B4), forward alone and forward + backward of
+the input: ``aten`` (the ``nn.AvgPool2d`` module) against ``mmevo``
+(``mmevo.layers.fastpath.avg_pool``, oneDNN's depthwise convolution by
+1/4, which the involution's CPU fast path takes).
+
 Example:
     OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py
     # on a busy machine:
@@ -588,6 +594,57 @@ def batch_norm_paths(device, dtype, repeat, clock):
         print('| ' + ' | '.join(cells) + ' |', flush=True)
 
 
+# --avg-pool: (C, H) of the maps RedNet-50's strided involutions pool.
+AVG_POOL_SHAPES = [(128, 56), (256, 28), (512, 14)]
+
+
+def avg_pool_paths(device, dtype, repeat, clock):
+    """An involution's ``nn.AvgPool2d(2, 2, ceil_mode=True)`` at
+    :data:`AVG_POOL_SHAPES`: the module (ATen's kernel) against
+    ``fastpath.avg_pool``, the forward alone and with the input's
+    backward."""
+    from torch import nn
+
+    from mmevo.layers.fastpath import avg_pool
+
+    print(
+        '| C·H² | aten fwd ms | mmevo fwd ms | aten / mmevo fwd '
+        '| aten fwd+bwd ms | mmevo fwd+bwd ms | aten / mmevo fwd+bwd |'
+        '\n|---|---|---|---|---|---|---|'
+    )
+    pool = nn.AvgPool2d(2, 2, ceil_mode=True)
+    paths = {'aten': pool, 'mmevo': lambda t: avg_pool(t, pool)}
+    for C, H in AVG_POOL_SHAPES:
+        x = torch.randn(4, C, H, H, device=device, dtype=dtype)
+        x.requires_grad_()
+        gy = torch.randn(4, C, H // 2, H // 2, device=device, dtype=dtype)
+
+        def forward(fn, x=x):
+            with torch.no_grad():
+                fn(x)
+
+        def step(fn, x=x, gy=gy):
+            reset_grads(x)
+            fn(x).backward(gy)
+
+        ms = time_ms(
+            {
+                **{n: lambda fn=fn: forward(fn) for n, fn in paths.items()},
+                **{
+                    f'{n}_step': lambda fn=fn: step(fn)
+                    for n, fn in paths.items()
+                },
+            },
+            device,
+            repeat,
+            clock,
+        )
+        cells = [f'{C}·{H}²']
+        for a, b in (('aten', 'mmevo'), ('aten_step', 'mmevo_step')):
+            cells += [f'{ms[a]:.2f}', f'{ms[b]:.2f}', f'{ms[a] / ms[b]:.2f}×']
+        print('| ' + ' | '.join(cells) + ' |', flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--device', type=device_arg, default='cpu')
@@ -652,6 +709,12 @@ def main():
         help='a training BatchNorm2d, forward and forward + backward: '
         "the module against mmevo's kernel (CPU), at ResNet-50's maps",
     )
+    parser.add_argument(
+        '--avg-pool',
+        action='store_true',
+        help="a strided involution's 2x2 average pool, forward and forward "
+        "+ backward: the module against mmevo's depthwise conv (CPU)",
+    )
     args = parser.parse_args()
     device, dtype = args.device, getattr(torch, args.dtype)
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -681,6 +744,10 @@ def main():
         ),
         'batch_norm': (
             batch_norm_paths,
+            f'median of {args.repeat} ({clock_name} time), B4',
+        ),
+        'avg_pool': (
+            avg_pool_paths,
             f'median of {args.repeat} ({clock_name} time), B4',
         ),
     }
