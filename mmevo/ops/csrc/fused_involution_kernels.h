@@ -356,8 +356,11 @@ void fused_forward(const T* __restrict__ x, const T* __restrict__ z, const T* __
     int64_t z_tile = -1;    // the (b, row tile) whose z rows zb holds
     for (int64_t t = begin; t < end; ++t) {
       // Groups fastest: a run of tasks shares its z rows, loaded once.
+      // Tiles of as even heights as nIB allows (at most kRows): with the
+      // groups fastest, a thread's share is whole tiles of every group,
+      // and 6 + 6 + 2 rows (14²) would leave one thread 2/3 of them.
       const int64_t grp = t % g.G, bi = t / g.G, ib = bi % nIB, b = bi / nIB;
-      const int64_t i0 = ib * kRows, ni = std::min(kRows, g.Ho - i0);
+      const int64_t i0 = ib * g.Ho / nIB, ni = (ib + 1) * g.Ho / nIB - i0;
       if (bi != z_tile)
         load_z_rows(zb.data(), PL, z + b * Cr * g.Ho * g.Wo, Cr, g.Ho, g.Wo, Wv, i0, ni, kRows);
       z_tile = bi;
