@@ -460,7 +460,7 @@ def takes_avg_pool_conv(x: torch.Tensor, pool: nn.Module) -> bool:
 def avg_pool(x: torch.Tensor, pool: nn.Module) -> torch.Tensor:
     """``pool(x)``, where :func:`takes_avg_pool_conv` holds as the depthwise
     k x k, stride-k convolution by 1 / k² (exact in binary: the same sums
-    to float rounding): oneDNN runs it 2.5-3.5x faster than ATen's NCHW
+    to float rounding): oneDNN runs it 2-3x faster than ATen's NCHW
     average pool, forward and backward (``docs/benchmarks.md``), at the
     strided involutions' maps. Anything else calls ``pool`` itself. For
     the CPU fast paths, which call it only where no hook waits for

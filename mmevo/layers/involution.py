@@ -22,7 +22,7 @@ from .fastpath import (
 #: 28² it is faster than the unfused path; at 14² (RedNet-50's stage 3) the
 #: layer is within 4% and the RedNet-50 train step even, for half the layer
 #: memory (RedNet-50: 418 against 432 MiB); at 7² the per-group kernel
-#: recomputation on short rows takes 2x the unfused time
+#: recomputation on short rows takes 1.8-2x the unfused time
 #: (``docs/benchmarks.md``).
 FUSED_MIN_PIXELS = 14 * 14
 
