@@ -583,17 +583,26 @@ def takes_batch_norm_kernel(x: torch.Tensor, norm: nn.Module) -> bool:
     an NCHW float32 or float64 CPU ``x`` of its dtype with more than one
     value per channel, autocast off, the C++ extension built."""
     return (
-        type(norm) is nn.BatchNorm2d
+        _bn_kernel_reads(x, norm)
         and norm.training
         and norm.track_running_stats
+        and x.is_contiguous()
+        and x.numel() > x.shape[1]
+    )
+
+
+def _bn_kernel_reads(x, norm):
+    """What both BN kernels need: a plain ``nn.BatchNorm2d`` with running
+    statistics, a 4-d float32 / float64 CPU ``x`` of their dtype (and the
+    weight's), autocast off, the C++ extension built."""
+    return (
+        type(norm) is nn.BatchNorm2d
         and norm.running_mean is not None
         and x.device.type == 'cpu'
         and x.dtype in (torch.float32, torch.float64)
         and x.dtype == norm.running_mean.dtype
         and (norm.weight is None or norm.weight.dtype == x.dtype)
         and x.dim() == 4
-        and x.is_contiguous()
-        and x.numel() > x.shape[1]
         and not torch.is_autocast_enabled('cpu')
         and cpp_backend.available()
     )
@@ -609,14 +618,8 @@ def takes_batch_norm_eval_kernel(
     backward: grad mode off, or no input or parameter that requires grad),
     autocast off, the C++ extension built."""
     return (
-        type(norm) is nn.BatchNorm2d
+        _bn_kernel_reads(x, norm)
         and not norm.training
-        and norm.running_mean is not None
-        and x.device.type == 'cpu'
-        and x.dtype in (torch.float32, torch.float64)
-        and x.dtype == norm.running_mean.dtype
-        and (norm.weight is None or norm.weight.dtype == x.dtype)
-        and x.dim() == 4
         and (
             x.is_contiguous()
             or x.is_contiguous(memory_format=torch.channels_last)
@@ -628,8 +631,6 @@ def takes_batch_norm_eval_kernel(
                 for t in (x, norm.weight, norm.bias, residual)
             )
         )
-        and not torch.is_autocast_enabled('cpu')
-        and cpp_backend.available()
     )
 
 

@@ -518,6 +518,25 @@ BATCH_NORM_SHAPES = [
 ]
 
 
+def _forwards_and_steps(paths, forwards, forward, step):
+    """The timed callables of a table: ``forward(fn)`` of the ``forwards``
+    among ``paths`` under their names, ``step(fn)`` of every path as
+    ``<name>_step``."""
+    return {
+        **{n: lambda fn=paths[n]: forward(fn) for n in forwards},
+        **{f'{n}_step': lambda fn=fn: step(fn) for n, fn in paths.items()},
+    }
+
+
+def _print_ratio_row(label, ms, pairs):
+    """A table row: ``label``, then per pair (a, b) of ``ms``'s names their
+    times and a's over b's."""
+    cells = [label]
+    for a, b in pairs:
+        cells += [f'{ms[a]:.2f}', f'{ms[b]:.2f}', f'{ms[a] / ms[b]:.2f}×']
+    print('| ' + ' | '.join(cells) + ' |', flush=True)
+
+
 def batch_norm_paths(device, dtype, repeat, clock):
     """A training ``nn.BatchNorm2d`` at :data:`BATCH_NORM_SHAPES`: the
     module (ATen's kernels) against ``fastpath.batch_norm``, the forward
@@ -565,33 +584,21 @@ def batch_norm_paths(device, dtype, repeat, clock):
             fn(x, bn).backward(gy)
 
         ms = time_ms(
-            {
-                **{
-                    n: lambda fn=paths[n]: forward(fn)
-                    for n in ('aten', 'mmevo')
-                },
-                **{
-                    f'{n}_step': lambda fn=fn: step(fn)
-                    for n, fn in paths.items()
-                },
-            },
+            _forwards_and_steps(paths, ('aten', 'mmevo'), forward, step),
             device,
             repeat,
             clock,
         )
-        cells = [f'{C}·{H}²']
-        for a, b in (
-            ('aten', 'mmevo'),
-            ('aten_step', 'mmevo_step'),
-            ('aten_relu_step', 'mmevo_relu_step'),
-            ('aten_res_step', 'mmevo_res_step'),
-        ):
-            cells += [
-                f'{ms[a]:.2f}',
-                f'{ms[b]:.2f}',
-                f'{ms[a] / ms[b]:.2f}×',
-            ]
-        print('| ' + ' | '.join(cells) + ' |', flush=True)
+        _print_ratio_row(
+            f'{C}·{H}²',
+            ms,
+            [
+                ('aten', 'mmevo'),
+                ('aten_step', 'mmevo_step'),
+                ('aten_relu_step', 'mmevo_relu_step'),
+                ('aten_res_step', 'mmevo_res_step'),
+            ],
+        )
 
 
 # --avg-pool: (C, H) of the maps RedNet-50's strided involutions pool.
@@ -628,21 +635,14 @@ def avg_pool_paths(device, dtype, repeat, clock):
             fn(x).backward(gy)
 
         ms = time_ms(
-            {
-                **{n: lambda fn=fn: forward(fn) for n, fn in paths.items()},
-                **{
-                    f'{n}_step': lambda fn=fn: step(fn)
-                    for n, fn in paths.items()
-                },
-            },
+            _forwards_and_steps(paths, paths, forward, step),
             device,
             repeat,
             clock,
         )
-        cells = [f'{C}·{H}²']
-        for a, b in (('aten', 'mmevo'), ('aten_step', 'mmevo_step')):
-            cells += [f'{ms[a]:.2f}', f'{ms[b]:.2f}', f'{ms[a] / ms[b]:.2f}×']
-        print('| ' + ' | '.join(cells) + ' |', flush=True)
+        _print_ratio_row(
+            f'{C}·{H}²', ms, [('aten', 'mmevo'), ('aten_step', 'mmevo_step')]
+        )
 
 
 def main():
