@@ -438,11 +438,12 @@ def takes_avg_pool_conv(x: torch.Tensor, pool: nn.Module) -> bool:
     unpadded, without a divisor override, on an NCHW float32 CPU ``x``
     whose height and width it divides (every window whole), oneDNN enabled,
     autocast off (which would cast the convolution, not the pool)."""
-    k, s = pool.kernel_size, pool.stride
+    if type(pool) is not nn.AvgPool2d:
+        return False
+    k = pool.kernel_size
     return (
-        type(pool) is nn.AvgPool2d
-        and isinstance(k, int)
-        and s in (k, (k, k))
+        isinstance(k, int)
+        and pool.stride in (k, (k, k))
         and pool.padding in (0, (0, 0))
         and pool.divisor_override is None
         and x.device.type == 'cpu'

@@ -44,8 +44,10 @@ class Involution(EvolutionLayer):
 
     On CPU in eager mode the 1x1 convolutions of the generation function run
     on the faster of oneDNN and a matmul (:meth:`_kernel_weights_cpu`, the
-    same modules and numbers)
-    while ``use_cpu_fastpath`` is True (see :mod:`mmevo.layers.fastpath`).
+    same modules and numbers), and a strided layer's average pool over whole
+    windows as a depthwise convolution
+    (:func:`~mmevo.layers.fastpath.avg_pool`, the same sums), while
+    ``use_cpu_fastpath`` is True (see :mod:`mmevo.layers.fastpath`).
     Under the same switch, maps of at least :data:`FUSED_MIN_PIXELS` output
     pixels run the span convolution and the aggregation as one op,
     :func:`mmevo.ops.fused_involution.fused_involution` (C++), which never

@@ -606,6 +606,7 @@ def test_avg_pool_steps_aside_where_the_conv_differs():
         (x.double(), nn.AvgPool2d(2, 2)),
         (x.contiguous(memory_format=torch.channels_last), nn.AvgPool2d(2, 2)),
         (x, nn.MaxPool2d(2, 2)),
+        (x, nn.Identity()),
     ]
     for t, pool in cases:
         assert not takes_avg_pool_conv(t, pool), pool

@@ -12,9 +12,10 @@
 //
 // mmevo::batch_norm_eval is the forward of an nn.BatchNorm2d in eval mode
 // (by its running statistics), on an NCHW or a channels-last map, with the
-// same residual and relu in its one pass: the fast paths' inference, where ATen runs the norm, the add and the
-// ReLU as three passes over the map. It has no backward: the fast paths
-// call it only where nothing is differentiated.
+// same residual and relu in its one pass: the fast paths' inference, where
+// ATen runs the norm, the add and the ReLU as three passes over the map. It
+// has no backward: the fast paths call it only where nothing is
+// differentiated.
 //
 // Kernels of the fast path, not public operators: no fake kernel and no
 // other backend; it runs in eager mode only. The checks guard C++ callers.
