@@ -58,6 +58,21 @@ __attribute__((always_inline)) inline void span_block(A* __restrict__ out, int64
   }
 }
 
+// f.template operator()<NQ>(p0) over the pixels p < np (whole vectors): on
+// blocks of NQ = kMP vectors, then on the tail of fewer.
+template <typename A, typename vec, typename F>
+inline void pixel_blocks(int64_t np, F&& f) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  int64_t p0 = 0;
+  for (; p0 + kMP * V <= np; p0 += kMP * V) f.template operator()<kMP>(p0);
+  switch ((np - p0) / V) {
+    case 3: if constexpr (kMP > 3) f.template operator()<3>(p0); break;
+    case 2: if constexpr (kMP > 2) f.template operator()<2>(p0); break;
+    case 1: f.template operator()<1>(p0); break;
+    default: break;
+  }
+}
+
 // out[k][p] = bias[k] + sum_{r < Cr} S[k][r] * z[r][p] for k < nk (a
 // multiple of kMK) and pixels p < np (whole vectors; a tile's valid rows
 // only, not the buffer's padded plane): S rows Cs apart, z rows zs apart,
@@ -66,22 +81,9 @@ template <typename A, typename vec>
 void span_tile(A* __restrict__ out, int64_t os, const A* __restrict__ S, int64_t Cs,
                const A* __restrict__ bias, const A* __restrict__ z, int64_t zs, int64_t Cr,
                int64_t nk, int64_t np) {
-  constexpr int64_t V = sizeof(vec) / sizeof(A);
-  int64_t p0 = 0;
-  for (; p0 + kMP * V <= np; p0 += kMP * V)
-    span_block<kMP, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
-  switch ((np - p0) / V) {  // the tail, fewer than kMP vectors
-    case 3:
-      if constexpr (kMP > 3) span_block<3, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
-      break;
-    case 2:
-      if constexpr (kMP > 2) span_block<2, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
-      break;
-    case 1:
-      span_block<1, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
-      break;
-    default: break;
-  }
+  pixel_blocks<A, vec>(np, [&]<int NQ>(int64_t p0) {
+    span_block<NQ, A, vec>(out, os, S, Cs, bias, z, zs, Cr, nk, p0);
+  });
 }
 
 // gz[r][p0 + p] += sum_{k < nk} S[k][r] * dw[k][p0 + p] for r < Cp (a
@@ -117,22 +119,9 @@ template <typename A, typename vec>
 void span_transpose_tile(A* __restrict__ gz, int64_t gs, const A* __restrict__ S, int64_t Cs,
                          const A* __restrict__ dw, int64_t ds, int64_t Cp, int64_t nk,
                          int64_t np) {
-  constexpr int64_t V = sizeof(vec) / sizeof(A);
-  int64_t p0 = 0;
-  for (; p0 + kMP * V <= np; p0 += kMP * V)
-    span_transpose_block<kMP, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
-  switch ((np - p0) / V) {  // the tail, fewer than kMP vectors
-    case 3:
-      if constexpr (kMP > 3) span_transpose_block<3, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
-      break;
-    case 2:
-      if constexpr (kMP > 2) span_transpose_block<2, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
-      break;
-    case 1:
-      span_transpose_block<1, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
-      break;
-    default: break;
-  }
+  pixel_blocks<A, vec>(np, [&]<int NQ>(int64_t p0) {
+    span_transpose_block<NQ, A, vec>(gz, gs, S, Cs, dw, ds, Cp, nk, p0);
+  });
 }
 
 // Lane sums: the vector gs[k][r] += dw[k][:] * z[r][:] (k < nk, r < Cp,
@@ -244,15 +233,9 @@ void correlate_block(A* __restrict__ dw, int64_t PL, const A* __restrict__ y, in
   (unit ? correlate_tile<A, vec, NU, true>(acc, yq, Wv, ys, xq, xr, xc, Cg, 1, 1) \
         : correlate_tile<A, vec, NU, false>(acc, yq, Wv, ys, xq, xr, xc, Cg, s, d))
         switch (nu) {
-          case 4:
-            MMEVO_FUSED_TILE(4);
-            break;
-          case 3:
-            MMEVO_FUSED_TILE(3);
-            break;
-          case 2:
-            MMEVO_FUSED_TILE(2);
-            break;
+          case 4: MMEVO_FUSED_TILE(4); break;
+          case 3: MMEVO_FUSED_TILE(3); break;
+          case 2: MMEVO_FUSED_TILE(2); break;
           default: MMEVO_FUSED_TILE(1);
         }
 #undef MMEVO_FUSED_TILE
@@ -328,9 +311,9 @@ void load_z_rows(A* zb, int64_t zs, const T* z, int64_t Cr, int64_t Ho, int64_t 
 }
 
 // Y = the involution of x with the kernel S z + bias, never written. Task:
-// (b, kRows output rows, g), every channel of the group in blocks of <= 16:
-// the tile's kernel is computed once, then aggregate_forward's loop runs on
-// it.
+// (b, a tile of <= kRows output rows, g), every channel of the group in
+// blocks of <= 16: the tile's kernel is computed once, then
+// aggregate_forward's loop runs on it.
 template <typename T>
 void fused_forward(const T* __restrict__ x, const T* __restrict__ z, const T* __restrict__ S,
                    const T* __restrict__ bias, T* __restrict__ y, const Geometry& g,
