@@ -656,6 +656,7 @@ def batch_norm(
     norm: nn.Module,
     act: nn.Module | None = None,
     residual: torch.Tensor | None = None,
+    inplace: bool = False,
 ) -> torch.Tensor:
     """``norm(x)``, or ``act(norm(x) + residual)`` (each of ``act`` and
     ``residual`` optional), where :func:`takes_batch_norm_kernel` holds
@@ -680,6 +681,10 @@ def batch_norm(
         residual (Tensor, optional): added to ``norm(x)`` before ``act``
             (in place where the kernel does not take it, as mmdet's blocks
             add their shortcut).
+        inplace (bool): In inference on the kernel, write the result over
+            ``x`` (``mmevo::batch_norm_eval_``): for a caller's own
+            temporary, which no one else reads, so that no second map is
+            allocated. Default: False.
 
     Returns:
         Tensor: ``act(norm(x) + residual)``, without the parts not given.
@@ -705,7 +710,12 @@ def batch_norm(
         and residual.is_contiguous(memory_format=layout)
     )
     if takes_batch_norm_eval_kernel(x, norm, residual):
-        y = torch.ops.mmevo.batch_norm_eval(
+        op = (
+            torch.ops.mmevo.batch_norm_eval_
+            if inplace
+            else torch.ops.mmevo.batch_norm_eval
+        )
+        y = op(
             x,
             norm.weight,
             norm.bias,

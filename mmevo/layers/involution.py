@@ -137,7 +137,7 @@ class Involution(EvolutionLayer):
         out = conv1x1(x, conv1.conv.weight, conv1.conv.bias)
         act = conv1.activate if conv1.with_activation else None
         if conv1.with_norm:
-            return batch_norm(out, conv1.norm, act)
+            return batch_norm(out, conv1.norm, act, inplace=True)
         return out if act is None else act(out)
 
     def _kernel_weights_cpu(self, x: torch.Tensor) -> torch.Tensor:

@@ -377,6 +377,65 @@ def test_inference_equals_the_stock_graph_in_float64(
         assert torch.equal(getattr(ours, name), buf), name
 
 
+@pytest.mark.parametrize('layout', ['nchw', 'channels_last'])
+@pytest.mark.parametrize('variant', list(_FUSED))
+def test_inference_in_place_writes_the_same_values_over_its_input(
+    threads, variant, layout
+):
+    """``inplace=True`` in inference: the result of the kernel that
+    allocates, bit for bit, written over ``x`` (the same tensor comes
+    back); the residual untouched."""
+    fmt = getattr(torch, layout, torch.contiguous_format)
+    gen = torch.Generator().manual_seed(11)
+    x, r = (
+        torch.randn(3, 6, 9, 7, generator=gen).contiguous(memory_format=fmt)
+        for _ in range(2)
+    )
+    r0 = r.clone()
+    bn = _bn(6, dtype=torch.float32).eval()
+    fused, _ = _FUSED[variant]
+    relu = nn.ReLU() if 'relu' in variant else None
+    res = r if 'residual' in variant else None
+    with torch.no_grad():
+        expected = fused(x, bn, r)
+        y = batch_norm(x, bn, relu, res, inplace=True)
+    assert y is x
+    assert torch.equal(y, expected) and torch.equal(r, r0)
+
+
+def test_in_place_kernel_is_refused_by_autograd():
+    """``mmevo::batch_norm_eval_`` has no derivative: a backward through it
+    fails, and it bumps its input's version, so that a backward through a
+    tensor it overwrote fails instead of using the new values."""
+    op = torch.ops.mmevo.batch_norm_eval_
+    w = torch.rand(4) + 0.5
+    x = torch.randn(2, 4, 3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match='not implemented'):
+        op(x.clone(), w, w, w, w, 1e-5).sum().backward()
+    saved = x * 2
+    y = saved * saved  # saves ``saved`` for the backward
+    op(saved.detach(), w, w, w, w, 1e-5)
+    with pytest.raises(RuntimeError, match='modified by an inplace'):
+        y.sum().backward()
+
+
+def test_in_place_leaves_its_input_alone_off_the_inference_kernel():
+    """Where the inference kernel does not take the call (training, or a
+    gradient to take), ``inplace`` changes nothing: the module's result,
+    its gradient, the input untouched."""
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 4, 5, 5, generator=gen, dtype=torch.float64)
+    x0 = x.clone()
+    for bn in (_bn(4), _bn(4).eval()):
+        ref = copy.deepcopy(bn)
+        y = batch_norm(x, bn, nn.ReLU(), inplace=True)
+        torch.testing.assert_close(y, F.relu(ref(x0)), rtol=0, atol=1e-13)
+        assert torch.equal(x, x0)
+        (g,) = torch.autograd.grad(y.sum(), bn.weight)
+        (g_ref,) = torch.autograd.grad(F.relu(ref(x0)).sum(), ref.weight)
+        torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-12)
+
+
 def test_inference_in_float32_as_accurate_as_the_module():
     """float32 against the float64 module, channels of large running means
     and small variances: no further from it than the float32 module."""
@@ -469,8 +528,10 @@ def test_inference_steps_aside_where_the_kernel_cannot_take_it():
             assert not takes_batch_norm_eval_kernel(x, bn)
 
 
-def test_eval_kernel_rejects_bad_input_naming_the_argument():
-    op = torch.ops.mmevo.batch_norm_eval
+@pytest.mark.parametrize('name', ['batch_norm_eval', 'batch_norm_eval_'])
+def test_eval_kernel_rejects_bad_input_naming_the_argument(name):
+    """Both kernels, the one that allocates and the in-place one."""
+    op = getattr(torch.ops.mmevo, name)
     x, w = torch.randn(2, 4, 3, 3), torch.rand(4) + 0.5
     with pytest.raises(ValueError, match='input must be a contiguous'):
         op(x.transpose(2, 3), w, w, w, w, 1e-5)
@@ -492,7 +553,7 @@ def test_eval_kernel_rejects_bad_input_naming_the_argument():
     with pytest.raises(TypeError, match="residual must have input's dtype"):
         op(x, None, None, w, w, 1e-5, True, x.double())
     ref = F.batch_norm(x, w, w, w, w, False, 0.0, 1e-5)
-    torch.testing.assert_close(op(x, w, w, w, w, 1e-5), ref)
+    torch.testing.assert_close(op(x.clone(), w, w, w, w, 1e-5), ref)
     torch.testing.assert_close(
-        op(x, w, w, w, w, 1e-5, True, x), F.relu(ref + x)
+        op(x.clone(), w, w, w, w, 1e-5, True, x), F.relu(ref + x)
     )

@@ -33,11 +33,13 @@ def test_backbone_fast_path_equals_stock(cls, tiny, mode):
 @pytest.mark.parametrize('cls,tiny', BACKBONES)
 def test_backbone_inference_fast_path_equals_stock(cls, tiny):
     """Eval mode under ``torch.no_grad`` (where the BNs with their
-    shortcuts and ReLUs take the inference kernel): the stock outputs, from
-    fewer conv module calls (the fast path ran)."""
+    shortcuts and ReLUs take the inference kernel, over the convolutions'
+    outputs): the stock outputs, from fewer conv module calls (the fast
+    path ran); the input untouched."""
     torch.manual_seed(0)
     model = helpers.randomised(cls(26, **tiny)).double().eval()
     x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
+    x0 = x.clone()
     outs, calls = [], []
     for on in (True, False):
         set_cpu_fastpath(model, on)
@@ -49,6 +51,7 @@ def test_backbone_inference_fast_path_equals_stock(cls, tiny):
     assert calls[0] < calls[1]
     for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert torch.equal(x, x0)
 
 
 @pytest.mark.parametrize('cls,tiny', BACKBONES)

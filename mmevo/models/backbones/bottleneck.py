@@ -111,15 +111,19 @@ class MiddleLayerBottleneck(Bottleneck):
         without ``act``; ``fast`` takes the CPU fast path (its BNs on
         :func:`batch_norm`, with the ReLUs and the shortcut's addition in
         their passes)."""
-        norm = batch_norm if fast else _norm_act
-        out = self._conv1_cpu(x) if fast else self.conv1(x)
-        out = norm(out, self.norm1, self.relu)
-        out = norm(self.conv2(out), self.norm2, self.relu)
         if fast:
+            # The 1x1 convolutions' outputs are this block's own: the
+            # inference BNs write over them. (Not conv2's: any module, whose
+            # output may be held elsewhere.)
+            out = self._conv1_cpu(x)
+            out = batch_norm(out, self.norm1, self.relu, inplace=True)
+            out = batch_norm(self.conv2(out), self.norm2, self.relu)
             out = self._conv3_cpu(out)
             if self.downsample is not None:
                 x = self._downsample_cpu(x)
-            return batch_norm(out, self.norm3, act, x)
+            return batch_norm(out, self.norm3, act, x, inplace=True)
+        out = _norm_act(self.conv1(x), self.norm1, self.relu)
+        out = _norm_act(self.conv2(out), self.norm2, self.relu)
         out = self.norm3(self.conv3(out))
         if self.downsample is not None:
             x = self.downsample(x)
@@ -152,7 +156,9 @@ class MiddleLayerBottleneck(Bottleneck):
             if is_plain_conv1x1(conv) and conv.stride != (1, 1):
                 sh, sw = conv.stride
                 x = x[:, :, ::sh, ::sw]
-                return batch_norm(conv1x1(x, conv.weight, conv.bias), norm)
+                return batch_norm(
+                    conv1x1(x, conv.weight, conv.bias), norm, inplace=True
+                )
         return downsample(x)
 
 

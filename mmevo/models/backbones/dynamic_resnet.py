@@ -133,7 +133,8 @@ def _replayed(x, conv, norm, act, pool=None):
 
     Args:
         x (Tensor): (B, C, H, W), the input of ``conv``, or of ``norm``
-            when ``conv`` is None.
+            when ``conv`` is None: then the caller's own temporary, which
+            an inference BN (nothing to differentiate) overwrites.
         conv (nn.Conv2d | None): a plain ``nn.Conv2d``, or None.
         norm (nn.Module): the BN.
         act (nn.Module): the ReLU.
@@ -143,11 +144,12 @@ def _replayed(x, conv, norm, act, pool=None):
         Tensor: what the modules return.
     """
 
-    def stock(x):
+    def stock(x, own):
         if conv is not None:
-            x = conv(x)
-        # act(norm(x)), a training BN (and ReLU) on a kernel
-        x = batch_norm(x, norm, act)
+            x, own = conv(x), True
+        # act(norm(x)), a training BN (and ReLU) on a kernel; an inference
+        # one over x where no one else reads it
+        x = batch_norm(x, norm, act, inplace=own)
         return x if pool is None else pool(x)
 
     # None where a module lacks one (no conv, no bias, a BN without affine).
@@ -165,7 +167,7 @@ def _replayed(x, conv, norm, act, pool=None):
             or any(p is not None and p.requires_grad for p in params)
         )
     ):
-        return stock(x)
+        return stock(x, True)
     # What norm(x) normalises with, as BatchNorm's forward chooses.
     if norm.training or norm.running_mean is None:
         stats = (None, None)
@@ -174,7 +176,7 @@ def _replayed(x, conv, norm, act, pool=None):
 
     def run(x, conv_w, conv_b, norm_w, norm_b, replay):
         if not replay:
-            return stock(x)
+            return stock(x, False)  # x is saved for the backward
         if conv is not None:
             x = conv._conv_forward(x, conv_w, conv_b)
         if stats[0] is None and takes_batch_norm_kernel(x, norm):
@@ -399,7 +401,9 @@ class DynamicResNet(ResNet):
             parts = _conv_norm_relu(first)
             x = first(x) if parts is None else _replayed(x, *parts)
             for layer in head:
-                x = batch_norm(x, layer)  # layer(x), a training BN on a kernel
+                # layer(x), a BN on a kernel, over x (the stem's own) in
+                # inference
+                x = batch_norm(x, layer, inplace=True)
             # A map already in channels_last (a channels_last model) goes
             # on as it is: the Function would return it as a view, which
             # the in-place ReLU may not modify.

@@ -13,8 +13,10 @@
 // mmevo::batch_norm_eval is the forward of an nn.BatchNorm2d in eval mode
 // (by its running statistics), on an NCHW or a channels-last map, with the
 // same residual and relu in its one pass: the fast paths' inference, where
-// ATen runs the norm, the add and the ReLU as three passes over the map. It
-// has no backward: the fast paths call it only where nothing is
+// ATen runs the norm, the add and the ReLU as three passes over the map.
+// mmevo::batch_norm_eval_ writes it over its input, for the blocks' own
+// temporaries: no second map to allocate (and fault in) per BN. Neither has
+// a backward: the fast paths call them only where nothing is
 // differentiated.
 //
 // Kernels of the fast path, not public operators: no fake kernel and no
@@ -27,6 +29,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -120,10 +123,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_cpu(
   return {out, mean, invstd};
 }
 
-at::Tensor batch_norm_eval_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                               const std::optional<at::Tensor>& bias,
-                               const at::Tensor& running_mean, const at::Tensor& running_var,
-                               double eps, bool relu, const std::optional<at::Tensor>& residual) {
+// Runs batch_norm_eval of input into out (input itself, or a tensor like
+// it): the kernel is elementwise, so in place reads each value before
+// writing it.
+void batch_norm_eval_into(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                          const std::optional<at::Tensor>& bias, const at::Tensor& running_mean,
+                          const at::Tensor& running_var, double eps, bool relu,
+                          const std::optional<at::Tensor>& residual, const at::Tensor& out) {
   check_input(input, /*channels_last=*/true);
   const bool nhwc = !input.is_contiguous();  // NCHW where it is both
   const auto layout = nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
@@ -143,7 +149,6 @@ at::Tensor batch_norm_eval_cpu(const at::Tensor& input, const std::optional<at::
     TORCH_CHECK_VALUE(r.device().is_cpu(), "residual must be a CPU tensor, got ", r.device());
   }
   const int64_t B = input.size(0), C = input.size(1), HW = input.size(2) * input.size(3);
-  auto out = at::empty_like(input);  // in its layout (strides kept)
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "batch_norm_eval", [&] {
     MMEVO_ISA_CALL(bn_eval_forward<scalar_t>(
         input.data_ptr<scalar_t>(), data_or_null<scalar_t>(weight),
@@ -151,7 +156,24 @@ at::Tensor batch_norm_eval_cpu(const at::Tensor& input, const std::optional<at::
         running_var.data_ptr<scalar_t>(), data_or_null<scalar_t>(residual),
         out.data_ptr<scalar_t>(), eps, relu, nhwc, B, C, HW));
   });
+}
+
+at::Tensor batch_norm_eval_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias,
+                               const at::Tensor& running_mean, const at::Tensor& running_var,
+                               double eps, bool relu, const std::optional<at::Tensor>& residual) {
+  auto out = at::empty_like(input);  // in its layout (strides kept)
+  batch_norm_eval_into(input, weight, bias, running_mean, running_var, eps, relu, residual, out);
   return out;
+}
+
+at::Tensor& batch_norm_eval_inplace_cpu(at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                        const std::optional<at::Tensor>& bias,
+                                        const at::Tensor& running_mean,
+                                        const at::Tensor& running_var, double eps, bool relu,
+                                        const std::optional<at::Tensor>& residual) {
+  batch_norm_eval_into(input, weight, bias, running_mean, running_var, eps, relu, residual, input);
+  return input;
 }
 
 // The gradients of batch_norm_train's out for the wanted of (input, weight,
@@ -200,6 +222,8 @@ TORCH_LIBRARY_FRAGMENT(mmevo, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("batch_norm_eval(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, "
         "Tensor running_var, float eps, bool relu=False, Tensor? residual=None) -> Tensor");
+  m.def("batch_norm_eval_(Tensor(a!) input, Tensor? weight, Tensor? bias, Tensor running_mean, "
+        "Tensor running_var, float eps, bool relu=False, Tensor? residual=None) -> Tensor(a!)");
   m.def("batch_norm_train_backward(Tensor grad, Tensor input, Tensor? weight, Tensor mean, "
         "Tensor invstd, bool[3] output_mask, Tensor? relu_output=None, bool masked_grad=False) "
         "-> (Tensor, Tensor, Tensor, Tensor)");
@@ -208,5 +232,16 @@ TORCH_LIBRARY_FRAGMENT(mmevo, m) {
 TORCH_LIBRARY_IMPL(mmevo, CPU, m) {
   m.impl("batch_norm_train", &mmevo::batch_norm_train_cpu);
   m.impl("batch_norm_eval", &mmevo::batch_norm_eval_cpu);
+  m.impl("batch_norm_eval_", &mmevo::batch_norm_eval_inplace_cpu);
   m.impl("batch_norm_train_backward", &mmevo::batch_norm_train_backward_cpu);
+}
+
+// The in-place kernel bumps its input's version, so that autograd refuses a
+// saved tensor it overwrote, and refuses an input that requires grad.
+TORCH_LIBRARY_IMPL(mmevo, ADInplaceOrView, m) {
+  m.impl("batch_norm_eval_", torch::autograd::autogradNotImplementedInplaceOrViewFallback());
+}
+
+TORCH_LIBRARY_IMPL(mmevo, Autograd, m) {
+  m.impl("batch_norm_eval_", torch::autograd::autogradNotImplementedFallback());
 }

@@ -52,8 +52,10 @@ inline T bn_at(const T* v, int64_t k) {
 
 // q = (p - m) * s + t (plus rp if non-null; then max(q, 0) if relu) over n
 // elements; m, s and t each one value (P = T) or one per element (const T*).
+// q may be p (in place): each element is read before it is written, and the
+// simd loops need no __restrict__ to vectorise.
 template <typename T, typename P>
-inline void bn_apply(const T* __restrict__ p, const T* __restrict__ rp, T* __restrict__ q, P m,
+inline void bn_apply(const T* p, const T* rp, T* q, P m,
                      P s, P t, bool relu, int64_t n) {
 #define MMEVO_BN_Y(k) ((p[k] - bn_at(m, k)) * bn_at(s, k) + bn_at(t, k))
   if (rp && relu) {
@@ -119,10 +121,11 @@ void bn_train_forward(const T* __restrict__ x, const T* w, const T* b,
 // b with s = w / sqrt(rv + eps) (plus res, a map of x's layout, if
 // non-null; then max(y, 0) if relu). NCHW x: a task is an (image,
 // channel) plane, so that a batch of one still splits; channels-last x
-// (nhwc): a pixel's C channels, by arrays of the per-channel terms.
+// (nhwc): a pixel's C channels, by arrays of the per-channel terms. y may
+// be x.
 template <typename T>
-void bn_eval_forward(const T* __restrict__ x, const T* w, const T* b, const T* rmean,
-                     const T* rvar, const T* __restrict__ res, T* __restrict__ y, double eps,
+void bn_eval_forward(const T* x, const T* w, const T* b, const T* rmean,
+                     const T* rvar, const T* res, T* y, double eps,
                      bool relu, bool nhwc, int64_t B, int64_t C, int64_t HW) {
   std::vector<T> m(rmean, rmean + C), s(C), t(C);
   for (int64_t c = 0; c < C; ++c) {
