@@ -163,17 +163,21 @@ inline void bn_grad_sums(const T* __restrict__ dy, const T* __restrict__ x,
   for (int64_t k0 = 0; k0 < n; k0 += kBnChunk) {
     const int64_t k1 = std::min(n, k0 + kBnChunk);
     vec a[kBnAcc] = {}, d[kBnAcc] = {}, e[kBnAcc] = {};
+    // One vector at offset at into accumulator j.
+    auto step = [&](int64_t at, int64_t j) {
+      vec g = bn_load<vec>(dy + at);
+      if (r) g = bn_load<vec>(r + at) > zero ? g : zero;
+      if (go) std::memcpy(go + at, &g, sizeof(vec));
+      const vec xm = bn_load<vec>(x + at) - m;
+      a[j] += g;
+      d[j] += g * xm;
+      e[j] += xm;
+    };
     int64_t k = k0;
     for (; k + kBnAcc * V <= k1; k += kBnAcc * V)
-      for (int64_t j = 0; j < kBnAcc; ++j) {
-        vec g = bn_load<vec>(dy + k + j * V);
-        if (r) g = bn_load<vec>(r + k + j * V) > zero ? g : zero;
-        if (go) std::memcpy(go + k + j * V, &g, sizeof(vec));
-        const vec xm = bn_load<vec>(x + k + j * V) - m;
-        a[j] += g;
-        d[j] += g * xm;
-        e[j] += xm;
-      }
+      for (int64_t j = 0; j < kBnAcc; ++j) step(k + j * V, j);
+    // Single vectors before the scalar tail: a 7² plane is 3 of them.
+    for (; k + V <= k1; k += V) step(k, 0);
     T sa = 0, sd = 0, se = 0;
     for (; k < k1; ++k) {
       const T g = r && !(r[k] > 0) ? T(0) : dy[k];
