@@ -55,8 +55,7 @@ inline T bn_at(const T* v, int64_t k) {
 // q may be p (in place): each element is read before it is written, and the
 // simd loops need no __restrict__ to vectorise.
 template <typename T, typename P>
-inline void bn_apply(const T* p, const T* rp, T* q, P m,
-                     P s, P t, bool relu, int64_t n) {
+inline void bn_apply(const T* p, const T* rp, T* q, P m, P s, P t, bool relu, int64_t n) {
 #define MMEVO_BN_Y(k) ((p[k] - bn_at(m, k)) * bn_at(s, k) + bn_at(t, k))
   if (rp && relu) {
 #pragma omp simd
@@ -124,9 +123,9 @@ void bn_train_forward(const T* __restrict__ x, const T* w, const T* b,
 // (nhwc): a pixel's C channels, by arrays of the per-channel terms. y may
 // be x.
 template <typename T>
-void bn_eval_forward(const T* x, const T* w, const T* b, const T* rmean,
-                     const T* rvar, const T* res, T* y, double eps,
-                     bool relu, bool nhwc, int64_t B, int64_t C, int64_t HW) {
+void bn_eval_forward(const T* x, const T* w, const T* b, const T* rmean, const T* rvar,
+                     const T* res, T* y, double eps, bool relu, bool nhwc, int64_t B, int64_t C,
+                     int64_t HW) {
   std::vector<T> m(rmean, rmean + C), s(C), t(C);
   for (int64_t c = 0; c < C; ++c) {
     const double invstd = 1 / std::sqrt(static_cast<double>(rvar[c]) + eps);
