@@ -30,15 +30,20 @@ def test_backbone_fast_path_equals_stock(cls, tiny, mode):
     helpers.assert_paths_equal(model.train(mode == 'train'), x)
 
 
+@pytest.mark.parametrize('layout', ['nchw', 'channels_last'])
 @pytest.mark.parametrize('cls,tiny', BACKBONES)
-def test_backbone_inference_fast_path_equals_stock(cls, tiny):
+def test_backbone_inference_fast_path_equals_stock(cls, tiny, layout):
     """Eval mode under ``torch.no_grad`` (where the BNs with their
     shortcuts and ReLUs take the inference kernel, over the convolutions'
-    outputs): the stock outputs, from fewer conv module calls (the fast
-    path ran); the input untouched."""
+    outputs), NCHW and a channels_last model and input: the stock outputs,
+    from fewer conv module calls (the fast path ran); the input
+    untouched."""
     torch.manual_seed(0)
+    fmt = getattr(torch, layout, torch.contiguous_format)
     model = helpers.randomised(cls(26, **tiny)).double().eval()
+    model = model.to(memory_format=fmt)
     x = torch.rand(2, 3, 41, 37, dtype=torch.float64)
+    x = x.contiguous(memory_format=fmt)
     x0 = x.clone()
     outs, calls = [], []
     for on in (True, False):
