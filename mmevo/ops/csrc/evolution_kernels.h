@@ -32,6 +32,14 @@ constexpr int64_t kTileChannels = 16;  // channels of a forward / transpose task
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// s in every lane. Not vec{} + s: -0 + 0 is +0, so the compiler keeps that
+// add (a scalar add, then a broadcast from a register), while s - 0 is s
+// and folds to one broadcast load, which an FMA can take as its operand.
+template <typename vec, typename A>
+__attribute__((always_inline)) inline vec splat(A s) {
+  return s - vec{};
+}
+
 // Column phases of a buffered input row of length s * L: buffer column
 // ph * L + m holds input column m * s + ph - p (zero outside [0, W)), so tap
 // v of the output columns [j, j + V) is the slice at offset(v) + j.
@@ -500,7 +508,7 @@ __attribute__((always_inline)) inline void nhwc_tile(
     for (int p = 0; p < NP; ++p)
 #pragma GCC unroll 4
       for (int n = 0; n < NV; ++n)
-        acc[p][n] += (vec{} + static_cast<A>(wq[p * st.w + wo[n]])) *
+        acc[p][n] += splat<vec>(static_cast<A>(wq[p * st.w + wo[n]])) *
                      load_vec<T, A, vec>(xq + p * st.x + n * V);
   }
   for (int p = 0; p < NP; ++p)

@@ -207,7 +207,7 @@ __attribute__((always_inline)) inline void rel_block(A* out, const A* qb, int64_
                                                      int64_t KK, int64_t tap0) {
   constexpr int64_t V = sizeof(vec) / sizeof(A);
   vec acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = vec{} + (bias ? bias[tap0 + t] : A(0));
+  for (int t = 0; t < NT; ++t) acc[t] = splat<vec>(bias ? bias[tap0 + t] : A(0));
   if (rel)
     for (int64_t c = 0; c < Cg; ++c) {
       const vec qv = load_v<A, vec>(qb + c * qs);

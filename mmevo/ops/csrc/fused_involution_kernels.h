@@ -41,14 +41,14 @@ __attribute__((always_inline)) inline void span_block(A* __restrict__ out, int64
     vec acc[kMK][NQ];
 #pragma GCC unroll 4
     for (int k = 0; k < kMK; ++k)
-      for (int q = 0; q < NQ; ++q) acc[k][q] = vec{} + bias[k0 + k];
+      for (int q = 0; q < NQ; ++q) acc[k][q] = splat<vec>(bias[k0 + k]);
     for (int64_t r = 0; r < Cr; ++r) {
       vec zv[NQ];
 #pragma GCC unroll 4
       for (int q = 0; q < NQ; ++q) std::memcpy(&zv[q], z + r * zs + p0 + q * V, VB);
 #pragma GCC unroll 4
       for (int k = 0; k < kMK; ++k) {
-        const vec sv = vec{} + S[(k0 + k) * Cs + r];
+        const vec sv = splat<vec>(S[(k0 + k) * Cs + r]);
 #pragma GCC unroll 4
         for (int q = 0; q < NQ; ++q) acc[k][q] += sv * zv[q];
       }
@@ -103,7 +103,7 @@ __attribute__((always_inline)) inline void span_transpose_block(
       for (int q = 0; q < NQ; ++q) std::memcpy(&dv[q], dw + k * ds + p0 + q * V, VB);
 #pragma GCC unroll 4
       for (int r = 0; r < kMK; ++r) {
-        const vec sv = vec{} + S[k * Cs + r0 + r];
+        const vec sv = splat<vec>(S[k * Cs + r0 + r]);
 #pragma GCC unroll 4
         for (int q = 0; q < NQ; ++q) acc[r][q] += sv * dv[q];
       }
