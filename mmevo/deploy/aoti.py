@@ -16,6 +16,7 @@ which AOTInductor autotunes and compiles into the package like its own
 kernels, so it runs without Python and without mmevo's op library.
 """
 
+import contextlib
 import copy
 import functools
 import json
@@ -189,12 +190,13 @@ def compile_program(program, path, freeze=True, prepack=True):
     program, batch norms folded into the convolutions, oneDNN's weights
     prepacked, with dynamic sizes too: :class:`PrepackConvWeights`).
 
-    Where Inductor's freezing fails (e.g. on a two-stage detector's
-    graph: its constant folding loses a lifted tensor constant), warns
-    and compiles without freezing. The package records what its input
-    is (:class:`mmevo.deploy.runtime.InputSpec`: the sizes, or a dynamic
-    size's bounds, the dtype, the device), which :class:`AotiModel`
-    checks every input against.
+    Freezes under :func:`freezing_keeps_shared_constants` (on torch 2.14,
+    a two-stage detector's constants read by several nodes); where
+    Inductor's freezing still fails, warns and compiles without freezing.
+    The package records what its input is
+    (:class:`mmevo.deploy.runtime.InputSpec`: the sizes, or a dynamic
+    size's bounds, the dtype, the device), which :class:`AotiModel` checks
+    every input against.
 
     Args:
         program (torch.export.ExportedProgram): e.g. of
@@ -220,7 +222,7 @@ def compile_program(program, path, freeze=True, prepack=True):
         # Inductor freezes only with gradients off: with them on, the
         # package silently keeps the weights as inputs of generic
         # convolutions (batch norms unfolded, no weight prepacking).
-        with torch.no_grad():
+        with torch.no_grad(), freezing_keeps_shared_constants():
             return _compile(frozen, path, configs, metadata)
     except Exception as e:  # Inductor's own errors
         first = str(e).splitlines()[0] if str(e) else ''
@@ -230,6 +232,60 @@ def compile_program(program, path, freeze=True, prepack=True):
             stacklevel=2,
         )
     return _compile(program, path, {'freezing': False}, metadata)
+
+
+#: the torch release :func:`freezing_keeps_shared_constants` was written for
+FREEZING_FIX_WRITTEN_FOR = '2.14'
+
+
+def _share_constant_reads(gm):
+    """One ``get_attr`` node per attribute of ``gm``: the later reads of an
+    attribute read the first's node instead."""
+    first = {}
+    for node in list(gm.graph.find_nodes(op='get_attr')):
+        kept = first.setdefault(node.target, node)
+        if kept is not node:
+            node.replace_all_uses_with(kept)
+            gm.graph.erase_node(node)
+
+
+@contextlib.contextmanager
+def freezing_keeps_shared_constants():
+    """While it is open, Inductor's freezing keeps a constant that several
+    nodes read (torch 2.14).
+
+    Freezing's constant folding (``torch._inductor.freezing.constant_fold``)
+    deletes the attribute of each ``get_attr`` node it leaves unused, even
+    where another node reads the same attribute: a two-stage detector's
+    anchor bases (``torch.tensor`` constants) are read three times, twice by
+    metadata asserts that fold away, and the compile fails ("references
+    nonexistent attribute"). Here each graph's reads of one attribute
+    become one node before the folding. Applied on the torch release it was
+    written for (:data:`FREEZING_FIX_WRITTEN_FOR`) only, and undone on
+    exit; elsewhere :func:`compile_program` falls back to an unfrozen
+    package with a warning, as before.
+
+    Example:
+        >>> with freezing_keeps_shared_constants():
+        ...     pass
+    """
+    from torch._inductor import freezing
+
+    fold = getattr(freezing, 'constant_fold', None)
+    version = torch.__version__.split('+')[0]
+    if fold is None or not version.startswith(FREEZING_FIX_WRITTEN_FOR + '.'):
+        yield
+        return
+
+    def constant_fold(gm, *args, **kwargs):
+        _share_constant_reads(gm)
+        return fold(gm, *args, **kwargs)
+
+    freezing.constant_fold = constant_fold
+    try:
+        yield
+    finally:
+        freezing.constant_fold = fold
 
 
 def _compile(program, path, configs, metadata):

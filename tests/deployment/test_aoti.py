@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from mmevo.deploy import AotiModel, TensorOutputs, export_aoti
-from mmevo.deploy.aoti import compile_program, export_program
+from mmevo.deploy.aoti import (
+    FREEZING_FIX_WRITTEN_FOR,
+    compile_program,
+    export_program,
+    freezing_keeps_shared_constants,
+)
 from mmevo.layers import Involution, LocalSelfAttention
 
 # this folder is on sys.path
@@ -205,6 +210,41 @@ def test_prepacked_conv_weights_dynamic(tmp_path):
         x = torch.randn(1, 3, *hw)
         with torch.no_grad():
             assert_close(package(x), model(x))
+
+
+def _reads_a_constant_twice():
+    """x + c, and c * 2 which nothing reads: two get_attr nodes of c."""
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    gm.register_buffer('c', torch.arange(4.0))
+    g = gm.graph
+    x = g.placeholder('x')
+    first, second = g.get_attr('c'), g.get_attr('c')
+    y = g.call_function(torch.ops.aten.add.Tensor, (x, first))
+    g.call_function(torch.ops.aten.mul.Tensor, (second, 2.0))
+    g.output(y)
+    gm.recompile()
+    return gm
+
+
+@pytest.mark.skipif(
+    not torch.__version__.startswith(FREEZING_FIX_WRITTEN_FOR + '.'),
+    reason='the fix applies to the torch release it was written for',
+)
+def test_freezing_keeps_a_constant_read_twice():
+    """Inductor's freezing folds a graph that reads one constant from two
+    nodes, one of which folds away, under freezing_keeps_shared_constants
+    (stock: "references nonexistent attribute"), and leaves the stock
+    folding in place after it."""
+    from torch._inductor import freezing
+
+    stock = freezing.constant_fold
+    with pytest.raises(RuntimeError, match='nonexistent attribute'):
+        stock(_reads_a_constant_twice())
+    gm = _reads_a_constant_twice()
+    with freezing_keeps_shared_constants():
+        freezing.constant_fold(gm)
+    assert freezing.constant_fold is stock
+    assert_close(gm(torch.ones(4)), torch.arange(1.0, 5.0))
 
 
 # Run without TRITON_INTERPRET (this process has it): tracing records
