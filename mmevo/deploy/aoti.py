@@ -258,9 +258,9 @@ def freezing_keeps_shared_constants():
     deletes the attribute of each ``get_attr`` node it leaves unused, even
     where another node reads the same attribute: a two-stage detector's
     anchor bases (``torch.tensor`` constants) are read three times, twice by
-    metadata asserts that fold away, and the compile fails ("references
-    nonexistent attribute"). Here each graph's reads of one attribute
-    become one node before the folding. Applied on the torch release it was
+    metadata asserts, and the compile fails ("references nonexistent
+    attribute"). Here each graph's reads of one attribute become one node
+    before the folding. Applied on the torch release it was
     written for (:data:`FREEZING_FIX_WRITTEN_FOR`) only, and undone on
     exit; elsewhere :func:`compile_program` falls back to an unfrozen
     package with a warning, as before.
