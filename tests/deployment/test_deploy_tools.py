@@ -351,41 +351,19 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
     settle(model)
     ckpt = str(tmp / f'{name}.pth')
     torch.save({'state_dict': model.state_dict()}, ckpt)
+    suffix = '.pt2' if exporter == 'aoti' else '.onnx'
+    exported = str(tmp / f'{name}{suffix}')
+    args = [path, ckpt, '--out', exported, '--shape', '128', '128']
     if exporter == 'aoti':
-        exported = str(tmp / f'{name}.pt2')
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always')
-            load_tool('deployment/pytorch2aoti').main(
-                [
-                    path,
-                    ckpt,
-                    '--out',
-                    exported,
-                    '--shape',
-                    '128',
-                    '128',
-                    '--dynamic',
-                ]
-            )
+            load_tool('deployment/pytorch2aoti').main([*args, '--dynamic'])
         # frozen (batch norms folded, weights prepacked), not the fallback:
         # its anchor constants are read by several nodes of the graph
         assert not [w for w in caught if 'freezing failed' in str(w.message)]
         tool = 'deployment/aoti_test'
     else:
-        exported = str(tmp / f'{name}.onnx')
-        export.main(
-            [
-                path,
-                ckpt,
-                '--out',
-                exported,
-                '--shape',
-                '128',
-                '128',
-                '--exporter',
-                exporter,
-            ]
-        )
+        export.main([*args, '--exporter', exporter])
         tool = 'deployment/onnx_test'
     metrics, preds = evaluate(tool, path, exported, tmp, f'{name}_export')
     reference, ref_preds = evaluate('test', path, ckpt, tmp, f'{name}_torch')
