@@ -111,10 +111,34 @@ def _batched_nms(boxes, scores, ids, nms_cfg):
     return nms(boxes + offset, scores, float(nms_cfg['iou_threshold']))
 
 
+def _padded(t, n):
+    """``t`` with ``n`` rows of zeros appended."""
+    return torch.cat([t, t.new_zeros(n, *t.shape[1:])])
+
+
+def _top(score, k):
+    """The ``k`` best of ``score`` (N, ), their indices and a mask of those
+    that are real: mmdet's ``score.sort()[:k]`` when N > k, all N otherwise.
+
+    The scores get ``k`` padding entries below every real one (scores are
+    probabilities, >= 0), so the top ``k`` are ``k`` rows at every N: a
+    slice of the N real ones would have min(N, k) rows, which torch.export
+    settles at the example (a guard on N, or a bound a package overruns at
+    sizes much larger than the example). The padding rows, last in the
+    order, are dropped with the mask.
+    """
+    n = score.shape[0]
+    score, order = torch.cat([score, score.new_full((k,), -1)]).sort(
+        descending=True
+    )
+    return score[:k], order[:k], order[:k] < n
+
+
 def _proposals(rpn_head, scores, deltas, size):
     """``RPNHead.predict_by_feat`` for one image, the branches on data
     (level sizes against ``nms_pre``, empty results) taken the same way for
-    every input: top-k by a sort and a slice, small boxes dropped by a mask,
+    every input: top-k by a sort and a slice of ``nms_pre`` rows at every
+    size (:func:`_top`), the padding and small boxes dropped by a mask,
     the levels' NMS as one NMS on boxes offset by level."""
     cfg = rpn_head.test_cfg
     coder = rpn_head.bbox_coder
@@ -124,6 +148,7 @@ def _proposals(rpn_head, scores, deltas, size):
     )
     nms_pre = cfg.get('nms_pre', -1)
     level_scores, level_boxes, level_priors, level_ids = [], [], [], []
+    level_real = []
     for level, (score, delta, prior) in enumerate(
         zip(scores, deltas, priors, strict=True)
     ):
@@ -135,22 +160,29 @@ def _proposals(rpn_head, scores, deltas, size):
         )
         score = score.reshape(-1)
         delta = delta.permute(1, 2, 0).reshape(-1, 4)
+        real = None
         if nms_pre > 0:
-            score, order = score.sort(descending=True)
-            score, order = score[:nms_pre], order[:nms_pre]
-            delta, prior = delta[order], prior[order]
+            score, order, real = _top(score, nms_pre)
+            delta, prior = (
+                _padded(delta, nms_pre)[order],
+                _padded(prior, nms_pre)[order],
+            )
         level_scores.append(score)
         level_boxes.append(delta)
         level_priors.append(prior)
         level_ids.append(torch.full_like(score, level))
+        level_real.append(real)
     score = torch.cat(level_scores)
     boxes = _decode(
         coder, torch.cat(level_priors), torch.cat(level_boxes), size
     )
     ids = torch.cat(level_ids)
+    valid = torch.cat(level_real) if nms_pre > 0 else None
     if cfg.get('min_bbox_size', -1) >= 0:
         wh = boxes[:, 2:] - boxes[:, :2]
-        valid = (wh > cfg.min_bbox_size).all(1)
+        big = (wh > cfg.min_bbox_size).all(1)
+        valid = big if valid is None else valid & big
+    if valid is not None:
         boxes, score, ids = boxes[valid], score[valid], ids[valid]
         # The mask's count is bounded by the candidates: without that bound
         # (the anchors of an unbounded H x W, ~1e37) AOTInductor's C++

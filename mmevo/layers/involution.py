@@ -150,13 +150,15 @@ class Involution(EvolutionLayer):
         """Whether the fused op runs this call: the CPU fast path is taken,
         no kernel hook waits for the kernel, the C++ kernel can take ``x``
         and the map is as large as where it was measured to win."""
-        if x.dim() != 4:
+        if x.dim() != 4 or not takes_fused_cpu(
+            self, x, self.conv2.conv.weight.dtype
+        ):
             return False
+        # only after the capture test: under torch.export the size test
+        # would be a guard, and the program would refuse other sizes
         s = self.stride
         pixels = -(-x.shape[-2] // s) * -(-x.shape[-1] // s)
-        return pixels >= FUSED_MIN_PIXELS and takes_fused_cpu(
-            self, x, self.conv2.conv.weight.dtype
-        )
+        return pixels >= FUSED_MIN_PIXELS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Generate the kernel from ``x`` and aggregate (fused on CPU).

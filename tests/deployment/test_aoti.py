@@ -54,18 +54,54 @@ def flat(module):
 @pytest.mark.parametrize('stride', [1, 2])
 def test_layer_program_dynamic(name, stride):
     """One program for every size: mmevo's operators in the graph, equal
-    to the eager layer at odd sizes, another aspect and maps smaller than
-    the reflect padding."""
+    to the eager layer at odd sizes, another aspect, maps smaller than the
+    reflect padding and maps on the other side of the CPU fast paths' size
+    thresholds (which must not become guards of the program)."""
     torch.manual_seed(0)
     model = flat(LAYERS[name](stride))
     program = export_program(model, torch.randn(1, 16, 9, 11))
     assert graph_ops(program) & MMEVO_OPS
     # torch.export takes a dynamic size for >= 2: the smallest map here
     # gives outputs of 2 at stride 2
-    for hw in [(9, 11), (6, 13), (3 * stride, 2 * stride)]:
+    for hw in [(9, 11), (6, 13), (3 * stride, 2 * stride), (31, 37)]:
         x = torch.randn(1, 16, *hw)
         with torch.no_grad():
             assert_close(program.module()(x), model(x))
+
+
+def test_two_stage_program_serves_larger_sizes():
+    """A narrow RedNet Faster R-CNN exported at 128^2 runs at 2.5 times
+    that: the RPN keeps ``nms_pre`` proposals of a level at every size, and
+    no size of the example settles a branch (a guard, which a package does
+    not check: there the proposals overran their bound at 320^2)."""
+    from mmevo.apis import build_model, load_config
+    from mmevo.deploy import match_rows
+    from mmevo.deploy.mmdet import two_stage_forward
+
+    cfg = load_config(
+        'configs/rednet/faster-rcnn_rednet50_inv-neck-head_1x_coco.py',
+        {
+            'model.backbone': dict(
+                depth=26, stem_channels=32, base_channels=16, init_cfg=None
+            ),
+            'model.neck.in_channels': [64, 128, 256, 512],
+            'model.test_cfg.rpn.max_per_img': 60,
+        },
+    )
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    model.init_weights()
+    model = TensorOutputs(model.eval(), two_stage_forward)
+    program = export_program(model, torch.randn(1, 3, 128, 128))
+    # level 1 (stride 8) has 768 anchors at 128^2, below nms_pre (1000),
+    # and 6240 at 320 x 416; every involution map crosses 14^2 pixels
+    for hw in [(128, 128), (320, 416)]:
+        x = torch.randn(1, 3, *hw)
+        with torch.no_grad():
+            expected = model(x)
+            outputs = program.module()(x)
+        assert len(expected[0]) == 60
+        assert_close(match_rows(outputs, expected), expected)
 
 
 @pytest.mark.parametrize('stride', [1, 2])
