@@ -56,6 +56,11 @@ def _image_size(x):
     )
 
 
+def _padded(t, n):
+    """``t`` with ``n`` rows of zeros appended."""
+    return torch.cat([t, t.new_zeros(n, *t.shape[1:])])
+
+
 def _extra_row(fn, *tensors):
     """``fn(*tensors)`` with a row of zeros appended to each tensor, and
     dropped from each output.
@@ -65,7 +70,7 @@ def _extra_row(fn, *tensors):
     that, one more row makes their count at least 1. ``fn`` treats each row
     on its own, so the result is exact (and no head runs on no rows).
     """
-    outs = fn(*[torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in tensors])
+    outs = fn(*[_padded(t, 1) for t in tensors])
     return pytree.tree_map(lambda t: t[:-1], outs)
 
 
@@ -109,11 +114,6 @@ def _batched_nms(boxes, scores, ids, nms_cfg):
         top = torch.cat([boxes.reshape(-1), boxes.new_zeros(1)]).max()
         offset = ids[:, None].to(boxes) * (top + 1)
     return nms(boxes + offset, scores, float(nms_cfg['iou_threshold']))
-
-
-def _padded(t, n):
-    """``t`` with ``n`` rows of zeros appended."""
-    return torch.cat([t, t.new_zeros(n, *t.shape[1:])])
 
 
 def _top(score, k):

@@ -2,6 +2,7 @@
 model in onnxruntime (:class:`OnnxModel`); what an exported graph takes
 (:class:`InputSpec`), which both runtimes check each input against."""
 
+import math
 import sys
 
 import torch
@@ -57,6 +58,13 @@ class InputSpec:
             ('cpu', 'cuda'); None for any (the runtime moves the input).
         static (bool): Whether the graph was exported for one size (the
             hint of its message). Default: False.
+        guards (Sequence[str]): Conditions on the sizes that torch.export
+            recorded with the graph (``ExportedProgram``'s guards, Python
+            over ``L['<input name>']``), checked with the bounds: a graph
+            traced where a size was 1 (a Swin stage of one window) holds
+            only where it is 1 again, and a package computes wrong numbers
+            elsewhere. Default: none.
+        name (str): The input's name in ``guards``. Default: 'x'.
 
     Example:
         >>> spec = InputSpec([(1, 1), (3, 3), (64, 64), (64, 64)],
@@ -65,13 +73,17 @@ class InputSpec:
         ValueError: input (1, 3, 48, 48) float32 on cpu does not fit ...
     """
 
-    def __init__(self, dims, dtype, device=None, static=False):
+    def __init__(
+        self, dims, dtype, device=None, static=False, guards=(), name='x'
+    ):
         self.dims = [
             (int(lo), None if hi is None else int(hi)) for lo, hi in dims
         ]
         self.dtype = dtype
         self.device = device
         self.static = static
+        self.guards = [str(g) for g in guards]
+        self.name = name
 
     @classmethod
     def of_program(cls, program):
@@ -81,8 +93,14 @@ class InputSpec:
         nodes = {
             n.name: n for n in program.graph.nodes if n.op == 'placeholder'
         }
+        inputs = program.graph_signature.user_inputs
+        # the guards of a program of one input (all the tools export);
+        # ``_guards_code`` is what ``program.module()`` checks
+        guards = getattr(program, '_guards_code', [])
+        if len(inputs) != 1:
+            guards = []
         specs = []
-        for name in program.graph_signature.user_inputs:
+        for name in inputs:
             val = nodes[name].meta.get('val')
             if not isinstance(val, torch.Tensor):
                 continue
@@ -100,7 +118,9 @@ class InputSpec:
                         (_bound(bounds.lower) or 0, _bound(bounds.upper))
                     )
             static = all(lo == hi for lo, hi in dims)
-            specs.append(cls(dims, val.dtype, val.device.type, static))
+            specs.append(
+                cls(dims, val.dtype, val.device.type, static, guards, name)
+            )
         return specs
 
     @classmethod
@@ -120,12 +140,19 @@ class InputSpec:
             dtype=str(self.dtype).replace('torch.', ''),
             device=self.device,
             static=self.static,
+            guards=self.guards,
+            name=self.name,
         )
 
     @classmethod
     def from_dict(cls, d):
         return cls(
-            d['dims'], getattr(torch, d['dtype']), d['device'], d['static']
+            d['dims'],
+            getattr(torch, d['dtype']),
+            d['device'],
+            d['static'],
+            d.get('guards', ()),
+            d.get('name', 'x'),
         )
 
     def _dim(self, i):
@@ -163,6 +190,17 @@ class InputSpec:
             )
         if self.device is not None and x.device.type != self.device:
             problems.append(f'device {x.device}, expected {self.device}')
+        if problems:
+            return problems
+        # the guards are Python over ``L``, ``torch`` and ``math``, as
+        # torch.export writes them for ``program.module()``
+        scope = {'__builtins__': {}, 'L': {self.name: x}, 'math': math}
+        scope['torch'] = torch
+        failed = [g for g in self.guards if not eval(g, scope)]
+        if failed:
+            where = failed[0].replace(f"L['{self.name}']", 'x')
+            more = f' (and {len(failed) - 1} more)' if len(failed) > 1 else ''
+            problems.append(f'sizes where {where} is false{more}')
         return problems
 
     def check(self, x, name='the graph'):
@@ -188,7 +226,13 @@ class InputSpec:
         given = str(tuple(x.shape)) + ' ' + str(x.dtype).replace('torch.', '')
         hint = ''
         sizes = any(p.startswith(('height', 'width')) for p in problems)
-        if sizes and self.static:
+        if any(p.startswith('sizes where') for p in problems):
+            hint = (
+                '; torch.export traced it under that condition, true at the '
+                'example: export it at a size like this one (a Swin '
+                'backbone: at least two windows a side in every stage)'
+            )
+        elif sizes and self.static:
             h, w = x.shape[2:]
             hint = (
                 '; it was exported for one size: export it at this size '

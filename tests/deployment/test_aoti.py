@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import mmevo.models
 from mmevo.deploy import AotiModel, TensorOutputs, export_aoti
 from mmevo.deploy.aoti import (
     FREEZING_FIX_WRITTEN_FOR,
@@ -18,7 +19,9 @@ from mmevo.deploy.aoti import (
     export_program,
     freezing_keeps_shared_constants,
 )
+from mmevo.deploy.runtime import InputMismatchError, InputSpec
 from mmevo.layers import Involution, LocalSelfAttention
+from mmevo.models import ELSASwinTransformer
 
 # this folder is on sys.path
 from layer_cases import LAYERS
@@ -102,6 +105,66 @@ def test_two_stage_program_serves_larger_sizes():
             outputs = program.module()(x)
         assert len(expected[0]) == 60
         assert_close(match_rows(outputs, expected), expected)
+
+
+@pytest.mark.parametrize(
+    'name', ['ELSASwinTransformer', 'ACmixSwinTransformer']
+)
+def test_swin_program_serves_other_paddings(name):
+    """A narrow Swin of the detection geometry exported at 448^2, where
+    every stage's map is a multiple of the window, runs at sizes that pad
+    each stage: the crop back from a padded map records no stride (a
+    guard on whether the map was padded refused them).
+
+    Slow: two exports of a Swin backbone, 10-30 s each."""
+    torch.manual_seed(0)
+    backbone = getattr(mmevo.models, name)(
+        embed_dims=16,
+        depths=(1, 1, 1, 2),
+        num_heads=(1, 2, 4, 8),
+        pad_small_map=True,
+    )
+    model = flat(backbone)
+    program = export_program(model, torch.randn(1, 3, 448, 448))
+    spec = InputSpec.of_program(program)[0]
+    # at least two windows a side in every stage (a window count of 1 is
+    # a size torch.export specialises on: the test below)
+    for hw in [(448, 448), (320, 384), (250, 330)]:
+        x = torch.randn(1, 3, *hw)
+        spec.check(x)  # what a package of it takes
+        with torch.no_grad():
+            assert_close(program.module()(x), model(x))
+
+
+def test_package_record_refuses_sizes_its_program_refuses():
+    """An ELSA-Swin exported at 224^2 has one window in its last stage,
+    which torch.export specialises on: its program refuses 320 x 384 (two
+    windows a side), and so does the record a package of it keeps (such a
+    package computed numbers 17-19% off at 300 x 170 and 33 x 250).
+
+    Slow: one export of a Swin backbone, 10-20 s."""
+    torch.manual_seed(0)
+    model = flat(
+        ELSASwinTransformer(
+            embed_dims=16,
+            depths=(1, 1, 1, 2),
+            num_heads=(1, 2, 4, 8),
+            pad_small_map=True,
+        )
+    )
+    program = export_program(model, torch.randn(1, 3, 224, 224))
+    spec = InputSpec.from_dict(InputSpec.of_program(program)[0].to_dict())
+    spec.check(torch.randn(1, 3, 224, 224))
+    spec.check(torch.randn(1, 3, 70, 90))
+    for hw in [(320, 384), (300, 170)]:
+        x = torch.randn(1, 3, *hw)
+        with pytest.raises(Exception, match='Guard failed'):
+            program.module()(x)
+        with pytest.raises(
+            InputMismatchError,
+            match=r'sizes where .* is false.*export it at a size like this',
+        ):
+            spec.check(x)
 
 
 @pytest.mark.parametrize('stride', [1, 2])

@@ -26,7 +26,7 @@ from mmengine.model.weight_init import trunc_normal_
 from mmevo.ops import check_int
 
 from .swin_convert import fit_problem, official_load_hook, state_fit
-from .window_blocks import ShiftWindowBlock, is_symbolic
+from .window_blocks import ShiftWindowBlock, is_symbolic, round_up
 
 
 class PatchEmbed(nn.Module):
@@ -44,7 +44,7 @@ class PatchEmbed(nn.Module):
     def forward(self, x):
         p = self.patch_size
         H, W = x.shape[2:]
-        x = F.pad(x, (0, (p - W % p) % p, 0, (p - H % p) % p))
+        x = F.pad(x, (0, round_up(W, p) - W, 0, round_up(H, p) - H))
         return self.norm(self.proj(x).permute(0, 2, 3, 1))
 
 
@@ -59,8 +59,9 @@ class PatchMerging(nn.Module):
 
     def forward(self, x):
         H, W = x.shape[1:3]
-        if is_symbolic(H, W) or H % 2 or W % 2:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+        pad_b, pad_r = round_up(H, 2) - H, round_up(W, 2) - W
+        if is_symbolic(H, W) or pad_b or pad_r:
+            x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
         x = torch.cat(
             [
                 x[:, 0::2, 0::2],
