@@ -45,6 +45,14 @@ def _bound(value):
     return None if value >= sys.maxsize - 2 else value
 
 
+def _guard_scope(x, name):
+    """The names torch.export's guards are written in, as its
+    ``program.module()`` evaluates them, with ``L[name]`` the input."""
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    return {**SYMPY_INTERP, 'math': math, 'inf': math.inf, 'L': {name: x}}
+
+
 class InputSpec:
     """What an exported graph takes as its input: the rank, each
     dimension's size (fixed) or bounds (dynamic), the dtype and the device.
@@ -192,10 +200,7 @@ class InputSpec:
             problems.append(f'device {x.device}, expected {self.device}')
         if problems:
             return problems
-        # the guards are Python over ``L``, ``torch`` and ``math``, as
-        # torch.export writes them for ``program.module()``
-        scope = {'__builtins__': {}, 'L': {self.name: x}, 'math': math}
-        scope['torch'] = torch
+        scope = _guard_scope(x, self.name)
         failed = [g for g in self.guards if not eval(g, scope)]
         if failed:
             where = failed[0].replace(f"L['{self.name}']", 'x')
