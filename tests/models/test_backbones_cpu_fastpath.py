@@ -285,9 +285,11 @@ def test_stem_with_group_norm_runs_its_modules():
 def test_stem_fast_path_recomputes_under_the_forwards_autocast():
     """Under CPU autocast (bfloat16) the backward recomputes the stem's
     first conv, BN and ReLU in the forward's dtypes: its gradients are the
-    stock graph's to well within a bfloat16 rounding (2.6% off when the
-    recomputation ran in float32). The stem's involution runs stock on
-    both paths, to compare the recomputation alone."""
+    stock graph's to a few bfloat16 roundings (2^-8 each), where they were
+    2.6% off when the recomputation ran in float32. Measured: under 0.4% on an
+    AVX-512 host, 0.77% on one without, where both paths are 9.3% from
+    the float64 gradient. The stem's involution runs stock on both paths,
+    to compare the recomputation alone."""
     torch.manual_seed(0)
     model = RedNet(26, **TINY_RED).train()
     x = torch.rand(2, 3, 41, 37)
@@ -308,7 +310,7 @@ def test_stem_fast_path_recomputes_under_the_forwards_autocast():
     def rel(a, b):
         return float((a - b).norm() / b.norm())
 
-    assert rel(gx_fast, gx_stock) < 4e-3
+    assert rel(gx_fast, gx_stock) < 1.2e-2
     for name, g in stock.items():
         if g is not None:
-            assert rel(fast[name], g) < 4e-3, (name, rel(fast[name], g))
+            assert rel(fast[name], g) < 1.2e-2, (name, rel(fast[name], g))
