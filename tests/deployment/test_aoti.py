@@ -116,7 +116,7 @@ def test_swin_program_serves_other_paddings(name):
     each stage: the crop back from a padded map records no stride (a
     guard on whether the map was padded refused them).
 
-    Slow: two exports of a Swin backbone, 10-30 s each."""
+    Slow: an export of a Swin backbone, 10-30 s."""
     torch.manual_seed(0)
     backbone = getattr(mmevo.models, name)(
         embed_dims=16,
