@@ -373,24 +373,53 @@ def onednn_conv1x1_wins() -> bool:
     Returns:
         bool: oneDNN for the wide float32 1x1 convolutions.
     """
+    value = _conv1x1_setting()
+    if value == 'auto':
+        return _cpu_vendor() == 'AuthenticAMD'
+    return value == 'onednn'
+
+
+def _conv1x1_setting() -> str:
     value = os.environ.get(CONV1X1_ENV_VAR, 'auto')
     if value not in ('auto', 'onednn', 'matmul'):
         raise ValueError(
             f"{CONV1X1_ENV_VAR} must be 'auto', 'onednn' or 'matmul', got "
             f'{value!r}'
         )
-    if value == 'auto':
-        return _cpu_vendor() == 'AuthenticAMD'
-    return value == 'onednn'
+    return value
 
 
-def takes_onednn_conv1x1(x: torch.Tensor, weight: torch.Tensor) -> bool:
+# In inference oneDNN re-lays out the weight on every call, which the
+# matmul does not need. With ``MMEVO_CONV1X1`` 'auto' a 1x1 convolution
+# with nothing to differentiate takes the matmul below this many
+# multiply-adds (B * H * W * C_in * C_out: RedNet-50's generation convs at
+# B1, 0.60-0.93x of oneDNN's time) or with fewer input channels than this
+# (64 -> 256 at 56², 0.35-0.51x), on AMD EPYC (``benchmark_ops.py
+# --conv1x1-inference``). RedNet-50 at B1: 0.86x of its time with one
+# thread, 0.92x with two (``docs/benchmarks.md``).
+INFERENCE_ONEDNN_MIN_FMAS = 2**24
+INFERENCE_ONEDNN_MIN_IN_CHANNELS = 128
+
+
+def _differentiates(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records a graph through any of ``tensors``."""
+    return torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in tensors
+    )
+
+
+def takes_onednn_conv1x1(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> bool:
     """Whether :func:`conv1x1` runs a 1x1 convolution of ``x`` on oneDNN:
     a CPU tensor, float32 (oneDNN's other dtypes were not measured to win),
     at least :data:`ONEDNN_MIN_CHANNELS` input and output channels, oneDNN
     available and enabled (``torch.backends.mkldnn``), autocast off, on a
-    host where oneDNN wins (:func:`onednn_conv1x1_wins`)."""
-    return (
+    host where oneDNN wins (:func:`onednn_conv1x1_wins`); in inference
+    (nothing to differentiate) with ``MMEVO_CONV1X1`` 'auto', at least
+    :data:`INFERENCE_ONEDNN_MIN_IN_CHANNELS` input channels and
+    :data:`INFERENCE_ONEDNN_MIN_FMAS` multiply-adds as well."""
+    if not (
         x.device.type == 'cpu'
         and x.dtype == weight.dtype == torch.float32
         and min(weight.shape[:2]) >= ONEDNN_MIN_CHANNELS
@@ -398,6 +427,14 @@ def takes_onednn_conv1x1(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled('cpu')
         and onednn_conv1x1_wins()
+    ):
+        return False
+    if _conv1x1_setting() != 'auto' or _differentiates(x, weight, bias):
+        return True
+    C_in = x.shape[1]
+    return (
+        C_in >= INFERENCE_ONEDNN_MIN_IN_CHANNELS
+        and x.numel() * weight.shape[0] >= INFERENCE_ONEDNN_MIN_FMAS
     )
 
 
@@ -407,7 +444,9 @@ def conv1x1(
     """A 1x1, stride-1, ungrouped convolution, on the faster of oneDNN and
     the matmul (:func:`pointwise`).
 
-    oneDNN where :func:`takes_onednn_conv1x1` holds, the matmul otherwise.
+    oneDNN where :func:`takes_onednn_conv1x1` holds, the matmul otherwise;
+    with nothing to differentiate, their forwards called directly (no
+    autograd function, PyTorch's ``conv2d`` dispatch skipped).
     PyTorch itself runs a 1x1 convolution on oneDNN only with more than one
     thread or a batch of 16 or more, and otherwise on its native kernel, as
     slow as the matmul: there ``y`` and the input gradient are oneDNN's
@@ -425,8 +464,13 @@ def conv1x1(
         >>> torch.allclose(y, conv(x), atol=1e-5)
         True
     """
-    if not takes_onednn_conv1x1(x, weight):
-        return pointwise(x, weight, bias)
+    differentiates = _differentiates(x, weight, bias)
+    if not takes_onednn_conv1x1(x, weight, bias):
+        if differentiates:
+            return pointwise(x, weight, bias)
+        return _pointwise_forward(x, weight, bias)
+    if not differentiates and x.is_contiguous():
+        return _onednn_conv1x1(x, weight, bias)
     if torch.get_num_threads() > 1 or x.shape[0] >= 16:
         return F.conv2d(x, weight, bias)  # PyTorch takes oneDNN itself
     return _Pointwise.apply(x, weight, bias, True)
@@ -625,13 +669,7 @@ def takes_batch_norm_eval_kernel(
             x.is_contiguous()
             or x.is_contiguous(memory_format=torch.channels_last)
         )
-        and not (
-            torch.is_grad_enabled()
-            and any(
-                t is not None and t.requires_grad
-                for t in (x, norm.weight, norm.bias, residual)
-            )
-        )
+        and not _differentiates(x, norm.weight, norm.bias, residual)
     )
 
 

@@ -4,6 +4,7 @@ Every layer runs twice on the same float64 input, with ``use_cpu_fastpath``
 on and off (``fastpath_helpers.assert_paths_equal``).
 """
 
+import contextlib
 import copy
 import os
 import subprocess
@@ -449,6 +450,7 @@ def test_conv1x1_backend_follows_mmevo_conv1x1(monkeypatch):
     to beat PyTorch's matmul; anything else is refused, naming it. Either
     way the numbers are the convolution's."""
     x, w = torch.randn(2, 64, 3, 3), torch.randn(64, 64, 1, 1)
+    w.requires_grad_()  # training: the inference choice is the next test's
     monkeypatch.setenv('MMEVO_CONV1X1', 'matmul')
     assert not takes_onednn_conv1x1(x, w)
     torch.testing.assert_close(conv1x1(x, w), F.conv2d(x, w))
@@ -464,6 +466,54 @@ def test_conv1x1_backend_follows_mmevo_conv1x1(monkeypatch):
     monkeypatch.setenv('MMEVO_CONV1X1', 'mkldnn')
     with pytest.raises(ValueError, match="MMEVO_CONV1X1 must be 'auto'"):
         conv1x1(x, w)
+
+
+@pytest.mark.parametrize(
+    'shape, c_out, onednn',
+    [
+        ((1, 256, 14, 14), 64, False),  # 3.2M multiply-adds
+        ((1, 64, 56, 56), 256, False),  # 64 input channels
+        ((1, 128, 28, 28), 512, True),
+        ((4, 512, 7, 7), 2048, True),
+        ((1, 2048, 3, 3), 512, False),  # 9.4M multiply-adds
+        ((0, 512, 7, 7), 128, False),
+    ],
+)
+@pytest.mark.parametrize('bias', [True, False])
+def test_conv1x1_inference_takes_the_faster_forward(
+    monkeypatch, threads, shape, c_out, onednn, bias
+):
+    """With nothing to differentiate (``no_grad``, ``inference_mode``, or
+    frozen weights) and ``MMEVO_CONV1X1`` 'auto' on a host that takes
+    oneDNN, the matmul runs the convolutions with too little work or too
+    few input channels to pay for oneDNN's weight re-layout; values equal
+    conv2d in float64 either way, NCHW and channels-last. Forced 'onednn'
+    and training keep oneDNN (where 'auto' takes oneDNN at all: AMD)."""
+    amd = _vendor() == 'AuthenticAMD'
+    monkeypatch.setenv('MMEVO_CONV1X1', 'auto')
+    gen = torch.Generator().manual_seed(c_out)
+    x = torch.randn(*shape, generator=gen)
+    w = torch.randn(c_out, shape[1], 1, 1, generator=gen) / shape[1] ** 0.5
+    b = torch.randn(c_out, generator=gen) if bias else None
+    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double())
+    tol = dict(rtol=1e-5, atol=1e-5)
+    frozen = nn.Parameter(w, requires_grad=False)
+    for context, weight in [
+        (torch.no_grad, w.requires_grad_()),
+        (torch.inference_mode, w),
+        (contextlib.nullcontext, frozen),
+    ]:
+        with context():
+            assert takes_onednn_conv1x1(x, weight, b) == (onednn and amd)
+            for fmt in (torch.contiguous_format, torch.channels_last):
+                y = conv1x1(x.contiguous(memory_format=fmt), weight, b)
+                torch.testing.assert_close(y, ref.float(), **tol)
+        w = w.detach()
+    assert takes_onednn_conv1x1(x, w.requires_grad_(), b) == amd  # training
+    monkeypatch.setenv('MMEVO_CONV1X1', 'onednn')
+    with torch.no_grad():
+        assert takes_onednn_conv1x1(x, w, b)
+        torch.testing.assert_close(conv1x1(x, w, b), ref.float(), **tol)
 
 
 def test_pointwise_autocast_bf16():

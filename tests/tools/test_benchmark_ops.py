@@ -131,3 +131,36 @@ def test_avg_pool_rows(monkeypatch, capsys):
         r'\d+·\d+²',
     )
     assert labels == ['8·16²', '16·6²'] and ratios == 2
+
+
+def test_conv1x1_inference_rows(monkeypatch, capsys):
+    """--conv1x1-inference at two small shapes: a row per shape and batch
+    (1 and 4) with its pixel count, each ratio that of its times."""
+    tool = load_tool('analysis/benchmark_ops')
+    monkeypatch.setattr(tool, 'CONV1X1_SHAPES', [(64, 96, 5), (128, 64, 3)])
+    monkeypatch.setattr(
+        sys, 'argv', ['benchmark_ops', '--conv1x1-inference', '--repeat', '1']
+    )
+    tool.main()
+    rows = re.findall(
+        r'^\| (\d+)·(\d+)·(\d+)·(\d+)² \| (\d+) \| ([\d.]+) \| ([\d.]+) \| '
+        r'([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$',
+        capsys.readouterr().out,
+        re.M,
+    )
+    assert [tuple(int(v) for v in r[:5]) for r in rows] == [
+        (B, C, C_out, H, B * H * H)
+        for B in (1, 4)
+        for C, C_out, H in [(64, 96, 5), (128, 64, 3)]
+    ]
+    for *_, onednn, matmul, conv1x1, r_matmul, r_conv1x1 in rows:
+        o = float(onednn)
+        assert o > 0
+        for t, ratio in (
+            (float(matmul), r_matmul),
+            (float(conv1x1), r_conv1x1),
+        ):
+            # the times are rounded to 0.001, the ratios to 0.01
+            lo = (t - 0.0005) / (o + 0.0005) - 0.005
+            hi = (t + 0.0005) / max(o - 0.0005, 1e-9) + 0.005
+            assert lo <= float(ratio) <= hi

@@ -22,6 +22,11 @@ own after the rounds (median of ``--iters`` runs after one).
 
 Models: ``resnet50`` (mmdet's ResNet) and ``rednet50`` backbones at B1
 ``--size``^2, and ``demo``, the demo RetinaNet's tensor outputs at 128^2.
+``torch-onednn`` is PyTorch eager with ``MMEVO_CONV1X1=onednn``: every
+float32 1x1 convolution of 64 channels or more on oneDNN, where by default
+(on AMD CPUs) inference takes the matmul for the small ones
+(``mmevo.layers.fastpath.takes_onednn_conv1x1``).
+
 ``rednet50-windowless`` (onnxruntime only, not a model to deploy: its
 outputs are wrong) is RedNet-50 exported with each involution's window sum
 replaced by one pointwise product, the input times the kernel's centre tap:
@@ -36,6 +41,7 @@ Example:
 import argparse
 import contextlib
 import importlib.util
+import os
 import os.path as osp
 import re
 import statistics
@@ -63,7 +69,7 @@ DEMO = osp.join(
     'demo',
     'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py',
 )
-RUNTIMES = ('torch', 'onnxruntime', 'aoti', 'aoti-inline')
+RUNTIMES = ('torch', 'torch-onednn', 'onnxruntime', 'aoti', 'aoti-inline')
 
 
 def build(name, size):
@@ -130,6 +136,14 @@ def _exports(name, model, x, runtimes, tmp, exporter, dynamic):
                 return model(x)
 
         runs['torch'] = eager
+    if 'torch-onednn' in runtimes:
+
+        def eager_onednn(x, model=model):
+            with mock.patch.dict(os.environ, {'MMEVO_CONV1X1': 'onednn'}):
+                with torch.no_grad():
+                    return model(x)
+
+        runs['torch-onednn'] = eager_onednn
     for runtime in ('aoti', 'aoti-inline'):
         if runtime in runtimes:
             path = osp.join(tmp, f'{name}-{runtime}.pt2')

@@ -50,6 +50,11 @@ oneDNN with more), mmevo's matmul (``pointwise``) and ``conv1x1``, which
 the bottlenecks' fast path takes (in float32 oneDNN from 64 channels where
 ``MMEVO_CONV1X1`` says: by default on AMD CPUs, ``onednn`` on any).
 
+``--conv1x1-inference`` times the forward alone of those 1x1 convolutions,
+without gradients, at batch 1 and 4: oneDNN's (``_onednn_conv1x1``),
+mmevo's matmul and ``conv1x1``, which takes the matmul on maps of up to
+``INFERENCE_MATMUL_PIXELS`` pixels (all images together) in inference.
+
 ``--acmix-conv`` times ACmix's conv path, the grouped 3x3 convolution of
 its channels-last q/k/v buffer (head_dim groups of 12 -> 4 channels), at
 every ACmix-ResNet-50 layer shape (B4, the stride-2 layers at their input
@@ -85,6 +90,8 @@ Example:
         --cpu-time --repeat 3
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --conv1x1 \
         --cpu-time --repeat 9
+    OMP_NUM_THREADS=2 python tools/analysis/benchmark_ops.py \
+        --conv1x1-inference --repeat 15
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --acmix-conv \
         --cpu-time --repeat 9
     OMP_NUM_THREADS=1 python tools/analysis/benchmark_ops.py --batch-norm \
@@ -285,6 +292,46 @@ CONV1X1_SHAPES = [
     (128, 32, 28),
     (32, 392, 28),
 ]
+
+
+def conv1x1_inference_paths(device, dtype, repeat, clock):
+    """The forward alone of a 1x1 convolution, without gradients, at
+    :data:`CONV1X1_SHAPES` at batch 1 and 4: oneDNN's convolution (which
+    re-lays out the weight on every call), mmevo's matmul and ``conv1x1``
+    (the matmul up to ``INFERENCE_MATMUL_PIXELS`` pixels, oneDNN above where
+    ``MMEVO_CONV1X1`` takes it)."""
+    from mmevo.layers import fastpath
+
+    paths = {
+        'onednn': fastpath._onednn_conv1x1,
+        'matmul': fastpath.pointwise,
+        'conv1x1': fastpath.conv1x1,
+    }
+    print(
+        '| B·C_in·C_out·H² | pixels | onednn ms | matmul ms | conv1x1 ms | '
+        'matmul / onednn | conv1x1 / onednn |\n|---|---|---|---|---|---|---|'
+    )
+    for B in (1, 4):
+        for C, C_out, H in CONV1X1_SHAPES:
+            x = torch.randn(B, C, H, H, device=device, dtype=dtype)
+            w = torch.randn(C_out, C, 1, 1, device=device, dtype=dtype)
+            with torch.no_grad():
+                ms = time_ms(
+                    {
+                        n: lambda fn=fn, x=x, w=w: fn(x, w)
+                        for n, fn in paths.items()
+                    },
+                    device,
+                    repeat,
+                    clock,
+                )
+            print(
+                f'| {B}·{C}·{C_out}·{H}² | {B * H * H} | {ms["onednn"]:.3f} '
+                f'| {ms["matmul"]:.3f} | {ms["conv1x1"]:.3f} '
+                f'| {ms["matmul"] / ms["onednn"]:.2f} '
+                f'| {ms["conv1x1"] / ms["onednn"]:.2f} |',
+                flush=True,
+            )
 
 
 def conv1x1_paths(device, dtype, repeat, clock):
@@ -698,6 +745,12 @@ def main():
         'matmul and its conv1x1 (oneDNN where MMEVO_CONV1X1 takes it)',
     )
     parser.add_argument(
+        '--conv1x1-inference',
+        action='store_true',
+        help='a 1x1 conv, the forward without gradients at B1 and B4: '
+        "oneDNN, mmevo's matmul and its conv1x1",
+    )
+    parser.add_argument(
         '--acmix-conv',
         action='store_true',
         help="ACmix's grouped conv path, forward and forward + backward: "
@@ -736,6 +789,10 @@ def main():
         'conv1x1': (
             conv1x1_paths,
             f'fwd+bwd median of {args.repeat} ({clock_name} time), B4',
+        ),
+        'conv1x1_inference': (
+            conv1x1_inference_paths,
+            f'forward median of {args.repeat} ({clock_name} time)',
         ),
         'attention': (attention_layers, train),
         'acmix_conv': (
