@@ -392,11 +392,12 @@ def _conv1x1_setting() -> str:
 # In inference oneDNN re-lays out the weight on every call, which the
 # matmul does not need. With ``MMEVO_CONV1X1`` 'auto' a 1x1 convolution
 # with nothing to differentiate takes the matmul below this many
-# multiply-adds (B * H * W * C_in * C_out: RedNet-50's generation convs at
-# B1, 0.60-0.93x of oneDNN's time) or with fewer input channels than this
-# (64 -> 256 at 56², 0.35-0.51x), on AMD EPYC (``benchmark_ops.py
-# --conv1x1-inference``). RedNet-50 at B1: 0.86x of its time with one
-# thread, 0.92x with two (``docs/benchmarks.md``).
+# multiply-adds (B * H * W * C_in * C_out) or with fewer input channels
+# than this: in RedNet-50's B1 forward on AMD EPYC its generation convs at
+# 14² and 7² take 0.37-0.77x oneDNN's time, its 64 -> 256 convs at 56²
+# 0.72-0.82x with two threads and as long with one; the wide convs stay on
+# oneDNN, the faster with one thread (``benchmark_ops.py
+# --conv1x1-inference``, ``docs/benchmarks.md``).
 INFERENCE_ONEDNN_MIN_FMAS = 2**24
 INFERENCE_ONEDNN_MIN_IN_CHANNELS = 128
 

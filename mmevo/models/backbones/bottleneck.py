@@ -147,15 +147,17 @@ class MiddleLayerBottleneck(Bottleneck):
         return conv(x)
 
     def _downsample_cpu(self, x):
-        """``downsample(x)``, a (strided 1x1 conv, norm) shortcut run on
-        ``x[::s, ::s]`` (:func:`conv1x1`): oneDNN's CPU backward of a
-        strided 1x1 conv first copies its whole input (~2x slower)."""
+        """``downsample(x)``, a (1x1 conv, norm) shortcut on :func:`conv1x1`
+        and :func:`batch_norm` as the block's own; a strided conv run on
+        ``x[::s, ::s]``: oneDNN's CPU backward of a strided 1x1 conv first
+        copies its whole input (~2x slower)."""
         downsample = self.downsample
         if isinstance(downsample, nn.Sequential) and len(downsample) == 2:
             conv, norm = downsample
-            if is_plain_conv1x1(conv) and conv.stride != (1, 1):
+            if is_plain_conv1x1(conv):
                 sh, sw = conv.stride
-                x = x[:, :, ::sh, ::sw]
+                if (sh, sw) != (1, 1):
+                    x = x[:, :, ::sh, ::sw]
                 return batch_norm(
                     conv1x1(x, conv.weight, conv.bias), norm, inplace=True
                 )
