@@ -7,17 +7,25 @@ import sys
 from tool_utils import load_tool
 
 
-def test_inference_rows(monkeypatch, capsys):
+def _rows(monkeypatch, capsys, flag, pattern, **tables):
+    """The tool and the matches of ``pattern`` in what
+    ``benchmark_ops.py flag --repeat 1`` prints, its lists ``tables``
+    replaced."""
     tool = load_tool('analysis/benchmark_ops')
-    monkeypatch.setattr(
-        sys, 'argv', ['benchmark_ops', '--inference', '--repeat', '1']
-    )
+    for name, value in tables.items():
+        monkeypatch.setattr(tool, name, value)
+    monkeypatch.setattr(sys, 'argv', ['benchmark_ops', flag, '--repeat', '1'])
     tool.main()
-    rows = re.findall(
+    return tool, re.findall(pattern, capsys.readouterr().out, re.M)
+
+
+def test_inference_rows(monkeypatch, capsys):
+    tool, rows = _rows(
+        monkeypatch,
+        capsys,
+        '--inference',
         r'^\| (\d+)·(\d+)·(\d+)²·(\d+)·(\d+) \| ([\d.]+) \| ([\d.]+) \| '
         r'([\d.]+) \|$',
-        capsys.readouterr().out,
-        re.M,
     )
     assert [tuple(int(v) for v in r[:5]) for r in rows] == [
         (B, C, H, tool.K, G) for B, C, H, G in tool.INFERENCE_SHAPES
@@ -136,17 +144,13 @@ def test_avg_pool_rows(monkeypatch, capsys):
 def test_conv1x1_inference_rows(monkeypatch, capsys):
     """--conv1x1-inference at two small shapes: a row per shape and batch
     (1 and 4) with its pixel count, each ratio that of its times."""
-    tool = load_tool('analysis/benchmark_ops')
-    monkeypatch.setattr(tool, 'CONV1X1_SHAPES', [(64, 96, 5), (128, 64, 3)])
-    monkeypatch.setattr(
-        sys, 'argv', ['benchmark_ops', '--conv1x1-inference', '--repeat', '1']
-    )
-    tool.main()
-    rows = re.findall(
+    _, rows = _rows(
+        monkeypatch,
+        capsys,
+        '--conv1x1-inference',
         r'^\| (\d+)·(\d+)·(\d+)·(\d+)² \| (\d+) \| ([\d.]+) \| ([\d.]+) \| '
         r'([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$',
-        capsys.readouterr().out,
-        re.M,
+        CONV1X1_SHAPES=[(64, 96, 5), (128, 64, 3)],
     )
     assert [tuple(int(v) for v in r[:5]) for r in rows] == [
         (B, C, C_out, H, B * H * H)
