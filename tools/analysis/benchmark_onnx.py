@@ -15,6 +15,11 @@ OMP_NUM_THREADS). Ratios: each runtime to PyTorch eager of the same model,
 and each model to ResNet-50 on the same runtime; the largest difference to
 eager of each export, relative to the output's largest value.
 
+``torch-onednn`` is PyTorch eager with ``MMEVO_CONV1X1=onednn``: every
+float32 1x1 convolution of 64 channels or more on oneDNN, where by default
+(on AMD CPUs) inference takes the matmul for the small ones
+(``mmevo.layers.fastpath.takes_onednn_conv1x1``).
+
 ``--cpp-runner`` (deploy/cpp's ``aoti_runner``) also times the ``aoti``
 and ``aoti-inline`` packages in C++ without Python (``aoti C++``: the
 runner loads mmevo's op library, ``mmevo/_ext*.so``), in a process of its
@@ -22,11 +27,6 @@ own after the rounds (median of ``--iters`` runs after one).
 
 Models: ``resnet50`` (mmdet's ResNet) and ``rednet50`` backbones at B1
 ``--size``^2, and ``demo``, the demo RetinaNet's tensor outputs at 128^2.
-``torch-onednn`` is PyTorch eager with ``MMEVO_CONV1X1=onednn``: every
-float32 1x1 convolution of 64 channels or more on oneDNN, where by default
-(on AMD CPUs) inference takes the matmul for the small ones
-(``mmevo.layers.fastpath.takes_onednn_conv1x1``).
-
 ``rednet50-windowless`` (onnxruntime only, not a model to deploy: its
 outputs are wrong) is RedNet-50 exported with each involution's window sum
 replaced by one pointwise product, the input times the kernel's centre tap:
