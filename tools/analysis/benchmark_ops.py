@@ -52,8 +52,10 @@ the bottlenecks' fast path takes (in float32 oneDNN from 64 channels where
 
 ``--conv1x1-inference`` times the forward alone of those 1x1 convolutions,
 without gradients, at batch 1 and 4: oneDNN's (``_onednn_conv1x1``),
-mmevo's matmul and ``conv1x1``, which takes the matmul on maps of up to
-``INFERENCE_MATMUL_PIXELS`` pixels (all images together) in inference.
+mmevo's matmul and ``conv1x1``, which in inference takes the matmul
+below ``INFERENCE_ONEDNN_MIN_FMAS`` multiply-adds or
+``INFERENCE_ONEDNN_MIN_IN_CHANNELS`` input channels
+(``mmevo.layers.fastpath``).
 
 ``--acmix-conv`` times ACmix's conv path, the grouped 3x3 convolution of
 its channels-last q/k/v buffer (head_dim groups of 12 -> 4 channels), at
@@ -298,8 +300,8 @@ def conv1x1_inference_paths(device, dtype, repeat, clock):
     """The forward alone of a 1x1 convolution, without gradients, at
     :data:`CONV1X1_SHAPES` at batch 1 and 4: oneDNN's convolution (which
     re-lays out the weight on every call), mmevo's matmul and ``conv1x1``
-    (the matmul up to ``INFERENCE_MATMUL_PIXELS`` pixels, oneDNN above where
-    ``MMEVO_CONV1X1`` takes it)."""
+    (the matmul for the small convs and those of few input channels, oneDNN
+    for the others where ``MMEVO_CONV1X1`` takes it)."""
     from mmevo.layers import fastpath
 
     paths = {
