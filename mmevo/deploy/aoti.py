@@ -100,7 +100,7 @@ def export_program(
     return program
 
 
-def export_aoti(model, x, path, dynamic=True, inline_ops=False):
+def export_aoti(model, x, path, dynamic=True, inline_ops=False, prepack=False):
     """Compile ``model`` into an AOTInductor package at ``path``, its
     weights frozen (constants of the program, batch norms folded).
 
@@ -116,6 +116,9 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
             Default: True.
         inline_ops (bool): the evolution ops as standard operators, for a
             runtime without mmevo's op library. Default: False.
+        prepack (bool): with ``dynamic``, the convolution weights laid out
+            for ``x``'s size on this process's thread count (see
+            :func:`compile_program`). Default: False.
 
     Returns:
         str: ``path``.
@@ -128,23 +131,27 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False):
         >>> outputs = AotiModel('rednet.pt2')(torch.randn(1, 3, 160, 192))
     """
     program = export_program(model, x, dynamic, inline_ops)
-    return compile_program(program, path)
+    return compile_program(program, path, prepack=prepack)
 
 
 class PrepackConvWeights(CustomGraphPass):
     """An Inductor graph pass: the frozen weight of every oneDNN convolution
     of a CPU graph with dynamic H and W, reordered once at compile time into
-    the layout oneDNN picks for the example input size.
+    the layout oneDNN picks for the example input size and this process's
+    thread count: ``compile_program(..., prepack=True)`` (opt-in).
 
     Inductor's freezing prepacks convolution weights only for static input
-    sizes. With dynamic ones it leaves them plain, and oneDNN reorders each
-    weight on every call: 24% of a dynamic RedNet-50 package's time at 224^2
-    (docs/deployment.md, Speed). The prepacked weight is correct at every
-    size: where oneDNN picks another layout for a size, it reorders that
-    weight as it did before. Passed to the compile as Inductor's
-    ``post_grad_custom_pre_pass`` (before the convolutions' fusions with
-    their pointwise ops); :func:`compile_program` uses it for CPU packages
-    unless ``prepack=False``.
+    sizes; a dynamic package keeps them plain, and oneDNN reorders each one
+    into its layout on every call (a fast copy: RedNet-50 at 224^2 with two
+    threads, 47 against 41 ms prepacked). But oneDNN's layout of a weight
+    changes with the input size and the thread count (in RedNet-50, 56 of
+    its 72 convolutions between 0.5x and 2x of 224^2 at 1, 2, 4 or 8
+    threads), and from a prepacked layout to another oneDNN reorders on a
+    slow generic path: the prepacked RedNet-50 package took 220-250 ms at
+    160 x 192 and 256^2, against 39 and 72 ms plain (docs/deployment.md,
+    Speed). The numbers are right at every size either way. Passed to the
+    compile as Inductor's ``post_grad_custom_pre_pass`` (before the
+    convolutions' fusions with their pointwise ops).
     """
 
     def __call__(self, graph):
@@ -184,11 +191,10 @@ class PrepackConvWeights(CustomGraphPass):
         return get_hash_for_files((__file__,))
 
 
-def compile_program(program, path, freeze=True, prepack=True):
+def compile_program(program, path, freeze=True, prepack=False):
     """AOTInductor's package of ``program`` at ``path``, its weights
     frozen (``torch._inductor.config.freezing``: constants of the
-    program, batch norms folded into the convolutions, oneDNN's weights
-    prepacked, with dynamic sizes too: :class:`PrepackConvWeights`).
+    program, batch norms folded into the convolutions).
 
     Freezes under :func:`freezing_keeps_shared_constants` (on torch 2.14,
     a two-stage detector's constants read by several nodes); where
@@ -198,14 +204,25 @@ def compile_program(program, path, freeze=True, prepack=True):
     size's bounds, the dtype, the device), which :class:`AotiModel` checks
     every input against.
 
+    oneDNN's convolution weights: with a static size, Inductor's freezing
+    lays them out at compile time for that size on this process's thread
+    count, so compile where the package will run with as many threads
+    (RedNet-50 at 224^2, compiled on two threads: 40 ms on two, 319 on one,
+    where oneDNN re-lays each weight on every call on a slow generic path;
+    the dynamic package, plain weights: 47 and 86 ms). With dynamic sizes
+    they stay plain, for every size and thread count alike, unless
+    ``prepack``.
+
     Args:
         program (torch.export.ExportedProgram): e.g. of
             :func:`export_program`.
         path (str): the ``.pt2`` file to write.
         freeze (bool): freeze the weights. Default: True.
-        prepack (bool): with ``freeze``, prepack the convolution weights
-            of a dynamic-size graph too (:class:`PrepackConvWeights`).
-            Default: True.
+        prepack (bool): with ``freeze`` and dynamic sizes, the weights laid
+            out at compile time for the example's size on this process's
+            thread count too (:class:`PrepackConvWeights`): 0.87x of the
+            plain weights' time there, 3-6x at other sizes or thread
+            counts. Default: False.
 
     Returns:
         str: ``path``.

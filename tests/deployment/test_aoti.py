@@ -239,8 +239,10 @@ def test_layers_package_dynamic(tmp_path):
 
 class _ConvNet(torch.nn.Module):
     """Convolutions of every kind a package fuses: with batch norm and
-    ReLU, strided, depthwise, dilated, a residual add, and an involution's
-    1x1 reduce and span convolutions."""
+    ReLU, strided, depthwise, dilated, a residual add, an involution's
+    1x1 reduce and span convolutions, and wide 1x1 ones (16 -> 256 -> 64),
+    whose oneDNN weight layout changes with the map's size (on an AVX2
+    host at one thread: between 16 x 20 and 4 x 5)."""
 
     def __init__(self):
         super().__init__()
@@ -255,6 +257,8 @@ class _ConvNet(torch.nn.Module):
         self.dw = conv_bn(16, 16, 3, groups=16)
         self.dilated = torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2)
         self.inv = Involution(16, 3, group_channels=8)
+        self.wide = torch.nn.Conv2d(16, 256, 1)
+        self.narrow = torch.nn.Conv2d(256, 64, 1)
         for m in self.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.running_mean.uniform_(-1, 1)
@@ -263,52 +267,85 @@ class _ConvNet(torch.nn.Module):
     def forward(self, x):
         x = self.stem(x).relu()
         x = (self.dw(x) + x).relu()
-        return self.inv(self.dilated(x)).relu()
+        x = self.inv(self.dilated(x)).relu()
+        return self.narrow(self.wide(x).relu())
 
 
-def _weight_reorders(path, size):
-    """oneDNN's reorders in the second call of the package at ``path``
-    (``ONEDNN_VERBOSE``, read at oneDNN's start: a process of its own)."""
+def _weight_reorders(path, sizes, threads=1):
+    """``{size: [source layout, ...]}``: oneDNN's reorders in the second
+    call of the package at ``path`` at each size, on ``threads`` threads
+    (``ONEDNN_VERBOSE``, read at oneDNN's start: a process of its own), by
+    the layout each reorders from (``abcd``: a plain tensor; ``Acdb16a``: a
+    blocked, prepacked one)."""
     script = (
         'import sys, torch, mmevo.deploy\n'
         'm = mmevo.deploy.AotiModel(sys.argv[1])\n'
-        'x = torch.randn(1, 3, *map(int, sys.argv[2:]))\n'
-        'm(x)\n'
+        'for hw in sys.argv[2:]:\n'
+        '    x = torch.randn(1, 3, *map(int, hw.split("x")))\n'
+        '    m(x)\n'
+        '    print("SECOND", hw, flush=True)\n'
+        '    m(x)\n'
         'print("SECOND", flush=True)\n'
-        'm(x)\n'
     )
     out = subprocess.run(
-        [sys.executable, '-c', script, path, *map(str, size)],
+        [sys.executable, '-c', script, path] + [f'{h}x{w}' for h, w in sizes],
         capture_output=True,
         text=True,
-        env={**os.environ, 'ONEDNN_VERBOSE': '1'},
+        env={
+            **os.environ,
+            'ONEDNN_VERBOSE': '1',
+            'OMP_NUM_THREADS': str(threads),
+        },
         check=True,
     ).stdout
-    second = out.split('SECOND', 1)[1].splitlines()
-    execs = [line for line in second if ',primitive,exec,' in line]
-    assert any(',convolution,' in line for line in execs), out[-2000:]
-    return sum(',reorder,' in line for line in execs)
+    calls = out.split('SECOND')[1:-1]
+    assert len(calls) == len(sizes), out[-2000:]
+    reorders = {}
+    for size, call in zip(sizes, calls, strict=True):
+        execs = [
+            line for line in call.splitlines() if ',primitive,exec,' in line
+        ]
+        assert any(',convolution,' in line for line in execs), out[-2000:]
+        # "...,reorder,...,src:f32::blocked:abcd::f0 dst:...": the src tag
+        reorders[size] = [
+            line.split('src:')[1].split()[0].split(':')[3]
+            for line in execs
+            if ',reorder,' in line
+        ]
+    return reorders
 
 
 @pytest.mark.slow
-def test_prepacked_conv_weights_dynamic(tmp_path):
-    """A dynamic package's convolutions take weights prepacked at compile
-    time (without, oneDNN reorders every weight on every call), and the
-    package equals PyTorch at the example size and at others."""
+def test_conv_weight_layouts(tmp_path):
+    """A dynamic package keeps its convolution weights plain by default, so
+    that at every size oneDNN reorders from the plain layout only (from a
+    layout prepacked for another size it takes a slow generic path: 3-6x
+    the time of a RedNet-50 package); with ``prepack=True`` they are laid
+    out at compile time (no reorder at the example's size). Both equal
+    PyTorch at every size.
+
+    Slow: two compiles of a small net (about 20 s each) and one process
+    per package reading oneDNN's log."""
     torch.manual_seed(0)
     model = flat(_ConvNet())
-    program = export_program(model, torch.randn(1, 3, 32, 40))
+    example = (32, 40)
+    sizes = [example, (33, 27), (64, 64), (7, 9)]
+    program = export_program(model, torch.randn(1, 3, *example))
     paths = {}
-    for prepack in (True, False):
+    for prepack in (False, True):
         paths[prepack] = str(tmp_path / f'convs-{prepack}.pt2')
         compile_program(program, paths[prepack], prepack=prepack)
-    assert _weight_reorders(paths[False], (32, 40)) >= 5
-    assert _weight_reorders(paths[True], (32, 40)) == 0
-    package = AotiModel(paths[True])
-    for hw in [(32, 40), (33, 27), (64, 64), (7, 9)]:
-        x = torch.randn(1, 3, *hw)
-        with torch.no_grad():
-            assert_close(package(x), model(x))
+    plain = _weight_reorders(paths[False], sizes)
+    assert len(plain[example]) >= 7, plain
+    for sources in plain.values():
+        assert all(s.isalpha() and s.islower() for s in sources), plain
+    assert _weight_reorders(paths[True], [example]) == {example: []}
+    for path in paths.values():
+        package = AotiModel(path)
+        for hw in sizes:
+            x = torch.randn(1, 3, *hw)
+            with torch.no_grad():
+                assert_close(package(x), model(x))
 
 
 def _reads_a_constant_twice():

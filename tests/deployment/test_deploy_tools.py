@@ -211,6 +211,22 @@ def test_aoti_input_too_small_is_one_line(setup, capsys):
     assert not out.exists()
 
 
+def test_aoti_prepack_without_dynamic_is_one_line(setup, capsys):
+    """--prepack lays out a dynamic package's weights; a static package's
+    always are, so asking for it there is refused before any export."""
+    tmp, cfg, ckpt, _ = setup
+    out = tmp / 'static.pt2'
+    with pytest.raises(SystemExit) as info:
+        load_tool('deployment/pytorch2aoti').main(
+            [cfg, ckpt, '--out', str(out), '--prepack']
+        )
+    assert info.value.code != 0
+    err = capsys.readouterr().err
+    assert err.startswith('error: --prepack applies to --dynamic packages')
+    assert err.count('\n') == 1
+    assert not out.exists()
+
+
 def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
     tmp, cfg, ckpt, _ = setup
     state = torch.load(ckpt)['state_dict']

@@ -4,6 +4,8 @@ default and with ``MMEVO_CONV1X1=onednn`` in the same rounds."""
 import os
 import re
 
+import pytest
+
 from tool_utils import load_tool
 
 
@@ -47,3 +49,78 @@ def test_torch_onednn_runtime(monkeypatch, capsys):
         r'rednet50 torch-onednn vs eager: max relative difference (\S+)', out
     )
     assert float(err[1]) < 1e-5
+
+
+def test_run_size_times_the_dynamic_exports_at_another_size(
+    monkeypatch, capsys
+):
+    """``--run-size`` and ``--run-threads`` time (and check) every runtime
+    at that size and thread count, the exports made at ``--size`` on the
+    threads before; the AOTInductor runtimes compile with the weights
+    plain (``aoti``) or laid out for ``--size`` (``aoti-prepacked``)."""
+    tool = load_tool('analysis/benchmark_onnx')
+    compiled = {}
+
+    def export_aoti(model, x, path, dynamic, inline_ops, prepack):
+        compiled[os.path.basename(path)] = (tuple(x.shape), dynamic, prepack)
+        assert tool.torch.get_num_threads() == threads
+        return path
+
+    def package(path):
+        def run(x):
+            calls.append((tuple(x.shape), tool.torch.get_num_threads()))
+            return (x.sum(),)
+
+        return run
+
+    calls = []
+    monkeypatch.setattr(tool, 'export_aoti', export_aoti)
+    monkeypatch.setattr(tool, 'AotiModel', package)
+    monkeypatch.setattr(
+        tool, 'max_difference', lambda outputs, expected: (0.0, None)
+    )
+    threads = tool.torch.get_num_threads()
+    try:
+        med = tool.main(
+            [
+                '--models',
+                'rednet50',
+                '--runtimes',
+                'aoti',
+                'aoti-prepacked',
+                '--size',
+                '64',
+                '--run-size',
+                '48',
+                '40',
+                '--run-threads',
+                str(threads + 1),
+                '--warmup',
+                '0',
+                '--iters',
+                '1',
+            ]
+        )
+    finally:
+        tool.torch.set_num_threads(threads)
+    assert compiled == {
+        'rednet50-aoti.pt2': ((1, 3, 64, 64), True, False),
+        'rednet50-aoti-prepacked.pt2': ((1, 3, 64, 64), True, True),
+    }
+    assert {shape for shape, _ in calls} == {(1, 3, 48, 40)}
+    # the timed rounds: two calls of each runtime, the second timed
+    assert [n for _, n in calls[-4:]] == [threads + 1] * 4
+    assert set(med) == {('rednet50', 'aoti'), ('rednet50', 'aoti-prepacked')}
+    assert f'threads {threads + 1}, input 48 x 40' in capsys.readouterr().out
+
+
+def test_run_size_and_prepacked_need_dynamic_exports(capsys):
+    tool = load_tool('analysis/benchmark_onnx')
+    for extra in (
+        ['--run-size', '48', '40'],
+        ['--runtimes', 'aoti-prepacked'],
+    ):
+        with pytest.raises(SystemExit) as info:
+            tool.main(['--models', 'rednet50', '--static', *extra])
+        assert info.value.code == 2
+        assert 'without --static' in capsys.readouterr().err

@@ -6,12 +6,16 @@ size only with ``--static``): to ONNX with
 plain ``torch.onnx.export`` (:func:`mmevo.deploy.export_onnx`) and, with
 ``--runtimes ... aoti``, to an AOTInductor package
 (:func:`mmevo.deploy.export_aoti`, weights frozen, mmevo's kernels;
-``aoti-inline``: the ops inlined as standard operators). Then timed: a
+``aoti-inline``: the ops inlined as standard operators;
+``aoti-prepacked``: oneDNN's weights laid out at compile time for
+``--size`` and this process's thread count). Then timed, at ``--size``
+or, with ``--run-size``, at another size of the dynamic exports: a
 round runs every runtime of every model in turn, so a load change on a
 shared machine hits all alike, each timed on its second call (the threads
 of the runtime before have stopped spinning); median over ``--iters``
 rounds after ``--warmup``. All use ``torch.get_num_threads()`` threads (set
-OMP_NUM_THREADS). Ratios: each runtime to PyTorch eager of the same model,
+OMP_NUM_THREADS; ``--run-threads`` sets another count for the timed runs
+than the exports had). Ratios: each runtime to PyTorch eager of the same model,
 and each model to ResNet-50 on the same runtime; the largest difference to
 eager of each export, relative to the output's largest value.
 
@@ -20,8 +24,8 @@ float32 1x1 convolution of 64 channels or more on oneDNN, where by default
 (on AMD CPUs) inference takes the matmul for the small ones
 (``mmevo.layers.fastpath.takes_onednn_conv1x1``).
 
-``--cpp-runner`` (deploy/cpp's ``aoti_runner``) also times the ``aoti``
-and ``aoti-inline`` packages in C++ without Python (``aoti C++``: the
+``--cpp-runner`` (deploy/cpp's ``aoti_runner``) also times the
+packages in C++ without Python (``aoti C++``: the
 runner loads mmevo's op library, ``mmevo/_ext*.so``), in a process of its
 own after the rounds (median of ``--iters`` runs after one).
 
@@ -69,7 +73,14 @@ DEMO = osp.join(
     'demo',
     'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py',
 )
-RUNTIMES = ('torch', 'torch-onednn', 'onnxruntime', 'aoti', 'aoti-inline')
+RUNTIMES = (
+    'torch',
+    'torch-onednn',
+    'onnxruntime',
+    'aoti',
+    'aoti-prepacked',
+    'aoti-inline',
+)
 
 
 def build(name, size):
@@ -144,7 +155,7 @@ def _exports(name, model, x, runtimes, tmp, exporter, dynamic):
                     return model(x)
 
         runs['torch-onednn'] = eager_onednn
-    for runtime in ('aoti', 'aoti-inline'):
+    for runtime in ('aoti', 'aoti-prepacked', 'aoti-inline'):
         if runtime in runtimes:
             path = osp.join(tmp, f'{name}-{runtime}.pt2')
             export_aoti(
@@ -153,6 +164,7 @@ def _exports(name, model, x, runtimes, tmp, exporter, dynamic):
                 path,
                 dynamic=dynamic,
                 inline_ops=runtime == 'aoti-inline',
+                prepack=runtime == 'aoti-prepacked',
             )
             runs[runtime] = AotiModel(path)
             packages[runtime] = path
@@ -194,6 +206,20 @@ def main(argv=None):
         default=['torch', 'onnxruntime'],
     )
     parser.add_argument('--size', type=int_in_range(1, MAX_SIDE), default=224)
+    parser.add_argument(
+        '--run-size',
+        type=int_in_range(1, MAX_SIDE),
+        nargs=2,
+        metavar=('H', 'W'),
+        help="the input size timed (default: the export's, --size^2; the "
+        'demo 128^2)',
+    )
+    parser.add_argument(
+        '--run-threads',
+        type=int_in_range(1),
+        help='the threads of the timed runs, set after the exports '
+        '(default: as many as the exports had)',
+    )
     parser.add_argument('--warmup', type=int_in_range(0), default=3)
     parser.add_argument('--iters', type=int_in_range(1), default=10)
     parser.add_argument(
@@ -211,26 +237,35 @@ def main(argv=None):
         'packages in C++',
     )
     args = parser.parse_args(argv)
+    if args.static and args.run_size:
+        parser.error('--run-size needs dynamic exports (without --static)')
+    if 'aoti-prepacked' in args.runtimes and args.static:
+        parser.error('aoti-prepacked is a dynamic package (without --static)')
     torch.manual_seed(0)
     runs, inputs, packages, errs = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            model, x = build(name, args.size)
+            model, example = build(name, args.size)
             runs[name], packages[name] = _exports(
                 name,
                 model,
-                x,
+                example,
                 args.runtimes,
                 tmp,
                 args.exporter,
                 not args.static,
             )
+            x = example
+            if args.run_size:
+                x = torch.randn(*example.shape[:2], *args.run_size)
             inputs[name] = x
             if not name.endswith('-windowless'):
                 with torch.no_grad():
                     expected = model(x)
                 for runtime, run in runs[name].items():
                     errs[(name, runtime)] = max_difference(run(x), expected)[0]
+        if args.run_threads:
+            torch.set_num_threads(args.run_threads)
         times = {(n, r): [] for n in runs for r in runs[n]}
         for it in range(args.warmup + args.iters):
             for (name, runtime), samples in times.items():
@@ -264,10 +299,16 @@ def _print(med, errs, args):
     runtimes = [r for r in RUNTIMES if r in args.runtimes]
     if args.cpp_runner:
         runtimes += [
-            f'{r} C++' for r in ('aoti', 'aoti-inline') if r in runtimes
+            f'{r} C++'
+            for r in ('aoti', 'aoti-prepacked', 'aoti-inline')
+            if r in runtimes
         ]
     models = list(dict.fromkeys(n for n, _ in med))
-    print(f'threads {torch.get_num_threads()}, median of {args.iters}, ms')
+    size = ' x '.join(map(str, args.run_size or [args.size] * 2))
+    print(
+        f'threads {torch.get_num_threads()}, input {size}, median of '
+        f'{args.iters}, ms'
+    )
     print(f'| model | {" | ".join(runtimes)} |')
     print(f'|---|{"---|" * len(runtimes)}')
     for name in models:

@@ -55,6 +55,15 @@ def parse_args(argv=None):
         help="mmevo's ops as standard operators: for a runtime without "
         "mmevo's op library (slower)",
     )
+    parser.add_argument(
+        '--prepack',
+        action='store_true',
+        help="with --dynamic: oneDNN's convolution weights laid out at "
+        "compile time for the --shape and this process's thread count, "
+        'faster there, 3-6x slower at other sizes or thread counts (a '
+        'static package is always laid out so: compile it with the '
+        'thread count it will run with)',
+    )
     return parser.parse_args(argv)
 
 
@@ -68,6 +77,12 @@ def summary(error, limit=300):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.prepack and not args.dynamic:
+        apis.fail(
+            '--prepack applies to --dynamic packages: a static package '
+            'always has its weights laid out for its size and this '
+            "process's thread count"
+        )
     if args.device == 'cuda' and not torch.cuda.is_available():
         apis.fail('--device cuda: no CUDA device is available')
     fixes.safe_globals.install()  # mmengine's own checkpoints load
@@ -102,7 +117,7 @@ def main(argv=None):
         )
     # the package appears under --out only once it passed the checks
     with atomic_output(args.out, suffix='.pt2') as tmp:
-        compile_program(program, tmp)
+        compile_program(program, tmp, prepack=args.prepack)
         package = AotiModel(tmp, name=f"the package for '{args.out}'")
         report_parity(
             model, package, inputs, kind, 'AOTInductor', args.dynamic
