@@ -143,14 +143,13 @@ class PrepackConvWeights(CustomGraphPass):
     Inductor's freezing prepacks convolution weights only for static input
     sizes; a dynamic package keeps them plain, and oneDNN reorders each one
     into its layout on every call (a fast copy: RedNet-50 at 224^2 with two
-    threads, 47 against 41 ms prepacked). But oneDNN's layout of a weight
-    changes with the input size and the thread count (in RedNet-50, 56 of
-    its 72 convolutions between 0.5x and 2x of 224^2 at 1, 2, 4 or 8
-    threads), and from a prepacked layout to another oneDNN reorders on a
-    slow generic path: the prepacked RedNet-50 package took 220-250 ms at
-    160 x 192 and 256^2, against 39 and 72 ms plain (docs/deployment.md,
-    Speed). The numbers are right at every size either way. Passed to the
-    compile as Inductor's ``post_grad_custom_pre_pass`` (before the
+    threads, 50 against 44 ms prepacked). But oneDNN's layout of a weight
+    changes with the input size and the thread count, and from a prepacked
+    layout to another oneDNN reorders on a slow generic path: the
+    prepacked RedNet-50 package took 217 and 257 ms at 256^2 and
+    160 x 192, against 70 and 42 ms plain (docs/deployment.md, Weight
+    layouts). The numbers are right at every size either way. Passed to
+    the compile as Inductor's ``post_grad_custom_pre_pass`` (before the
     convolutions' fusions with their pointwise ops).
     """
 
@@ -206,12 +205,10 @@ def compile_program(program, path, freeze=True, prepack=False):
 
     oneDNN's convolution weights: with a static size, Inductor's freezing
     lays them out at compile time for that size on this process's thread
-    count, so compile where the package will run with as many threads
-    (RedNet-50 at 224^2, compiled on two threads: 40 ms on two, 319 on one,
-    where oneDNN re-lays each weight on every call on a slow generic path;
-    the dynamic package, plain weights: 47 and 86 ms). With dynamic sizes
-    they stay plain, for every size and thread count alike, unless
-    ``prepack``.
+    count, so compile it with the threads it will run with (on others
+    oneDNN re-lays each weight on every call on a slow generic path,
+    docs/deployment.md, Weight layouts). With dynamic sizes they stay
+    plain, for every size and thread count alike, unless ``prepack``.
 
     Args:
         program (torch.export.ExportedProgram): e.g. of
@@ -220,8 +217,8 @@ def compile_program(program, path, freeze=True, prepack=False):
         freeze (bool): freeze the weights. Default: True.
         prepack (bool): with ``freeze`` and dynamic sizes, the weights laid
             out at compile time for the example's size on this process's
-            thread count too (:class:`PrepackConvWeights`): 0.87x of the
-            plain weights' time there, 3-6x at other sizes or thread
+            thread count too (:class:`PrepackConvWeights`): 0.82-0.87x of
+            the plain weights' time there, 3-10x at other sizes or thread
             counts. Default: False.
 
     Returns:

@@ -319,10 +319,10 @@ def _weight_reorders(path, sizes, threads=1):
 def test_conv_weight_layouts(tmp_path):
     """A dynamic package keeps its convolution weights plain by default, so
     that at every size oneDNN reorders from the plain layout only (from a
-    layout prepacked for another size it takes a slow generic path: 3-6x
-    the time of a RedNet-50 package); with ``prepack=True`` they are laid
-    out at compile time (no reorder at the example's size). Both equal
-    PyTorch at every size.
+    layout prepacked for another size it takes a slow generic path: a
+    ResNet-50 or RedNet-50 package 3-10x the plain one's time); with
+    ``prepack=True`` they are laid out at compile time (no reorder at the
+    example's size). Both equal PyTorch at every size.
 
     Slow: two compiles of a small net (about 20 s each) and one process
     per package reading oneDNN's log."""

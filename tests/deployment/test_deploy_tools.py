@@ -374,7 +374,7 @@ def test_two_stage_export_then_evaluate_matches_pytorch(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always')
             load_tool('deployment/pytorch2aoti').main([*args, '--dynamic'])
-        # frozen (batch norms folded, weights prepacked), not the fallback:
+        # frozen (batch norms folded), not the fallback:
         # its anchor constants are read by several nodes of the graph
         assert not [w for w in caught if 'freezing failed' in str(w.message)]
         # 2.5x the example: the RPN keeps nms_pre of a level that has more

@@ -60,7 +60,7 @@ def parse_args(argv=None):
         action='store_true',
         help="with --dynamic: oneDNN's convolution weights laid out at "
         "compile time for the --shape and this process's thread count, "
-        'faster there, 3-6x slower at other sizes or thread counts (a '
+        'faster there, 3-10x slower at other sizes or thread counts (a '
         'static package is always laid out so: compile it with the '
         'thread count it will run with)',
     )
