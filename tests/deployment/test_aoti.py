@@ -283,9 +283,9 @@ def _weight_reorders(path, sizes, threads=1):
         'for hw in sys.argv[2:]:\n'
         '    x = torch.randn(1, 3, *map(int, hw.split("x")))\n'
         '    m(x)\n'
-        '    print("SECOND", hw, flush=True)\n'
+        '    print("SECOND", flush=True)\n'
         '    m(x)\n'
-        'print("SECOND", flush=True)\n'
+        '    print("END", flush=True)\n'
     )
     out = subprocess.run(
         [sys.executable, '-c', script, path] + [f'{h}x{w}' for h, w in sizes],
@@ -298,7 +298,7 @@ def _weight_reorders(path, sizes, threads=1):
         },
         check=True,
     ).stdout
-    calls = out.split('SECOND')[1:-1]
+    calls = [part.split('END', 1)[0] for part in out.split('SECOND')[1:]]
     assert len(calls) == len(sizes), out[-2000:]
     reorders = {}
     for size, call in zip(sizes, calls, strict=True):
