@@ -91,14 +91,6 @@ def _capturing() -> bool:
     )
 
 
-_GLOBAL_HOOKS = (
-    '_global_forward_pre_hooks',
-    '_global_forward_hooks',
-    '_global_backward_pre_hooks',
-    '_global_backward_hooks',
-)
-
-
 def has_hooks(module: nn.Module) -> bool:
     """Whether a forward or backward hook would see ``module``'s call or the
     call of one of its submodules.
@@ -121,7 +113,12 @@ def has_hooks(module: nn.Module) -> bool:
         True
     """
     state = nn.modules.module
-    if any(getattr(state, name) for name in _GLOBAL_HOOKS):
+    if (
+        state._global_forward_pre_hooks
+        or state._global_forward_hooks
+        or state._global_backward_pre_hooks
+        or state._global_backward_hooks
+    ):
         return True
     # A flat walk, 3x faster than ``modules()`` (no memo, no generators):
     # every fast-path module of a RedNet-50 walks its subtree per call, in
@@ -155,7 +152,7 @@ def takes_cpu_fastpath(module: nn.Module, x: torch.Tensor) -> bool:
     """
     return (
         module.use_cpu_fastpath
-        and x.device.type == 'cpu'
+        and x.is_cpu
         and not _capturing()
         and not has_hooks(module)
     )
@@ -373,10 +370,13 @@ def onednn_conv1x1_wins() -> bool:
     Returns:
         bool: oneDNN for the wide float32 1x1 convolutions.
     """
-    value = _conv1x1_setting()
-    if value == 'auto':
+    return _onednn_wins(_conv1x1_setting())
+
+
+def _onednn_wins(setting):
+    if setting == 'auto':
         return _cpu_vendor() == 'AuthenticAMD'
-    return value == 'onednn'
+    return setting == 'onednn'
 
 
 def _conv1x1_setting() -> str:
@@ -420,22 +420,30 @@ def takes_onednn_conv1x1(
     (nothing to differentiate) with ``MMEVO_CONV1X1`` 'auto', at least
     :data:`INFERENCE_ONEDNN_MIN_IN_CHANNELS` input channels and
     :data:`INFERENCE_ONEDNN_MIN_FMAS` multiply-adds as well."""
-    if not (
-        x.device.type == 'cpu'
+    return _onednn_route(x, weight, _differentiates(x, weight, bias))
+
+
+def _onednn_route(x, weight, differentiates):
+    """:func:`takes_onednn_conv1x1`, given whether the call differentiates:
+    the size test first, which settles most inference calls at once."""
+    setting = _conv1x1_setting()
+    if (
+        setting == 'auto'
+        and not differentiates
+        and (
+            x.shape[1] < INFERENCE_ONEDNN_MIN_IN_CHANNELS
+            or x.numel() * weight.shape[0] < INFERENCE_ONEDNN_MIN_FMAS
+        )
+    ):
+        return False
+    return (
+        x.is_cpu
         and x.dtype == weight.dtype == torch.float32
         and min(weight.shape[:2]) >= ONEDNN_MIN_CHANNELS
         and torch.backends.mkldnn.is_available()
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled('cpu')
-        and onednn_conv1x1_wins()
-    ):
-        return False
-    if _conv1x1_setting() != 'auto' or _differentiates(x, weight, bias):
-        return True
-    C_in = x.shape[1]
-    return (
-        C_in >= INFERENCE_ONEDNN_MIN_IN_CHANNELS
-        and x.numel() * weight.shape[0] >= INFERENCE_ONEDNN_MIN_FMAS
+        and _onednn_wins(setting)
     )
 
 
@@ -466,7 +474,7 @@ def conv1x1(
         True
     """
     differentiates = _differentiates(x, weight, bias)
-    if not takes_onednn_conv1x1(x, weight, bias):
+    if not _onednn_route(x, weight, differentiates):
         if differentiates:
             return pointwise(x, weight, bias)
         return _pointwise_forward(x, weight, bias)
@@ -628,29 +636,8 @@ def takes_batch_norm_kernel(x: torch.Tensor, norm: nn.Module) -> bool:
     plain ``nn.BatchNorm2d`` in training that tracks running statistics,
     an NCHW float32 or float64 CPU ``x`` of its dtype with more than one
     value per channel, autocast off, the C++ extension built."""
-    return (
-        _bn_kernel_reads(x, norm)
-        and norm.training
-        and norm.track_running_stats
-        and x.is_contiguous()
-        and x.numel() > x.shape[1]
-    )
-
-
-def _bn_kernel_reads(x, norm):
-    """What both BN kernels need: a plain ``nn.BatchNorm2d`` with running
-    statistics, a 4-d float32 / float64 CPU ``x`` of their dtype (and the
-    weight's), autocast off, the C++ extension built."""
-    return (
-        type(norm) is nn.BatchNorm2d
-        and norm.running_mean is not None
-        and x.device.type == 'cpu'
-        and x.dtype in (torch.float32, torch.float64)
-        and x.dtype == norm.running_mean.dtype
-        and (norm.weight is None or norm.weight.dtype == x.dtype)
-        and x.dim() == 4
-        and not torch.is_autocast_enabled('cpu')
-        and cpp_backend.available()
+    return type(norm) is nn.BatchNorm2d and _takes_bn_train(
+        x, norm, norm.running_mean, norm.weight
     )
 
 
@@ -663,14 +650,64 @@ def takes_batch_norm_eval_kernel(
     ``x`` of their dtype, nothing to differentiate (the kernel has no
     backward: grad mode off, or no input or parameter that requires grad),
     autocast off, the C++ extension built."""
+    return type(norm) is nn.BatchNorm2d and _takes_bn_eval(
+        x, norm, norm.running_mean, norm.weight, norm.bias, residual
+    )
+
+
+def _bn_tensors(norm):
+    """The weight, bias, running mean and variance of an ``nn.BatchNorm2d``
+    from its dicts: each attribute read of an ``nn.Module`` runs its
+    Python ``__getattr__``, ~1 us, and RedNet-50's inference forward runs
+    73 BNs here."""
+    try:
+        params, buffers = norm._parameters, norm._buffers
+        return (
+            params['weight'],
+            params['bias'],
+            buffers['running_mean'],
+            buffers['running_var'],
+        )
+    except KeyError:  # moved out of them (pruning, say)
+        return norm.weight, norm.bias, norm.running_mean, norm.running_var
+
+
+def _bn_kernel_reads(x, mean, weight):
+    """What both BN kernels need, for a plain ``nn.BatchNorm2d`` with
+    running mean ``mean`` and weight ``weight``: the running statistics,
+    a 4-d float32 / float64 CPU ``x`` of their dtype (and the weight's),
+    autocast off, the C++ extension built."""
     return (
-        _bn_kernel_reads(x, norm)
-        and not norm.training
+        mean is not None
+        and x.is_cpu
+        and x.dtype in (torch.float32, torch.float64)
+        and x.dtype == mean.dtype
+        and (weight is None or weight.dtype == x.dtype)
+        and x.dim() == 4
+        and not torch.is_autocast_enabled('cpu')
+        and cpp_backend.available()
+    )
+
+
+def _takes_bn_train(x, norm, mean, weight):
+    return (
+        norm.training
+        and norm.track_running_stats
+        and _bn_kernel_reads(x, mean, weight)
+        and x.is_contiguous()
+        and x.numel() > x.shape[1]
+    )
+
+
+def _takes_bn_eval(x, norm, mean, weight, bias, residual):
+    return (
+        not norm.training
+        and _bn_kernel_reads(x, mean, weight)
         and (
             x.is_contiguous()
             or x.is_contiguous(memory_format=torch.channels_last)
         )
-        and not _differentiates(x, norm.weight, norm.bias, residual)
+        and not _differentiates(x, weight, bias, residual)
     )
 
 
@@ -737,18 +774,36 @@ def batch_norm(
         ...     x, None, None, bn.weight, bn.bias, True) + r), atol=1e-5)
         True
     """
+    if type(norm) is not nn.BatchNorm2d:
+        return _add_act(norm(x), act, residual)
+    weight, bias, mean, var = _bn_tensors(norm)
+    if _takes_bn_eval(x, norm, mean, weight, bias, residual):
+        train = False
+    elif _takes_bn_train(x, norm, mean, weight):
+        train = True
+    else:
+        return _add_act(norm(x), act, residual)
     relu = type(act) is nn.ReLU
-    # The kernels read a residual in x's layout (the training one takes NCHW
-    # only); NCHW where x is both.
-    nchw = x.dim() != 4 or x.is_contiguous()
-    layout = torch.contiguous_format if nchw else torch.channels_last
-    fused = residual is None or (
-        residual.shape == x.shape
-        and residual.dtype == x.dtype
-        and residual.device == x.device
-        and residual.is_contiguous(memory_format=layout)
-    )
-    if takes_batch_norm_eval_kernel(x, norm, residual):
+    fused = residual is None
+    if not fused:
+        # The kernels read a residual in x's layout (the training one takes
+        # NCHW only); NCHW where x is both.
+        layout = (
+            torch.contiguous_format
+            if x.is_contiguous()
+            else torch.channels_last
+        )
+        fused = (
+            residual.shape == x.shape
+            and residual.dtype == x.dtype
+            and residual.device == x.device
+            and residual.is_contiguous(memory_format=layout)
+        )
+    if train:
+        y = _batch_norm_train_module(
+            x, norm, residual if fused else None, relu and fused
+        )
+    else:
         op = (
             torch.ops.mmevo.batch_norm_eval_
             if inplace
@@ -756,20 +811,14 @@ def batch_norm(
         )
         y = op(
             x,
-            norm.weight,
-            norm.bias,
-            norm.running_mean,
-            norm.running_var,
+            weight,
+            bias,
+            mean,
+            var,
             norm.eps,
             relu and fused,
             residual if fused else None,
         )
-    elif takes_batch_norm_kernel(x, norm):
-        y = _batch_norm_train_module(
-            x, norm, residual if fused else None, relu and fused
-        )
-    else:
-        return _add_act(norm(x), act, residual)
     if fused:
         return y if act is None or relu else act(y)
     return _add_act(y, act, residual)

@@ -528,6 +528,25 @@ def test_inference_steps_aside_where_the_kernel_cannot_take_it():
             assert not takes_batch_norm_eval_kernel(x, bn)
 
 
+def test_inference_reads_a_weight_moved_out_of_the_parameters():
+    """A pruned BN's weight is a plain attribute (the masked tensor), its
+    parameter ``weight_orig``: the kernel normalises by that weight, as
+    the module does, before and after ``prune.remove``."""
+    from torch.nn.utils import prune
+
+    x = torch.randn(2, 6, 5, 4, dtype=torch.float64)
+    bn = _bn(6).eval()
+    prune.l1_unstructured(bn, 'weight', amount=0.5)
+    assert 'weight' not in dict(bn.named_parameters())
+    with torch.no_grad():
+        assert takes_batch_norm_eval_kernel(x, bn)
+        want = bn(x)  # its pre-hook masks the weight again
+        assert (bn.weight == 0).sum() == 3
+        torch.testing.assert_close(batch_norm(x, bn), want, rtol=0, atol=1e-13)
+        prune.remove(bn, 'weight')
+        torch.testing.assert_close(batch_norm(x, bn), want, rtol=0, atol=1e-13)
+
+
 @pytest.mark.parametrize('name', ['batch_norm_eval', 'batch_norm_eval_'])
 def test_eval_kernel_rejects_bad_input_naming_the_argument(name):
     """Both kernels, the one that allocates and the in-place one."""
