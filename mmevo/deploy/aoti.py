@@ -118,7 +118,8 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False, prepack=False):
             runtime without mmevo's op library. Default: False.
         prepack (bool): with ``dynamic``, the convolution weights laid out
             for ``x``'s size on this process's thread count (see
-            :func:`compile_program`). Default: False.
+            :func:`compile_program`; a ``ValueError`` without ``dynamic``).
+            Default: False.
 
     Returns:
         str: ``path``.
@@ -223,8 +224,20 @@ def compile_program(program, path, freeze=True, prepack=False):
 
     Returns:
         str: ``path``.
+
+    Raises:
+        ValueError: ``prepack`` without ``freeze`` or for a program of
+            static sizes.
     """
     specs = InputSpec.of_program(program)
+    if prepack and (not freeze or all(s.static for s in specs)):
+        # a static program's weights are laid out by Inductor's freezing
+        raise ValueError(
+            'prepack applies to a frozen program with dynamic sizes, got '
+            f'freeze={freeze} and '
+            f'{"static" if all(s.static for s in specs) else "dynamic"} '
+            'sizes'
+        )
     metadata = {INPUT_SPEC_KEY: json.dumps([s.to_dict() for s in specs])}
     if not freeze:
         return _compile(program, path, {'freezing': False}, metadata)

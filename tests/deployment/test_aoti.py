@@ -315,6 +315,23 @@ def _weight_reorders(path, sizes, threads=1):
     return reorders
 
 
+def test_prepack_needs_a_frozen_dynamic_program(tmp_path):
+    """``prepack`` lays out a dynamic package's weights: asked of a static
+    program (whose weights Inductor's freezing lays out itself) or of one
+    not frozen, it is refused before any compile, naming the argument."""
+    model = flat(_ConvNet())
+    x = torch.randn(1, 3, 16, 20)
+    path = str(tmp_path / 'p.pt2')
+    static = export_program(model, x, dynamic=False)
+    with pytest.raises(ValueError, match=r'prepack .* static sizes'):
+        compile_program(static, path, prepack=True)
+    with pytest.raises(ValueError, match=r'prepack .* freeze=False'):
+        compile_program(export_program(model, x), path, False, True)
+    with pytest.raises(ValueError, match=r'prepack .* static sizes'):
+        export_aoti(model, x, path, dynamic=False, prepack=True)
+    assert not os.path.exists(path)
+
+
 @pytest.mark.slow
 def test_conv_weight_layouts(tmp_path):
     """A dynamic package keeps its convolution weights plain by default, so
