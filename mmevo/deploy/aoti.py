@@ -40,6 +40,10 @@ from .runtime import InputSpec
 #: the package metadata entry that holds the input's :class:`InputSpec`
 INPUT_SPEC_KEY = 'mmevo.input_spec'
 
+#: the package metadata entry that says for what oneDNN laid out the
+#: convolution weights at compile time (:attr:`AotiModel.weight_layout`)
+WEIGHT_LAYOUT_KEY = 'mmevo.weight_layout'
+
 #: the decompositions of ``inline_ops``: the ops' standard-operator
 #: formulation (arguments resolved, as the operators take them)
 INLINE_OPS = decompositions.DECOMPOSITIONS
@@ -244,13 +248,17 @@ def compile_program(program, path, freeze=True, prepack=False):
     configs = {'freezing': True}
     if prepack:
         configs['post_grad_custom_pre_pass'] = PrepackConvWeights()
+    layout = _weight_layout(program, specs, prepack)
+    frozen_metadata = dict(metadata)
+    if layout is not None:
+        frozen_metadata[WEIGHT_LAYOUT_KEY] = json.dumps(layout)
     frozen = copy.deepcopy(program)  # freezing edits the graph it folds
     try:
         # Inductor freezes only with gradients off: with them on, the
         # package silently keeps the weights as inputs of generic
         # convolutions (batch norms unfolded, no weight prepacking).
         with torch.no_grad(), freezing_keeps_shared_constants():
-            return _compile(frozen, path, configs, metadata)
+            return _compile(frozen, path, configs, frozen_metadata)
     except Exception as e:  # Inductor's own errors
         first = str(e).splitlines()[0] if str(e) else ''
         warnings.warn(
@@ -315,6 +323,37 @@ def freezing_keeps_shared_constants():
         freezing.constant_fold = fold
 
 
+_CONVOLUTIONS = (
+    torch.ops.aten.conv2d.default,
+    torch.ops.aten.convolution.default,
+)
+
+
+def _weight_layout(program, specs, prepack):
+    """What a frozen CPU package's oneDNN convolution weights are laid out
+    for at compile time: ``{'threads': n, 'size': [H, W] or None}`` (the
+    example's size for a prepacked dynamic program; a static one has no
+    other), or None where they stay plain (dynamic sizes without
+    ``prepack``, no convolution, not the CPU)."""
+    if not (
+        torch._C._has_mkldnn
+        and len(specs) == 1
+        and specs[0].device == 'cpu'
+        and (prepack or specs[0].static)
+        and any(
+            program.graph.find_nodes(op='call_function', target=conv)
+            for conv in _CONVOLUTIONS
+        )
+    ):
+        return None
+    size = None
+    if prepack:
+        inputs = program.graph.find_nodes(op='placeholder')
+        (x,) = (n for n in inputs if n.name == specs[0].name)
+        size = [optimization_hint(s) for s in x.meta['val'].shape[-2:]]
+    return {'threads': torch.get_num_threads(), 'size': size}
+
+
 def _compile(program, path, configs, metadata):
     configs = dict(configs, **{'aot_inductor.metadata': metadata})
     return torch._inductor.aoti_compile_and_package(
@@ -335,7 +374,11 @@ class AotiModel:
     outside a dynamic package's bounds is a ``ValueError`` naming the
     expected and the given (the package itself would read out of bounds
     or return garbage). A non-contiguous or channels-last input is made
-    contiguous, as the export saw it.
+    contiguous, as the export saw it. A CPU package whose convolution
+    weights oneDNN laid out at compile time (a static one, or a dynamic one
+    with ``prepack``: :attr:`weight_layout`) warns, once, when called on
+    another thread count or, prepacked, at another size: oneDNN may then
+    re-lay every weight on every call, 3-10x the time.
 
     One call runs at a time: calls from several threads wait for each
     other (a lock), with the results of one thread. Without it two
@@ -369,6 +412,12 @@ class AotiModel:
                     f"'{self.path}' takes {len(specs)}"
                 )
             self.input_spec = specs[0]
+        layout = self.runner.get_metadata().get(WEIGHT_LAYOUT_KEY)
+        #: what oneDNN laid the convolution weights out for at compile time,
+        #: ``{'threads': n, 'size': [H, W] or None}`` (the size of a
+        #: prepacked dynamic package); None where they are plain
+        self.weight_layout = None if layout is None else json.loads(layout)
+        self._layout_warned = False
         self._lock = threading.Lock()
 
     def __call__(self, x):
@@ -382,6 +431,31 @@ class AotiModel:
             self.input_spec.check(x, self.name)
         elif not isinstance(x, torch.Tensor):
             raise TypeError(f'input must be a tensor, got {type(x).__name__}')
+        if self.weight_layout is not None and not self._layout_warned:
+            self._warn_of_relayouts(x)
         x = x.contiguous()
         with self._lock, torch.no_grad():
             return tuple(self.runner(x))
+
+    def _warn_of_relayouts(self, x):
+        """Warn, once, of a call on another thread count or size than the
+        weights were laid out for."""
+        threads, size = torch.get_num_threads(), list(x.shape[-2:])
+        made = self.weight_layout
+        if threads == made['threads'] and made['size'] in (None, size):
+            return
+        self._layout_warned = True
+        laid_out = f'{made["threads"]} threads'
+        called = f'{threads} threads'
+        if made['size'] is not None:
+            laid_out += ' and {}x{} inputs'.format(*made['size'])
+            called += ' at {}x{}'.format(*size)
+        warnings.warn(
+            f'{self.name} has its convolution weights laid out for '
+            f'{laid_out}; called on {called}, oneDNN may re-lay them on '
+            'every call, on a slow path (ResNet-50 and RedNet-50: 3-10x '
+            'the time). Compile the package on the thread count it runs '
+            'with, or dynamic without prepack (docs/deployment.md, Weight '
+            'layouts).',
+            stacklevel=3,
+        )

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -357,12 +358,21 @@ def test_conv_weight_layouts(tmp_path):
     for sources in plain.values():
         assert all(s.isalpha() and s.islower() for s in sources), plain
     assert _weight_reorders(paths[True], [example]) == {example: []}
-    for path in paths.values():
+    for prepack, path in paths.items():
         package = AotiModel(path)
-        for hw in sizes:
-            x = torch.randn(1, 3, *hw)
-            with torch.no_grad():
-                assert_close(package(x), model(x))
+        threads = torch.get_num_threads()
+        laid_out = {'threads': threads, 'size': list(example)}
+        assert package.weight_layout == (laid_out if prepack else None)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter('always')
+            for hw in sizes:
+                x = torch.randn(1, 3, *hw)
+                with torch.no_grad():
+                    assert_close(package(x), model(x))
+        # prepacked, one warning: at the first size after the example's
+        assert len(record) == prepack, [str(r.message) for r in record]
+        if prepack:
+            assert f'at {sizes[1][0]}x{sizes[1][1]}' in str(record[0].message)
 
 
 def _reads_a_constant_twice():

@@ -14,6 +14,7 @@ share.
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -198,3 +199,34 @@ def test_two_threads_get_the_results_of_one(packages, kind):
         pytest.fail('two threads calling one AotiModel hung')
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == 'same'
+
+
+def test_a_static_package_warns_once_on_other_threads(packages):
+    """A static package's convolution weights are laid out for the thread
+    count it was compiled on: called on another, it warns once (oneDNN may
+    re-lay them every call); on its own, and a dynamic package (plain
+    weights) on any, never."""
+    paths, _ = packages
+    static, dynamic = AotiModel(paths['static']), AotiModel(paths['dynamic'])
+    threads = torch.get_num_threads()
+    assert static.weight_layout == {'threads': threads, 'size': None}
+    assert dynamic.weight_layout is None
+    x = torch.randn(1, 3, H, W)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        static(x)
+        dynamic(x)
+    try:
+        torch.set_num_threads(threads + 1)
+        with pytest.warns(UserWarning) as record:
+            static(x)
+            static(x)
+        assert len(record) == 1
+        message = str(record[0].message)
+        assert f'laid out for {threads} threads' in message
+        assert f'called on {threads + 1} threads' in message
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            dynamic(torch.randn(1, 3, H + 3, W - 1))
+    finally:
+        torch.set_num_threads(threads)
