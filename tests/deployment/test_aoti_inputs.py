@@ -208,23 +208,25 @@ def test_a_static_package_warns_once_on_other_threads(packages):
     weights) on any, never."""
     paths, _ = packages
     static, dynamic = AotiModel(paths['static']), AotiModel(paths['dynamic'])
-    threads = torch.get_num_threads()
-    assert static.weight_layout == {'threads': threads, 'size': None}
+    made = static.weight_layout['threads']
+    assert static.weight_layout == {'threads': made, 'size': None}
     assert dynamic.weight_layout is None
     x = torch.randn(1, 3, H, W)
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')
-        static(x)
-        dynamic(x)
+    threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(threads + 1)
+        torch.set_num_threads(made)
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            static(x)
+            dynamic(x)
+        torch.set_num_threads(made + 1)
         with pytest.warns(UserWarning) as record:
             static(x)
             static(x)
         assert len(record) == 1
         message = str(record[0].message)
-        assert f'laid out for {threads} threads' in message
-        assert f'called on {threads + 1} threads' in message
+        assert f'laid out for {made} threads' in message
+        assert f'called on {made + 1} threads' in message
         with warnings.catch_warnings():
             warnings.simplefilter('error')
             dynamic(torch.randn(1, 3, H + 3, W - 1))
