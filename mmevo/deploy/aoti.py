@@ -44,6 +44,12 @@ INPUT_SPEC_KEY = 'mmevo.input_spec'
 #: convolution weights at compile time (:attr:`AotiModel.weight_layout`)
 WEIGHT_LAYOUT_KEY = 'mmevo.weight_layout'
 
+
+class WeightLayoutWarning(UserWarning):
+    """A package whose convolution weights oneDNN laid out at compile time
+    is called on another thread count or size (:class:`AotiModel`)."""
+
+
 #: the decompositions of ``inline_ops``: the ops' standard-operator
 #: formulation (arguments resolved, as the operators take them)
 INLINE_OPS = decompositions.DECOMPOSITIONS
@@ -234,13 +240,12 @@ def compile_program(program, path, freeze=True, prepack=False):
             static sizes.
     """
     specs = InputSpec.of_program(program)
-    if prepack and (not freeze or all(s.static for s in specs)):
+    static = all(s.static for s in specs)
+    if prepack and (not freeze or static):
         # a static program's weights are laid out by Inductor's freezing
         raise ValueError(
             'prepack applies to a frozen program with dynamic sizes, got '
-            f'freeze={freeze} and '
-            f'{"static" if all(s.static for s in specs) else "dynamic"} '
-            'sizes'
+            f'freeze={freeze} and {"static" if static else "dynamic"} sizes'
         )
     metadata = {INPUT_SPEC_KEY: json.dumps([s.to_dict() for s in specs])}
     if not freeze:
@@ -457,5 +462,6 @@ class AotiModel:
             'the time). Compile the package on the thread count it runs '
             'with, or dynamic without prepack (docs/deployment.md, Weight '
             'layouts).',
+            WeightLayoutWarning,
             stacklevel=3,
         )

@@ -636,9 +636,10 @@ def takes_batch_norm_kernel(x: torch.Tensor, norm: nn.Module) -> bool:
     plain ``nn.BatchNorm2d`` in training that tracks running statistics,
     an NCHW float32 or float64 CPU ``x`` of its dtype with more than one
     value per channel, autocast off, the C++ extension built."""
-    return type(norm) is nn.BatchNorm2d and _takes_bn_train(
-        x, norm, norm.running_mean, norm.weight
-    )
+    if type(norm) is not nn.BatchNorm2d:
+        return False
+    weight, _, mean, _ = _bn_tensors(norm)
+    return _takes_bn_train(x, norm, mean, weight)
 
 
 def takes_batch_norm_eval_kernel(
@@ -650,9 +651,10 @@ def takes_batch_norm_eval_kernel(
     ``x`` of their dtype, nothing to differentiate (the kernel has no
     backward: grad mode off, or no input or parameter that requires grad),
     autocast off, the C++ extension built."""
-    return type(norm) is nn.BatchNorm2d and _takes_bn_eval(
-        x, norm, norm.running_mean, norm.weight, norm.bias, residual
-    )
+    if type(norm) is not nn.BatchNorm2d:
+        return False
+    weight, bias, mean, _ = _bn_tensors(norm)
+    return _takes_bn_eval(x, norm, mean, weight, bias, residual)
 
 
 def _bn_tensors(norm):

@@ -22,7 +22,11 @@ import torch
 from mmevo import apis, cli
 from mmevo.apis.deploy import other_size, report_parity
 from mmevo.deploy import AotiModel, exportable
-from mmevo.deploy.aoti import compile_program, export_program
+from mmevo.deploy.aoti import (
+    WeightLayoutWarning,
+    compile_program,
+    export_program,
+)
 from mmevo.integrations import mmengine as fixes
 from mmevo.integrations.mmengine.atomic_backend import atomic_output
 
@@ -123,9 +127,7 @@ def main(argv=None):
         with warnings.catch_warnings():
             # the check's second size is not a size to time a prepacked
             # package at
-            warnings.filterwarnings(
-                'ignore', '.* has its convolution weights laid out for'
-            )
+            warnings.simplefilter('ignore', WeightLayoutWarning)
             report_parity(
                 model, package, inputs, kind, 'AOTInductor', args.dynamic
             )
