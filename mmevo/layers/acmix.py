@@ -17,6 +17,7 @@ from .base import EvolutionLayer, InitCfg, check_divisible
 from .fastpath import (
     _SINGLE_MATMUL_PIXELS,
     cpu_fastpath_default,
+    cpu_fastpath_scope,
     pointwise,
     takes_cpu_fastpath,
     takes_fused_cpu,
@@ -507,7 +508,8 @@ class ACmix(EvolutionLayer):
         """
         self.check_input(x, self.in_planes)
         if takes_cpu_fastpath(self, x):
-            return self._forward_cpu(x)
+            with cpu_fastpath_scope():
+                return self._forward_cpu(x)
         q, k, v = self.conv1(x), self.conv2(x), self.conv3(x)
         out_att = self.aggregate(v, self._attention_stock(x, q, k))
         return self.rate1 * out_att + self.rate2 * self._conv_path(q, k, v)

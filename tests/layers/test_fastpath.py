@@ -60,6 +60,13 @@ LAYERS = {
         (5, 6),
         True,
     ),
+    # conv1's in-place ReLU straight on the matmul's output
+    'involution_no_norm': (
+        lambda: Involution(16, 3, norm_cfg=None),
+        16,
+        (5, 6),
+        True,
+    ),
     'involution_gn_gelu': (
         lambda: Involution(
             16,

@@ -10,6 +10,7 @@ paths still run (``tests/fastpath_helpers.py`` counts the convs).
 """
 
 import collections
+import threading
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from mmevo.models import (
     ELSASwinTransformer,
     RedNet,
 )
+from mmevo.models.backbones.bottleneck import MiddleLayerBottleneck
 
 import fastpath_helpers as helpers
 
@@ -216,3 +218,70 @@ def test_has_hooks_sees_each_kind_of_hook():
         assert has_hooks(block[0]) == is_global
         handle.remove()
         assert not has_hooks(block)
+
+
+class _Gate(nn.Module):
+    """A middle layer (identity) that, once armed, raises or waits for an
+    event: a call held inside its block's fast path."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.fail = False
+
+    def forward(self, x):
+        if self.fail:
+            raise ValueError('gate closed')
+        self.entered.set()
+        assert self.release.wait(60)
+        return x
+
+
+def _gated_block():
+    gate = _Gate()
+    block = MiddleLayerBottleneck(16, 4, lambda c, s, d: gate).eval()
+    return block, gate
+
+
+def _conv1_calls(block):
+    seen = []
+    block.conv1.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    return seen
+
+
+def test_a_hook_added_after_a_failed_fast_call_fires():
+    """A block's fast path that raised (here its middle layer) leaves no
+    trace: a hook registered afterwards on ``conv1``, which the fast path
+    does not call as a module, makes the next call step aside."""
+    block, gate = _gated_block()
+    gate.fail = True
+    x = torch.randn(1, 16, 5, 5)
+    with pytest.raises(ValueError, match='gate closed'):
+        block(x)
+    gate.fail = False
+    gate.release.set()
+    seen = _conv1_calls(block)
+    with torch.no_grad():
+        block(x)
+    assert seen == [torch.Size([1, 4, 5, 5])]
+
+
+def test_a_fast_call_on_another_thread_does_not_hide_hooks():
+    """While one thread is inside a block's fast path, a hooked block
+    called on another thread still steps aside: what a fast path has ruled
+    out holds for its own thread only."""
+    busy, gate = _gated_block()
+    hooked, hooked_gate = _gated_block()
+    hooked_gate.release.set()
+    seen = _conv1_calls(hooked)
+    x = torch.randn(1, 16, 5, 5)
+    worker = threading.Thread(target=busy, args=(x,))
+    worker.start()
+    try:
+        assert gate.entered.wait(60)
+        with torch.no_grad():
+            hooked(x)
+    finally:
+        gate.release.set()
+        worker.join(60)
+    assert seen == [torch.Size([1, 4, 5, 5])]

@@ -318,9 +318,11 @@ def test_reduced_precision(dtype, mode):
         assert err < tol, (got.dtype, err)
 
 
-def test_autocast_mixed_dtypes():
+@pytest.mark.parametrize('padding_mode', ['zeros', 'reflect'])
+def test_autocast_mixed_dtypes(padding_mode):
     """Under autocast a fp32 map and a bf16 kernel (from a conv) run in
-    bf16."""
+    bf16, reflect padding too (whose padding ATen's autocast would run in
+    fp32)."""
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(2, 16, 7, 9, generator=gen, requires_grad=True)
     w = (
@@ -329,16 +331,22 @@ def test_autocast_mixed_dtypes():
         .requires_grad_()
     )
     key = torch.randn(2, 16, 7, 9, generator=gen).bfloat16()
+    window = dict(padding_mode=padding_mode)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        y = evolution_aggregate(x, w)
-        o = local_correlation(x, key, 4, 3)
-    assert y.dtype == o.dtype == torch.bfloat16
+        y = evolution_aggregate(x, w, **window)
+        o = local_correlation(x, key, 4, 3, **window)
+        a = local_attention_weights(x, key, 4, 3, **window)
+    assert y.dtype == o.dtype == a.dtype == torch.bfloat16
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.bfloat16
     ref = aggregate_reference(
-        x.double(), w.double(), Window(w.shape[2], 1, 1, 1, 'zeros')
+        x.double(), w.double(), Window(w.shape[2], 1, 1, 1, padding_mode)
     )
     assert (y.double() - ref).abs().max() < 2e-2 * ref.abs().max()
+    ref = correlation_reference(
+        x.double(), key.double(), 4, Window(3, 1, 1, 1, padding_mode)
+    )
+    assert (o.double() - ref).abs().max() < 2e-2 * ref.abs().max()
 
 
 @pytest.mark.parametrize('size', [(6, 7), (2, 3), (1, 1), (3, 2)])
@@ -464,3 +472,25 @@ def test_jit_trace_records_the_ops():
     assert kinds.count('mmevo::evolution_aggregate') == 1
     assert kinds.count('mmevo::local_correlation') == 1
     torch.testing.assert_close(traced(x, w), f(x, w))
+
+
+@pytest.mark.parametrize('padding_mode', ['zeros', 'reflect'])
+@pytest.mark.parametrize('stride', [2**61, 2**62, 2**63 - 1])
+def test_a_stride_past_the_map_reads_one_window(stride, padding_mode):
+    """Any stride at least the padded map's size gives one output pixel,
+    the first window's: the same values and gradients as the smallest such
+    stride, up to int64's largest (whose views would overflow)."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 5, 6, generator=gen, dtype=torch.float64)
+    w = torch.randn(2, 2, 3, 3, 1, 1, generator=gen, dtype=torch.float64)
+    q = torch.randn(2, 4, 1, 1, generator=gen, dtype=torch.float64)
+    window = dict(dilation=1, padding_mode=padding_mode)
+    outs = []
+    for s in (stride, 8):
+        xs, ws, qs = (t.clone().requires_grad_() for t in (x, w, q))
+        y = evolution_aggregate(xs, ws, s, 1, **window)
+        o = local_attention_weights(qs, xs, 2, 3, s, 1, **window)
+        (y.sum() + (o * o).sum()).backward()
+        outs.append((y, o, xs.grad, ws.grad, qs.grad))
+    for got, ref in zip(*outs, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)

@@ -353,3 +353,21 @@ def test_narrower_instruction_sets(isa):
         timeout=120,
     )
     assert result.returncode == 0 and 'ok' in result.stdout, result.stderr
+
+
+def test_a_stride_past_the_map_reads_one_window():
+    """A stride past the padded map, up to int64's largest: one output
+    pixel, the values and gradients of the smallest such stride."""
+    gen = torch.Generator().manual_seed(6)
+    args = [
+        torch.randn(*shape, generator=gen, dtype=torch.float64)
+        for shape in ((1, 4, 5, 6), (1, 3, 1, 1), (18, 3, 1, 1), (18,))
+    ]
+    outs = []
+    for stride in (2**62, 8):
+        leaves = [t.clone().requires_grad_() for t in args]
+        y = fused_involution(*leaves, 3, stride, 1, 2)
+        y.sum().backward()
+        outs.append((y, *(t.grad for t in leaves)))
+    for got, ref in zip(*outs, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)

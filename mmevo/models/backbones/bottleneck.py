@@ -22,6 +22,7 @@ from mmevo.layers.fastpath import (
     batch_norm,
     conv1x1,
     cpu_fastpath_default,
+    cpu_fastpath_scope,
     is_plain_conv1x1,
     takes_cpu_fastpath,
 )
@@ -104,7 +105,10 @@ class MiddleLayerBottleneck(Bottleneck):
                 ),
             )
             return self.relu(out)
-        return self._residual(x, takes_cpu_fastpath(self, x), self.relu)
+        if takes_cpu_fastpath(self, x):
+            with cpu_fastpath_scope():
+                return self._residual(x, True, self.relu)
+        return self._residual(x, False, self.relu)
 
     def _residual(self, x, fast, act=None):
         """The block: ``act(branch + shortcut)``, or before its last ReLU

@@ -24,6 +24,7 @@ from mmevo.layers.fastpath import (
     batch_norm,
     batch_norm_train,
     cpu_fastpath_default,
+    cpu_fastpath_scope,
     takes_batch_norm_kernel,
     takes_cpu_fastpath,
 )
@@ -348,7 +349,8 @@ class DynamicResNet(ResNet):
             tuple[Tensor]: the outputs of the stages in ``out_indices``.
         """
         if takes_cpu_fastpath(self, x):
-            return self._forward_cpu(x)
+            with cpu_fastpath_scope():
+                return self._forward_cpu(x)
         return super().forward(x)
 
     def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
@@ -363,7 +365,8 @@ class DynamicResNet(ResNet):
             Tensor: (B, stem_channels, H / 4, W / 4), NCHW.
         """
         if takes_cpu_fastpath(self, x):
-            return self._stem_cpu(x)
+            with cpu_fastpath_scope():
+                return self._stem_cpu(x)
         if self.deep_stem:
             x = self.stem(x)
         else:

@@ -4,11 +4,20 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstdint>
 #include <string>
 
 namespace mmevo {
+
+// Held by a CPU kernel that calls ATen operators (reflection padding,
+// matmuls): under autocast they would run in autocast's dtype for them
+// (reflection_pad2d in fp32) instead of the kernel's.
+struct BelowAutocast {
+  c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
+};
 
 // A checked window geometry: input (B, C, H, W) with B, C, H, W >= 1, G
 // groups dividing C, a K x K window of stride s, zero padding p and

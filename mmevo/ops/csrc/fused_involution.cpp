@@ -103,6 +103,7 @@ at::Tensor fused_involution_cpu(const at::Tensor& input, const at::Tensor& z,
                                 const at::Tensor& span_weight,
                                 const std::optional<at::Tensor>& span_bias, int64_t kernel_size,
                                 int64_t stride, int64_t dilation, int64_t groups) {
+  const BelowAutocast below_autocast;
   const Geometry g =
       check_args(input, z, span_weight, span_bias, kernel_size, stride, dilation, groups);
   TORCH_CHECK_VALUE(input.device().is_cpu(), "fused_involution's C++ kernel runs CPU tensors, got ",
@@ -192,6 +193,7 @@ Grads fused_involution_backward_cpu(const at::Tensor& grad, const at::Tensor& in
                                     const std::optional<at::Tensor>& span_bias,
                                     int64_t kernel_size, int64_t stride, int64_t dilation,
                                     int64_t groups) {
+  const BelowAutocast below_autocast;
   const Geometry g =
       check_args(input, z, span_weight, span_bias, kernel_size, stride, dilation, groups);
   TORCH_CHECK_VALUE(input.device().is_cpu(),

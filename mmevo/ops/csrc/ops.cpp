@@ -184,8 +184,10 @@ struct Tap {
   at::Tensor outputs(const at::Tensor& t, int64_t dim) const { return t.narrow(dim, lo, n); }
 
   at::Tensor inputs(const at::Tensor& t, int64_t dim) const {
-    return index.defined() ? t.index_select(dim, index)
-                           : t.slice(dim, first, first + (n - 1) * s + 1, s);
+    if (index.defined()) return t.index_select(dim, index);
+    // One output takes any step: a stride past the map (a huge one would
+    // overflow the view's stride) reads as step 1.
+    return t.slice(dim, first, first + (n - 1) * s + 1, n > 1 ? s : 1);
   }
 };
 
@@ -266,6 +268,7 @@ Geometry padded(Geometry g) {
 
 at::Tensor aggregate_cpu(const at::Tensor& input, const at::Tensor& kernel, int64_t stride,
                          int64_t padding, int64_t dilation, c10::string_view padding_mode) {
+  const BelowAutocast below_autocast;
   check_dims("input", input, 4, "(B, C, H, W)");
   check_dims("kernel", kernel, 6, "(B, G, K, K, H_out, W_out)");
   check_pair("input", input, "kernel", kernel);
@@ -301,6 +304,7 @@ at::Tensor aggregate_cpu(const at::Tensor& input, const at::Tensor& kernel, int6
 at::Tensor transpose_cpu(const at::Tensor& grad, const at::Tensor& kernel, int64_t height,
                          int64_t width, int64_t stride, int64_t padding, int64_t dilation,
                          c10::string_view padding_mode) {
+  const BelowAutocast below_autocast;
   check_dims("grad", grad, 4, "(B, C, H_out, W_out)");
   check_dims("kernel", kernel, 6, "(B, G, K, K, H_out, W_out)");
   check_pair("grad", grad, "kernel", kernel);
@@ -331,6 +335,7 @@ at::Tensor transpose_cpu(const at::Tensor& grad, const at::Tensor& kernel, int64
 at::Tensor correlate_cpu(const at::Tensor& query, const at::Tensor& key, int64_t groups,
                          int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation,
                          c10::string_view padding_mode, bool softmax) {
+  const BelowAutocast below_autocast;
   check_dims("query", query, 4, "(B, C, H_out, W_out)");
   check_dims("key", key, 4, "(B, C, H, W)");
   check_pair("query", query, "key", key);
