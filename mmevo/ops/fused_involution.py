@@ -36,6 +36,7 @@ import torch
 
 from . import backends, cpp_backend, dispatch, library
 from .checks import (
+    INT64_MAX,
     Window,
     check_int,
     check_pair,
@@ -124,6 +125,14 @@ def check_fused_involution(
             f'{tuple(span_bias.shape)}'
         )
     window = same_window(kernel_size, stride, dilation)
+    H, W = size_of(input.shape[2]), size_of(input.shape[3])
+    if max(H, W) > INT64_MAX - 2 * window.padding:
+        # the padding is no argument here: name what it comes from
+        raise ValueError(
+            f'dilation={dilation} with kernel_size={kernel_size} pads the '
+            f'input by {window.padding} ("same"), and input {H} x {W} plus '
+            f'twice that does not fit in int64'
+        )
     Ho, Wo = (
         map_size(name, size_of(n), window)
         for name, n in zip(

@@ -283,6 +283,7 @@ BAD = [
     (dict(stride=0), ValueError, 'stride must be >= 1'),
     (dict(dilation=2**63), ValueError, 'dilation must be < 2\\*\\*63'),
     (dict(dilation=2**62), ValueError, 'does not fit in int64'),
+    (dict(dilation=2**62 - 1), ValueError, 'dilation=4611686018427387903 '),
     (dict(groups=3), ValueError, 'must be divisible by groups=3'),
 ]
 
