@@ -86,9 +86,17 @@ def set_cpu_fastpath(model: nn.Module, on: bool) -> nn.Module:
 def _capturing() -> bool:
     """Whether a tracer, scripter, exporter or compiler is running."""
     return (
-        torch.jit.is_tracing()
+        _tracing()
         or torch.jit.is_scripting()
         or torch.onnx.is_in_onnx_export()
+    )
+
+
+def _tracing() -> bool:
+    """Whether a tracer or compiler runs the Python: what may start inside
+    an eager fast-path body (a traced or compiled submodule)."""
+    return (
+        torch.jit.is_tracing()
         or torch.compiler.is_compiling()
         or torch.compiler.is_exporting()
     )
@@ -153,13 +161,13 @@ class cpu_fastpath_scope:
     :func:`takes_cpu_fastpath` has held for it.
 
     Within it (on the same thread), :func:`takes_cpu_fastpath` of the
-    module's submodules skips what the module's own test covered: nothing
-    is capturing, and no hook is registered in the module's subtree or
-    globally. Each submodule still reads its own switch and its input's
-    device. In RedNet-50's inference forward the walks and capture tests it
-    saves took 0.7-0.9 ms (``docs/benchmarks.md``). Hooks registered
-    while the body runs (not from a hook: there is none) are seen from the
-    next call.
+    module's submodules skips what the module's own test covered: no hook
+    is registered in the module's subtree or globally. Each submodule still
+    reads its own switch and its input's device, and whether a tracer or
+    compiler runs it (a submodule traced or compiled on its own). In
+    RedNet-50's inference forward the walks and tests it saves took 0.7-0.9
+    ms (``docs/benchmarks.md``). Hooks registered while the body runs (not
+    from a hook: there is none) are seen from the next call.
 
     Example:
         >>> import torch
@@ -191,13 +199,13 @@ def takes_cpu_fastpath(module: nn.Module, x: torch.Tensor) -> bool:
         bool: the switch is on, ``x`` is on the CPU, nothing is tracing /
         scripting / exporting / compiling, and no hook would miss a module
         call (:func:`has_hooks`); within a :func:`cpu_fastpath_scope`, whose
-        module's test covered the last two, the switch and the device.
+        module's test covered the hooks, the rest.
     """
-    return (
-        module.use_cpu_fastpath
-        and x.is_cpu
-        and (_SCOPE.depth > 0 or not (_capturing() or has_hooks(module)))
-    )
+    if not (module.use_cpu_fastpath and x.is_cpu):
+        return False
+    if _SCOPE.depth:
+        return not _tracing()
+    return not (_capturing() or has_hooks(module))
 
 
 def takes_fused_cpu(

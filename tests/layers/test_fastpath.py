@@ -27,6 +27,7 @@ from mmevo.layers import (
 from mmevo.layers.fastpath import (
     avg_pool,
     conv1x1,
+    cpu_fastpath_scope,
     pointwise,
     takes_avg_pool_conv,
     takes_cpu_fastpath,
@@ -226,6 +227,17 @@ def test_switch_defaults_on_and_set_cpu_fastpath_reaches_every_layer():
     assert not hasattr(model[1], 'use_cpu_fastpath')
     with pytest.raises(TypeError, match='on must be a bool, got str'):
         set_cpu_fastpath(model, '0')
+
+
+def test_tracing_inside_a_fast_path_body_runs_the_stock_graph():
+    """A layer traced while a fast-path body runs (a submodule traced on
+    its own inside an eager forward) still traces the stock graph."""
+    layer = ACmix(8, 8, 5, 2).eval()
+    x = torch.randn(1, 8, 6, 7)
+    with cpu_fastpath_scope():
+        traced = torch.jit.trace(layer, x)
+    graph = str(traced.inlined_graph)
+    assert 'baddbmm' not in graph and 'aten::_convolution' in graph
 
 
 def test_tracing_runs_the_stock_graph():
