@@ -50,9 +50,9 @@ def _tap(
     if hi < lo:
         return None
     first = lo * stride + offset
-    return slice(lo, hi + 1), slice(
-        first, first + (hi - lo) * stride + 1, stride
-    )
+    # one output takes any step: a huge one would overflow the view's stride
+    step = stride if hi > lo else 1
+    return slice(lo, hi + 1), slice(first, first + (hi - lo) * step + 1, step)
 
 
 def _read(t, dim, reader):

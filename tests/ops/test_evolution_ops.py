@@ -474,9 +474,10 @@ def test_jit_trace_records_the_ops():
     torch.testing.assert_close(traced(x, w), f(x, w))
 
 
+@pytest.mark.parametrize('backend', ['cpp', 'torch'])
 @pytest.mark.parametrize('padding_mode', ['zeros', 'reflect'])
 @pytest.mark.parametrize('stride', [2**61, 2**62, 2**63 - 1])
-def test_a_stride_past_the_map_reads_one_window(stride, padding_mode):
+def test_a_stride_past_the_map_reads_one_window(stride, padding_mode, backend):
     """Any stride at least the padded map's size gives one output pixel,
     the first window's: the same values and gradients as the smallest such
     stride, up to int64's largest (whose views would overflow)."""
@@ -488,9 +489,10 @@ def test_a_stride_past_the_map_reads_one_window(stride, padding_mode):
     outs = []
     for s in (stride, 8):
         xs, ws, qs = (t.clone().requires_grad_() for t in (x, w, q))
-        y = evolution_aggregate(xs, ws, s, 1, **window)
-        o = local_attention_weights(qs, xs, 2, 3, s, 1, **window)
-        (y.sum() + (o * o).sum()).backward()
+        with library.use_backend(backend):
+            y = evolution_aggregate(xs, ws, s, 1, **window)
+            o = local_attention_weights(qs, xs, 2, 3, s, 1, **window)
+            (y.sum() + (o * o).sum()).backward()
         outs.append((y, o, xs.grad, ws.grad, qs.grad))
     for got, ref in zip(*outs, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
