@@ -13,7 +13,12 @@ from mmevo.ops import (
 from mmevo.ops.library import output_layout
 from mmevo.registry import MODELS
 
-from .base import EvolutionLayer, InitCfg, check_divisible
+from .base import (
+    EvolutionLayer,
+    InitCfg,
+    check_divisible,
+    check_weight_size,
+)
 from .fastpath import (
     _SINGLE_MATMUL_PIXELS,
     cpu_fastpath_default,
@@ -381,6 +386,9 @@ class ACmix(EvolutionLayer):
         check_divisible('out_planes', out_planes, 'head', head)
         if kernel_conv % 2 == 0:
             raise ValueError(f'kernel_conv must be odd, got {kernel_conv}')
+        # dep_conv's weight, the largest that kernel_conv sizes
+        shape = (out_planes, kernel_conv**2, kernel_conv, kernel_conv)
+        check_weight_size('kernel_conv', kernel_conv, shape)
         self.in_planes = in_planes
         self.out_planes = out_planes
         self.head = head

@@ -10,6 +10,7 @@ validates it once at build time, and routes every generated kernel through
 """
 
 import inspect
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ from mmengine.registry import MODELS
 from torch.utils.hooks import RemovableHandle
 
 from mmevo.ops import evolution_aggregate, output_size, resolve_window
+from mmevo.ops.checks import INT64_MAX
 
 InitCfg = dict | list[dict] | None
 KernelHook = Callable[['EvolutionLayer', torch.Tensor], None]
@@ -29,6 +31,25 @@ def check_divisible(name, value, divisor_name, divisor):
     if value % divisor:
         raise ValueError(
             f'{name} ({value}) must be divisible by {divisor_name} ({divisor})'
+        )
+
+
+def check_weight_size(name: str, value: int, shape: tuple) -> None:
+    """Raise a ValueError naming ``name`` unless a float64 weight of
+    ``shape``, which its ``value`` sizes, fits in PyTorch's int64 byte
+    count (PyTorch would fail in its allocator, naming no argument).
+
+    Example:
+        >>> check_weight_size('kernel_size', 7, (16 * 7**2, 4))
+        >>> check_weight_size('kernel_size', 2**31, (2**62, 4))
+        Traceback (most recent call last):
+        ...
+        ValueError: kernel_size=2147483648 gives a weight of shape ...
+    """
+    if math.prod(shape) * 8 > INT64_MAX:
+        raise ValueError(
+            f'{name}={value} gives a weight of shape {shape}: too large for '
+            f'a tensor'
         )
 
 

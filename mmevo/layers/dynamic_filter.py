@@ -7,7 +7,7 @@ from torch.nn.init import calculate_gain
 from mmevo.ops import check_int
 from mmevo.registry import MODELS
 
-from .base import EvolutionLayer, InitCfg
+from .base import EvolutionLayer, InitCfg, check_weight_size
 
 
 class FilterNorm(nn.Module):
@@ -127,6 +127,7 @@ class DynamicFilter(EvolutionLayer):
         self.channels = channels
         self.kernel_combine = kernel_combine
         K2 = kernel_size**2
+        check_weight_size('kernel_size', kernel_size, (K2, channels))
         spatial = [nn.Conv2d(channels, K2, 1, stride=stride)]
         if gen_kernel_size > 1:
             spatial = [

@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from mmevo.ops import check_int, window_softmax
 from mmevo.registry import MODELS
 
-from .base import EvolutionLayer, InitCfg, check_divisible
+from .base import (
+    EvolutionLayer,
+    InitCfg,
+    check_divisible,
+    check_weight_size,
+)
 from .fastpath import cpu_fastpath_default, takes_cpu_fastpath
 
 
@@ -116,6 +121,13 @@ class ELSA(EvolutionLayer):
             'groups',
             groups,
         )
+        K = kernel_size
+        for shape in (  # the weights kernel_size sizes
+            (self.dim_qk, group_width, K, K),
+            (K**2 * num_heads, self.dim_qk // groups),
+            (2, self.dim_v, K, K),
+        ):
+            check_weight_size('kernel_size', K, shape)
         self.scale = (
             (self.dim_v // num_heads) ** -0.5 if qk_scale is None else qk_scale
         )

@@ -8,7 +8,12 @@ import torch.nn as nn
 from mmevo.ops import check_int
 from mmevo.registry import MODELS
 
-from .base import EvolutionLayer, InitCfg, check_divisible
+from .base import (
+    EvolutionLayer,
+    InitCfg,
+    check_divisible,
+    check_weight_size,
+)
 
 
 @MODELS.register_module()
@@ -60,6 +65,8 @@ class EvolutionConv(EvolutionLayer):
         check_int('channels', channels)
         check_int('groups', groups)
         check_divisible('channels', channels, 'groups', groups)
+        shape = (groups, kernel_size, kernel_size)
+        check_weight_size('kernel_size', kernel_size, shape)
         self.channels = channels
         self.groups = groups
         self.weight = nn.Parameter(

@@ -8,7 +8,13 @@ from mmevo.ops import check_int
 from mmevo.ops.fused_involution import fused_involution
 from mmevo.registry import MODELS
 
-from .base import EvolutionLayer, InitCfg, check_divisible, check_layer_cfg
+from .base import (
+    EvolutionLayer,
+    InitCfg,
+    check_divisible,
+    check_layer_cfg,
+    check_weight_size,
+)
 from .fastpath import (
     avg_pool,
     batch_norm,
@@ -112,6 +118,11 @@ class Involution(EvolutionLayer):
         self.reduction_ratio = reduction_ratio
         self.group_channels = group_channels
         self.groups = channels // group_channels
+        check_weight_size(
+            'kernel_size',
+            kernel_size,
+            (kernel_size**2 * self.groups, channels // reduction_ratio),
+        )
         self.conv1 = ConvModule(
             channels,
             channels // reduction_ratio,

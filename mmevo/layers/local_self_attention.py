@@ -11,7 +11,12 @@ from mmevo.ops import (
 )
 from mmevo.registry import MODELS
 
-from .base import EvolutionLayer, InitCfg, check_divisible
+from .base import (
+    EvolutionLayer,
+    InitCfg,
+    check_divisible,
+    check_weight_size,
+)
 from .fastpath import cpu_fastpath_default, takes_fused_cpu
 
 
@@ -98,6 +103,8 @@ class LocalSelfAttention(EvolutionLayer):
         self.key = nn.Conv2d(in_channels, out_channels, 1, bias=qkv_bias)
         self.value = nn.Conv2d(in_channels, out_channels, 1, bias=qkv_bias)
         if rel_pos_embed:
+            shape = (out_channels, kernel_size)
+            check_weight_size('kernel_size', kernel_size, shape)
             half = out_channels // 2
             self.rel_h = nn.Parameter(torch.randn(half, kernel_size))
             self.rel_w = nn.Parameter(
@@ -105,6 +112,9 @@ class LocalSelfAttention(EvolutionLayer):
             )
         else:
             self.rel_h = self.rel_w = None
+        if rel_pos_bias:
+            shape = (num_heads, kernel_size, kernel_size)
+            check_weight_size('kernel_size', kernel_size, shape)
         self.rel_pos_bias = (
             nn.Parameter(torch.zeros(num_heads, kernel_size, kernel_size))
             if rel_pos_bias

@@ -222,6 +222,58 @@ def test_kernel_hook_sees_the_kernel(name):
             TypeError,
             r'^act_cfg type must be a str or a class, got 3$',
         ),
+        # Kernel sizes whose weights no tensor can hold (more than 2**63
+        # bytes in float64): PyTorch's allocator would fail naming no
+        # argument.
+        *(
+            (
+                {**cfg, name: size},
+                ValueError,
+                rf'^{name}={size} gives a weight of shape .*: too large',
+            )
+            for name, size, cfg in [
+                (
+                    'kernel_size',
+                    2**31 + 1,
+                    dict(type='Involution', channels=16),
+                ),
+                (
+                    'kernel_size',
+                    2**60 + 1,
+                    dict(type='LocalSelfAttention', in_channels=8),
+                ),
+                (
+                    'kernel_size',
+                    2**31 + 1,
+                    dict(
+                        type='LocalSelfAttention',
+                        in_channels=8,
+                        rel_pos_embed=False,
+                        rel_pos_bias=True,
+                    ),
+                ),
+                (
+                    'kernel_conv',
+                    2**15 + 1,
+                    dict(type='ACmix', in_planes=4, out_planes=4),
+                ),
+                (
+                    'kernel_size',
+                    2**31 + 1,
+                    dict(type='ELSA', dim=24, num_heads=2),
+                ),
+                (
+                    'kernel_size',
+                    2**31 + 1,
+                    dict(type='DynamicFilter', channels=8),
+                ),
+                (
+                    'kernel_size',
+                    2**31 + 1,
+                    dict(type='EvolutionConv', channels=4),
+                ),
+            ]
+        ),
     ],
 )
 def test_bad_configuration_fails_at_build(cfg, error, match):
