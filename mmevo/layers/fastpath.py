@@ -234,6 +234,51 @@ def takes_fused_cpu(
     )
 
 
+def call_cpu_kernel(op: torch._ops.OpOverload, *args):
+    """``op(*args)``, for a fast path whose C++ kernel takes the call
+    (:func:`takes_fused_cpu`).
+
+    With nothing to differentiate, no profiler, dispatch mode (a FLOP
+    counter, fake tensors) or functorch transform running and plain
+    tensors, the C++ CPU kernel itself, which checks its arguments (a
+    profiler would not see the operator's call): the operator's Python
+    layers, its ``torch.library`` autograd and the backend choice, took
+    35 us a call, 2-3x a small map's kernel (17 calls in RedNet-50's
+    forward). Otherwise the operator through every layer.
+
+    Args:
+        op (OpOverload): a ``torch.ops.mmevo`` operator with a C++ kernel.
+        *args: its arguments.
+
+    Returns:
+        The operator's result.
+
+    Example:
+        >>> import torch
+        >>> x, z = torch.randn(1, 16, 5, 5), torch.randn(1, 4, 5, 5)
+        >>> span = torch.nn.Conv2d(4, 9, 1)
+        >>> op = torch.ops.mmevo.fused_involution.default
+        >>> with torch.no_grad():
+        ...     y = call_cpu_kernel(op, x, z, span.weight, span.bias, 3,
+        ...                         1, 1, 1)
+        >>> y.shape
+        torch.Size([1, 16, 5, 5])
+    """
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if (
+        _differentiates(*tensors)
+        or torch._C._autograd._profiler_enabled()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._are_functorch_transforms_active()
+        or any(type(t) not in _PLAIN_TENSORS for t in tensors)
+    ):
+        return op(*args)
+    return cpp_backend.call(op, *args)
+
+
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+
+
 def is_plain_conv1x1(conv: nn.Module) -> bool:
     """A plain, ungrouped, unpadded 1x1 ``nn.Conv2d`` (any stride)."""
     return (

@@ -5,7 +5,6 @@ import torch.nn as nn
 from mmcv.cnn import ConvModule
 
 from mmevo.ops import check_int
-from mmevo.ops.fused_involution import fused_involution
 from mmevo.registry import MODELS
 
 from .base import (
@@ -18,6 +17,7 @@ from .base import (
 from .fastpath import (
     avg_pool,
     batch_norm,
+    call_cpu_kernel,
     conv1x1,
     cpu_fastpath_default,
     takes_cpu_fastpath,
@@ -58,10 +58,12 @@ class Involution(EvolutionLayer):
     pixels run the span convolution and the aggregation as one op,
     :func:`mmevo.ops.fused_involution.fused_involution` (C++), which never
     writes the (B, G*K*K, H, W) kernel map: there it is faster and needs
-    less memory (``docs/benchmarks.md``). It steps aside for a kernel hook
-    (which must see the kernel) and where its C++ kernel cannot take the
-    call (autocast, an input dtype other than the layer's, another backend
-    forced).
+    less memory (``docs/benchmarks.md``); with nothing to differentiate, its
+    C++ kernel is called directly
+    (:func:`~mmevo.layers.fastpath.call_cpu_kernel`). It steps aside for a
+    kernel hook (which must see the kernel) and where its C++ kernel cannot
+    take the call (autocast, an input dtype other than the layer's, another
+    backend forced).
 
     Args:
         channels (int): input = output channels C.
@@ -187,7 +189,8 @@ class Involution(EvolutionLayer):
             avg_pool(x, self.avgpool) if self.stride > 1 else x
         )
         conv2 = self.conv2.conv
-        return fused_involution(
+        return call_cpu_kernel(
+            torch.ops.mmevo.fused_involution.default,
             x,
             z,
             conv2.weight,

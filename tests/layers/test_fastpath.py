@@ -6,6 +6,7 @@ on and off (``fastpath_helpers.assert_paths_equal``).
 
 import contextlib
 import copy
+import functools
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from mmevo.layers import (
 )
 from mmevo.layers.fastpath import (
     avg_pool,
+    call_cpu_kernel,
     conv1x1,
     cpu_fastpath_scope,
     pointwise,
@@ -33,6 +35,7 @@ from mmevo.layers.fastpath import (
     takes_cpu_fastpath,
     takes_onednn_conv1x1,
 )
+from mmevo.ops import cpp_backend
 
 from fastpath_helpers import (
     assert_float32_as_accurate,
@@ -698,3 +701,40 @@ def test_involution_s2_float32_pool_as_accurate_as_stock(threads, size):
     x = torch.randn(2, 32, *size, dtype=torch.float64)
     assert takes_avg_pool_conv(x.float(), layer.avgpool)
     assert_float32_as_accurate(layer, stock, ref, x)
+
+
+@pytest.mark.skipif(
+    not cpp_backend.available(), reason='call_cpu_kernel calls C++ kernels'
+)
+@pytest.mark.parametrize(
+    'change, error, match',
+    [
+        (dict(z=torch.randn(1, 4, 4, 5)), ValueError, r'^z must be \(B, C_r'),
+        (dict(groups=3), ValueError, r'must be divisible by groups=3'),
+        (
+            dict(span_weight=torch.randn(9, 4, 1, 1, dtype=torch.float64)),
+            TypeError,
+            r'^input and span_weight must have the same dtype',
+        ),
+        (dict(kernel_size=2), ValueError, r'^kernel_size must be odd'),
+    ],
+)
+def test_call_cpu_kernel_checks_its_arguments(change, error, match):
+    """Without autograd the kernel is called directly; it names the bad
+    argument as the operator does."""
+    op = torch.ops.mmevo.fused_involution.default
+    args = dict(
+        input=torch.randn(1, 16, 5, 5),
+        z=torch.randn(1, 4, 5, 5),
+        span_weight=torch.randn(9, 4, 1, 1),
+        span_bias=None,
+        kernel_size=3,
+        stride=1,
+        dilation=1,
+        groups=1,
+    )
+    args.update(change)
+    with torch.no_grad():
+        for call in (op, functools.partial(call_cpu_kernel, op)):
+            with pytest.raises(error, match=match):
+                call(*args.values())

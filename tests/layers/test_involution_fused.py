@@ -169,3 +169,54 @@ def test_compile_and_tracing_see_the_stock_graph():
     assert 'mmevo::evolution_aggregate' in ops
     assert 'mmevo::fused_involution' not in ops
     torch.testing.assert_close(traced(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('mode', ['no_grad', 'inference_mode'])
+def test_inference_equals_stock_float64(layer_and_input, mode):
+    """Without autograd the fused op runs on its C++ kernel directly
+    (``call_cpu_kernel``): the stock numbers, NCHW and channels-last, and
+    for an empty batch."""
+    layer, x = layer_and_input
+    context = getattr(torch, mode)
+    layer.eval()
+    try:
+        with context():
+            ref = set_cpu_fastpath(layer, False)(x)
+            set_cpu_fastpath(layer, True)
+            for inp in (x, x.to(memory_format=torch.channels_last)):
+                torch.testing.assert_close(
+                    layer(inp), ref, rtol=1e-10, atol=1e-10
+                )
+            empty = layer(x[:0])
+        assert empty.shape == (0, *ref.shape[1:])
+    finally:
+        set_cpu_fastpath(layer, True)
+        layer.train()
+
+
+def test_inference_call_is_seen_by_profilers_and_dispatch_modes():
+    """The direct kernel call steps aside where someone watches the ops: a
+    profiler and a dispatch mode see ``mmevo::fused_involution``."""
+    from torch.profiler import profile
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    layer = Involution(16, 7).eval()
+    x = torch.randn(1, 16, 28, 28)
+    with torch.no_grad():
+        expected = layer(x)
+        with profile() as prof:
+            torch.testing.assert_close(layer(x), expected)
+        with Recorder() as recorder:
+            torch.testing.assert_close(layer(x), expected)
+    names = {event.key for event in prof.key_averages()}
+    assert 'mmevo::fused_involution' in names
+    assert 'mmevo.fused_involution.default' in recorder.ops
