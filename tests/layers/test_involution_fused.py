@@ -103,7 +103,10 @@ def test_low_precision_against_float64(dtype, tol):
     low = layer.to(dtype)
     assert not kernel_map_saved(low, x.to(dtype))  # the fused path ran
     out = low(x.to(dtype))
-    assert out.dtype == dtype
+    with torch.no_grad():  # the C++ kernel called directly
+        direct = low(x.to(dtype))
+    assert out.dtype == direct.dtype == dtype
+    torch.testing.assert_close(direct, out.detach(), rtol=0, atol=0)
     scale = float(ref.abs().max())
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * scale)
 
@@ -194,9 +197,10 @@ def test_inference_equals_stock_float64(layer_and_input, mode):
         layer.train()
 
 
-def test_inference_call_is_seen_by_profilers_and_dispatch_modes():
+def test_inference_call_steps_aside_for_profilers_modes_and_vmap():
     """The direct kernel call steps aside where someone watches the ops: a
-    profiler and a dispatch mode see ``mmevo::fused_involution``."""
+    profiler and a dispatch mode see ``mmevo::fused_involution``, and
+    ``vmap`` maps it."""
     from torch.profiler import profile
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -220,3 +224,10 @@ def test_inference_call_is_seen_by_profilers_and_dispatch_modes():
     names = {event.key for event in prof.key_averages()}
     assert 'mmevo::fused_involution' in names
     assert 'mmevo.fused_involution.default' in recorder.ops
+    # a functorch transform gets the operator (its batching fallback)
+    batch = torch.randn(2, 1, 16, 28, 28)
+    with torch.no_grad():
+        mapped = torch.func.vmap(layer)(batch)
+        torch.testing.assert_close(
+            mapped, torch.stack([layer(b) for b in batch])
+        )
