@@ -238,9 +238,9 @@ def call_cpu_kernel(op: torch._ops.OpOverload, *args):
     """``op(*args)``, for a fast path whose C++ kernel takes the call
     (:func:`takes_fused_cpu`).
 
-    With nothing to differentiate, no profiler, dispatch mode (a FLOP
-    counter, fake tensors) or functorch transform running and plain
-    tensors, the C++ CPU kernel itself, which checks its arguments (a
+    With nothing to differentiate, no profiler, torch-function or dispatch
+    mode (a FLOP counter, fake tensors) or functorch transform running and
+    plain tensors, the C++ CPU kernel itself, which checks its arguments (a
     profiler would not see the operator's call): the operator's Python
     layers, its ``torch.library`` autograd and the backend choice, took
     35 us a call, 2-3x a small map's kernel (17 calls in RedNet-50's
@@ -269,6 +269,7 @@ def call_cpu_kernel(op: torch._ops.OpOverload, *args):
         _differentiates(*tensors)
         or torch._C._autograd._profiler_enabled()
         or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
         or torch._C._are_functorch_transforms_active()
         or any(type(t) not in _PLAIN_TENSORS for t in tensors)
     ):

@@ -199,8 +199,9 @@ def test_inference_equals_stock_float64(layer_and_input, mode):
 
 def test_inference_call_steps_aside_for_profilers_modes_and_vmap():
     """The direct kernel call steps aside where someone watches the ops: a
-    profiler and a dispatch mode see ``mmevo::fused_involution``, and
-    ``vmap`` maps it."""
+    profiler, a dispatch mode and a torch-function mode see
+    ``mmevo::fused_involution``, and ``vmap`` maps it."""
+    from torch.overrides import TorchFunctionMode
     from torch.profiler import profile
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -213,6 +214,15 @@ def test_inference_call_steps_aside_for_profilers_modes_and_vmap():
             self.ops.append(str(func))
             return func(*args, **(kwargs or {}))
 
+    class FunctionRecorder(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
     layer = Involution(16, 7).eval()
     x = torch.randn(1, 16, 28, 28)
     with torch.no_grad():
@@ -221,9 +231,12 @@ def test_inference_call_steps_aside_for_profilers_modes_and_vmap():
             torch.testing.assert_close(layer(x), expected)
         with Recorder() as recorder:
             torch.testing.assert_close(layer(x), expected)
+        with FunctionRecorder() as function_recorder:
+            torch.testing.assert_close(layer(x), expected)
     names = {event.key for event in prof.key_averages()}
     assert 'mmevo::fused_involution' in names
     assert 'mmevo.fused_involution.default' in recorder.ops
+    assert 'mmevo.fused_involution.default' in function_recorder.ops
     # a functorch transform gets the operator (its batching fallback)
     batch = torch.randn(2, 1, 16, 28, 28)
     with torch.no_grad():
