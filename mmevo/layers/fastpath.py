@@ -238,13 +238,14 @@ def call_cpu_kernel(op: torch._ops.OpOverload, *args):
     """``op(*args)``, for a fast path whose C++ kernel takes the call
     (:func:`takes_fused_cpu`).
 
-    With nothing to differentiate, no profiler, torch-function or dispatch
-    mode (a FLOP counter, fake tensors) or functorch transform running and
-    plain tensors, the C++ CPU kernel itself, which checks its arguments (a
-    profiler would not see the operator's call): the operator's Python
-    layers, its ``torch.library`` autograd and the backend choice, took
-    35 us a call, 2-3x a small map's kernel (17 calls in RedNet-50's
-    forward). Otherwise the operator through every layer.
+    With nothing to differentiate and plain tensors, the C++ CPU kernel
+    itself, which checks its arguments: the operator's Python layers, its
+    ``torch.library`` autograd and the backend choice, took 35 us a call,
+    2-3x a small map's kernel (17 calls in RedNet-50's forward). Otherwise,
+    and while something watches operator calls (which the kernel call would
+    bypass: a profiler, a torch-function or dispatch mode such as a FLOP
+    counter or fake tensors, a functorch transform), the operator through
+    every layer.
 
     Args:
         op (OpOverload): a ``torch.ops.mmevo`` operator with a C++ kernel.
