@@ -265,7 +265,7 @@ def test_attention_weights_key_not_4d():
 # themselves, on every backend: the entry of exported graphs and of C++.
 X = (1, 4, 4, 4)
 K3 = (1, 1, 3, 3, 4, 4)
-# (op, shapes of the two tensors, the other arguments, error, message)
+# (op, shapes of the tensors, the other arguments, error, message)
 RAW_CASES = [
     # a kernel map of the wrong size used to come back zero-padded (cpp) or
     # wrongly shaped (torch)
@@ -438,19 +438,34 @@ RAW_CASES = [
         'ValueError',
         r"padding_mode must be one of .* got 'reflekt'",
     ),
+    # the fused involution's span rows against z, and its "same" padding
+    # overflowing with the input, named by what it comes from
+    (
+        'fused_involution',
+        ((2, 8, 9, 9), (2, 5, 9, 9), (18, 4, 1, 1)),
+        (None, 3, 1, 1, 2),
+        'ValueError',
+        r'^span_weight must be \(G\*K\*K, C_r, 1, 1\) = \(18, 5, 1, 1\) for '
+        r'groups=2, kernel_size=3 and z with C_r=5 channels, got',
+    ),
+    (
+        'fused_involution',
+        ((2, 8, 9, 9), (2, 4, 9, 9), (18, 4, 1, 1)),
+        (None, 3, 1, 2**62 - 1, 2),
+        'ValueError',
+        r'^dilation=4611686018427387903 with kernel_size=3 pads the input by '
+        r'4611686018427387903 \("same"\), and input 9 x 9 plus twice that '
+        r'does not fit in int64$',
+    ),
 ]
 
 
 ERRORS = {'ValueError': ValueError, 'TypeError': TypeError}
 
 
-def run_raw(
-    op,
-    shapes,
-    args,
-    dtypes=(torch.float32, torch.float32),
-    devices=('cpu', 'cpu'),
-):
+def run_raw(op, shapes, args, dtypes=None, devices=None):
+    dtypes = dtypes or [torch.float32] * len(shapes)
+    devices = devices or ['cpu'] * len(shapes)
     tensors = [
         torch.randn(shape).to(dtype).to(device)
         for shape, dtype, device in zip(shapes, dtypes, devices, strict=True)
@@ -480,7 +495,7 @@ def test_fake_kernel_checks(op, shapes, args, error, message):
     """The fake kernels (torch.compile, torch.export) check as the real
     ones: meta tensors."""
     with pytest.raises(ValueError, match=message):
-        run_raw(op, shapes, args, devices=('meta', 'meta'))
+        run_raw(op, shapes, args, devices=['meta'] * len(shapes))
 
 
 @pytest.mark.parametrize('backend', BACKENDS)

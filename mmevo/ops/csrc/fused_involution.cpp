@@ -64,14 +64,22 @@ Geometry check_args(const at::Tensor& input, const at::Tensor& z, const at::Tens
   const int64_t B = input.size(0), C = input.size(1), Cr = z.size(1);
   TORCH_CHECK_VALUE(C % G == 0, "input channels (", C, ") must be divisible by groups=", G);
   int64_t rows = 0;
-  TORCH_CHECK_VALUE(K <= 3037000499 && !__builtin_mul_overflow(K * K, G, &rows) &&
-                        weight.size(0) == rows && weight.size(1) == Cr,
-                    "span_weight must be (G*K*K, C_r, 1, 1) for groups=", G, ", kernel_size=", K,
-                    " and z ", z.sizes(), ", got ", weight.sizes());
+  TORCH_CHECK_VALUE(K <= 3037000499 && !__builtin_mul_overflow(K * K, G, &rows),
+                    "groups=", G, " with kernel_size=", K,
+                    ": span_weight's G*K*K rows do not fit in int64");
+  TORCH_CHECK_VALUE(weight.size(0) == rows && weight.size(1) == Cr,
+                    "span_weight must be (G*K*K, C_r, 1, 1) = (", rows, ", ", Cr,
+                    ", 1, 1) for groups=", G, ", kernel_size=", K, " and z with C_r=", Cr,
+                    " channels, got ", weight.sizes());
   if (bias)
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == rows,
                       "span_bias must be (G*K*K,) = (", rows, ",), got ", bias->sizes());
   const int64_t p = d * (K - 1) / 2;
+  // the padding is no argument here: name what it comes from
+  TORCH_CHECK_VALUE(std::max(input.size(2), input.size(3)) <= kInt64Max - 2 * p, "dilation=", d,
+                    " with kernel_size=", K, " pads the input by ", p,
+                    " (\"same\"), and input ", input.size(2), " x ", input.size(3),
+                    " plus twice that does not fit in int64");
   const int64_t Ho = checked_out("input height", input.size(2), K, s, p, d);
   const int64_t Wo = checked_out("input width", input.size(3), K, s, p, d);
   TORCH_CHECK_VALUE(z.size(0) == B && z.size(2) == Ho && z.size(3) == Wo,
