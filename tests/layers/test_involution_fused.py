@@ -205,23 +205,20 @@ def test_inference_call_steps_aside_for_profilers_modes_and_vmap():
     from torch.profiler import profile
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Recorder(TorchDispatchMode):
+    class Recording:  # the ops a mode sees
         def __init__(self):
             super().__init__()
             self.ops = []
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def record(self, func, types, args=(), kwargs=None):
             self.ops.append(str(func))
             return func(*args, **(kwargs or {}))
 
-    class FunctionRecorder(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
+    class Recorder(Recording, TorchDispatchMode):
+        __torch_dispatch__ = Recording.record
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
+    class FunctionRecorder(Recording, TorchFunctionMode):
+        __torch_function__ = Recording.record
 
     layer = Involution(16, 7).eval()
     x = torch.randn(1, 16, 28, 28)
