@@ -186,22 +186,69 @@ def test_empty(B, C):
     assert not z.grad.any() and not S.grad.any() and not b.grad.any()
 
 
-def test_channels_last():
-    x, z, S, b = make(2, 32, 11, 9, 5, 1, 2, 2, 6)
-    cl = torch.channels_last
-    y = fused_involution(
-        x.to(memory_format=cl), z.to(memory_format=cl), S, b, 5, 1, 2, 2
-    )
-    assert y.is_contiguous(memory_format=cl)
-    torch.testing.assert_close(y, unfused(x, z, S, b, 5, 1, 2, 2))
+def channels_last(tensors, z_layout):
+    """x channels-last, z channels-last, NCHW or a strided view."""
+    x, z, S, b = tensors
+    x = x.contiguous(memory_format=torch.channels_last)
+    if z_layout == 'channels_last':
+        z = z.contiguous(memory_format=torch.channels_last)
+    elif z_layout == 'strided':  # every other column of a wider map
+        wide = z.new_zeros(*z.shape[:-1], 2 * z.shape[-1])
+        wide[..., ::2] = z
+        z = wide[..., ::2]
+    return x, z, S, b
+
+
+@pytest.mark.parametrize('z_layout', ['channels_last', 'contiguous', 'strided'])
+@pytest.mark.parametrize('case', CASES, ids=str)
+def test_channels_last_equals_unfused_float64(case, z_layout):
+    """A channels-last input is read in place, whatever z's layout (the C++
+    kernel's channels-last path; every case has a map larger than 1 x 1,
+    so the input is channels-last and not also contiguous)."""
+    *shape, K, s, d, G, Cr = case
+    tensors = channels_last(make(*shape, K, s, d, G, Cr), z_layout)
+    y = fused_involution(*tensors, K, s, d, G)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert_matches_unfused(tensors, (K, s, d, G))
+
+
+def test_channels_last_seeded_sweep_odd_sizes():
+    """Groups of any width (a vector's channels and a scalar tail), pixel
+    blocks cut by the map's edge, K = 1, strides past the window."""
+    rng = random.Random(1)
+    for seed in range(16):
+        G, K = rng.choice([1, 2, 3]), rng.choice([1, 3, 5, 7])
+        s, d = rng.choice([1, 2, 3]), rng.choice([1, 2])
+        C = G * rng.choice([1, 3, 5, 8, 16, 20])
+        H, W = rng.randint(2, 14), rng.randint(2, 14)
+        tensors = make(
+            rng.randint(1, 3),
+            C,
+            H,
+            W,
+            K,
+            s,
+            d,
+            G,
+            rng.randint(1, 9),
+            bias=bool(seed % 2),
+            seed=seed,
+        )
+        z_layout = rng.choice(['channels_last', 'contiguous', 'strided'])
+        assert_matches_unfused(
+            channels_last(tensors, z_layout), (K, s, d, G)
+        )
 
 
 @pytest.mark.parametrize(
     'dtype, tol',
     [(torch.float32, 1e-5), (torch.bfloat16, 5e-2), (torch.float16, 5e-3)],
 )
-def test_low_precision_against_float64(dtype, tol):
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+def test_low_precision_against_float64(dtype, tol, layout):
     tensors = make(2, 32, 10, 9, 7, 1, 1, 2, 8)
+    if layout == 'channels_last':
+        tensors = channels_last(tensors, 'channels_last')
     window = (7, 1, 1, 2)
     y64, g64 = values_and_grads(fused_involution, tensors, window)
     low = [t.to(dtype) for t in tensors]
@@ -329,10 +376,16 @@ ISA_SCRIPT = r"""
 import sys
 sys.path.insert(0, {here!r})
 from mmevo.ops import cpp_backend
-from test_fused_involution import CASES, assert_matches_unfused, make
+from test_fused_involution import (
+    CASES, assert_matches_unfused, channels_last, make
+)
 assert cpp_backend.isa() == {isa!r}, cpp_backend.isa()
 for *shape, K, s, d, G, Cr in CASES:
-    assert_matches_unfused(make(*shape, K, s, d, G, Cr), (K, s, d, G))
+    tensors = make(*shape, K, s, d, G, Cr)
+    assert_matches_unfused(tensors, (K, s, d, G))
+    assert_matches_unfused(
+        channels_last(tensors, 'channels_last'), (K, s, d, G)
+    )
 print('ok')
 """
 

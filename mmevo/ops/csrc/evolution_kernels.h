@@ -495,15 +495,17 @@ struct NhwcSteps {
 
 // For pixels p < NP and vectors n < NV:
 // y[p*st.y + n*V, ...+V) = sum_q w[p*st.w + wo[n] + ko[q]] * x[p*st.x + xo[q] + n*V, ...+V).
-template <int NV, int NP, typename T, typename A, typename vec>
+// The kernel's type TW is T, or A for a kernel computed in the
+// accumulation type (the fused involution's).
+template <int NV, int NP, typename T, typename TW, typename A, typename vec>
 __attribute__((always_inline)) inline void nhwc_tile(
-    const T* __restrict__ x, const T* __restrict__ w, const int64_t* xo, const int64_t* ko,
+    const T* __restrict__ x, const TW* __restrict__ w, const int64_t* xo, const int64_t* ko,
     int64_t nt, const int64_t* wo, NhwcSteps st, T* __restrict__ y) {
   constexpr int64_t V = sizeof(vec) / sizeof(A);
   vec acc[NP][NV] = {};
   for (int64_t q = 0; q < nt; ++q) {
     const T* xq = x + xo[q];
-    const T* wq = w + ko[q];
+    const TW* wq = w + ko[q];
 #pragma GCC unroll 4
     for (int p = 0; p < NP; ++p)
 #pragma GCC unroll 4
@@ -515,96 +517,119 @@ __attribute__((always_inline)) inline void nhwc_tile(
     for (int n = 0; n < NV; ++n) store_lanes<T, A>(y + p * st.y + n * V, acc[p][n], V);
 }
 
-template <int NP, typename T, typename A, typename vec>
-inline void nhwc_tile_nv(int64_t nv, const T* x, const T* w, const int64_t* xo,
+template <int NP, typename T, typename TW, typename A, typename vec>
+inline void nhwc_tile_nv(int64_t nv, const T* x, const TW* w, const int64_t* xo,
                          const int64_t* ko, int64_t nt, const int64_t* wo, NhwcSteps st,
                          T* y) {
   switch (nv) {
-    case 4: nhwc_tile<4, NP, T, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
-    case 3: nhwc_tile<3, NP, T, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
-    case 2: nhwc_tile<2, NP, T, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
-    default: nhwc_tile<1, NP, T, A, vec>(x, w, xo, ko, nt, wo, st, y);
+    case 4: nhwc_tile<4, NP, T, TW, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
+    case 3: nhwc_tile<3, NP, T, TW, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
+    case 2: nhwc_tile<2, NP, T, TW, A, vec>(x, w, xo, ko, nt, wo, st, y); break;
+    default: nhwc_tile<1, NP, T, TW, A, vec>(x, w, xo, ko, nt, wo, st, y);
   }
 }
 
+// One task's view of a channels-last aggregation: the kernel's strides ws
+// (B, G, K, K, Ho, Wo), how the channels run, and the window offsets.
 template <typename T>
-void aggregate_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w,
-                            const int64_t* ws, T* __restrict__ y, const Geometry& g) {
+struct NhwcRows {
   using A = typename Acc<T>::type;
-  typedef A vec __attribute__((vector_size(kVecBytes)));
-  constexpr int64_t V = kVecBytes / sizeof(A);
-  const int64_t Cg = g.C / g.G, KK = g.K * g.K;
-  // Whole vectors of one group each: the channels as one run; otherwise
-  // group by group, the vector part of each, then its last channels.
-  const bool flat = Cg % V == 0;
-  const int64_t runs = flat ? 1 : g.G, run = flat ? g.C : Cg, Cv = run / V * V;
-  // Pixels of an inner block: with short runs (the RedNet stem: 32
-  // channels) one pixel's sums are too few to hide the FMA latency; 4 to 8
-  // in flight are. Longer runs keep one pixel (measured no faster).
-  const int64_t NP = Cv > kNhwcVecs * V ? 1 : Cv >= 3 * V ? 2 : 4;
-  const NhwcSteps st{g.s * g.C, ws[5], g.C};
-  const int64_t grain = grain_for(g.Wo * KK * g.C);
-  at::parallel_for(0, g.B * g.Ho, grain, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> xo(KK), ko(KK), rel_x(KK), rel_k(KK);
+  static constexpr int64_t V = kVecBytes / sizeof(A);
+  const Geometry& g;
+  const int64_t* ws;
+  int64_t Cg, KK, runs, run, Cv, NP;
+  NhwcSteps st;
+  std::vector<int64_t> xo, ko, rel_x, rel_k;
+
+  NhwcRows(const Geometry& g_, const int64_t* ws_)
+      : g(g_), ws(ws_), Cg(g.C / g.G), KK(g.K * g.K), xo(KK), ko(KK), rel_x(KK), rel_k(KK) {
+    // Whole vectors of one group each: the channels as one run; otherwise
+    // group by group, the vector part of each, then its last channels.
+    const bool flat = Cg % V == 0;
+    runs = flat ? 1 : g.G, run = flat ? g.C : Cg, Cv = run / V * V;
+    // Pixels of an inner block: with short runs (the RedNet stem: 32
+    // channels) one pixel's sums are too few to hide the FMA latency; 4 to
+    // 8 in flight are. Longer runs keep one pixel (measured no faster).
+    NP = Cv > kNhwcVecs * V ? 1 : Cv >= 3 * V ? 2 : 4;
+    st = NhwcSteps{g.s * g.C, ws[5], g.C};
     for (int64_t u = 0; u < g.K; ++u)
       for (int64_t v = 0; v < g.K; ++v) {
         rel_x[u * g.K + v] = (u * g.d * g.W + v * g.d) * g.C;
         rel_k[u * g.K + v] = u * ws[2] + v * ws[3];
       }
+  }
+
+  // Output row i of image b, columns [j0, j1), from x (B, H, W, C) into y
+  // (B, Ho, Wo, C); w is the kernel of (b, i, j0), column j's (j - j0) *
+  // ws[5] past it.
+  template <typename TW>
+  void row(const T* __restrict__ x, const TW* __restrict__ w, T* __restrict__ y, int64_t b,
+           int64_t i, int64_t j0, int64_t j1) {
+    typedef A vec __attribute__((vector_size(kVecBytes)));
     int64_t wo[kNhwcVecs];
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t b = t / g.Ho, i = t % g.Ho, h0 = i * g.s - g.p;
-      const bool rows_in = h0 >= 0 && h0 + (g.K - 1) * g.d < g.H;
-      for (int64_t j = 0, np; j < g.Wo; j += np) {
-        const int64_t w0 = j * g.s - g.p;
-        const int64_t base = ((b * g.H + h0) * g.W + w0) * g.C;
-        // The windows of pixels j .. j + n - 1 lie inside the map.
-        const auto inside = [&](int64_t n) {
-          return rows_in && w0 >= 0 && j + n <= g.Wo &&
-                 w0 + (n - 1) * g.s + (g.K - 1) * g.d < g.W;
-        };
-        int64_t nt = 0;  // the taps inside the map
-        np = inside(NP) ? NP : 1;
-        if (np > 1 || inside(1)) {
-          for (int64_t q = 0; q < KK; ++q) xo[q] = base + rel_x[q], ko[q] = rel_k[q];
-          nt = KK;
-        } else {
-          for (int64_t u = 0; u < g.K; ++u) {
-            if (h0 + u * g.d < 0 || h0 + u * g.d >= g.H) continue;
-            for (int64_t v = 0; v < g.K; ++v) {
-              if (w0 + v * g.d < 0 || w0 + v * g.d >= g.W) continue;
-              xo[nt] = base + rel_x[u * g.K + v];
-              ko[nt++] = rel_k[u * g.K + v];
-            }
+    const int64_t h0 = i * g.s - g.p;
+    const bool rows_in = h0 >= 0 && h0 + (g.K - 1) * g.d < g.H;
+    for (int64_t j = j0, np; j < j1; j += np) {
+      const int64_t w0 = j * g.s - g.p;
+      const int64_t base = ((b * g.H + h0) * g.W + w0) * g.C;
+      // The windows of pixels j .. j + n - 1 lie inside the map.
+      const auto inside = [&](int64_t n) {
+        return rows_in && w0 >= 0 && j + n <= j1 && w0 + (n - 1) * g.s + (g.K - 1) * g.d < g.W;
+      };
+      int64_t nt = 0;  // the taps inside the map
+      np = inside(NP) ? NP : 1;
+      if (np > 1 || inside(1)) {
+        for (int64_t q = 0; q < KK; ++q) xo[q] = base + rel_x[q], ko[q] = rel_k[q];
+        nt = KK;
+      } else {
+        for (int64_t u = 0; u < g.K; ++u) {
+          if (h0 + u * g.d < 0 || h0 + u * g.d >= g.H) continue;
+          for (int64_t v = 0; v < g.K; ++v) {
+            if (w0 + v * g.d < 0 || w0 + v * g.d >= g.W) continue;
+            xo[nt] = base + rel_x[u * g.K + v];
+            ko[nt++] = rel_k[u * g.K + v];
           }
-        }
-        const T* wp = w + b * ws[0] + i * ws[4] + j * ws[5];
-        T* yp = y + ((b * g.Ho + i) * g.Wo + j) * g.C;
-        for (int64_t r = 0; r < runs; ++r) {
-          const int64_t c_r = r * run;  // the run's first channel
-          for (int64_t c0 = 0; c0 < Cv; c0 += kNhwcVecs * V) {
-            const int64_t nv = std::min<int64_t>(kNhwcVecs, (Cv - c0) / V);
-            for (int64_t n = 0; n < nv; ++n) wo[n] = (c_r + c0 + n * V) / Cg * ws[1];
-            const T* xc = x + c_r + c0;
-            T* yc = yp + c_r + c0;
-            if (np == 4)
-              nhwc_tile_nv<4, T, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
-            else if (np == 2)
-              nhwc_tile_nv<2, T, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
-            else
-              nhwc_tile_nv<1, T, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
-          }
-          for (int64_t p = 0; p < np; ++p)
-            for (int64_t c = c_r + Cv; c < c_r + run; ++c) {
-              const T* wc = wp + p * st.w + c / Cg * ws[1];
-              const T* xp = x + p * st.x + c;
-              A sum = 0;
-              for (int64_t q = 0; q < nt; ++q)
-                sum += static_cast<A>(wc[ko[q]]) * static_cast<A>(xp[xo[q]]);
-              yp[p * st.y + c] = static_cast<T>(sum);
-            }
         }
       }
+      const TW* wp = w + (j - j0) * ws[5];
+      T* yp = y + ((b * g.Ho + i) * g.Wo + j) * g.C;
+      for (int64_t r = 0; r < runs; ++r) {
+        const int64_t c_r = r * run;  // the run's first channel
+        for (int64_t c0 = 0; c0 < Cv; c0 += kNhwcVecs * V) {
+          const int64_t nv = std::min<int64_t>(kNhwcVecs, (Cv - c0) / V);
+          for (int64_t n = 0; n < nv; ++n) wo[n] = (c_r + c0 + n * V) / Cg * ws[1];
+          const T* xc = x + c_r + c0;
+          T* yc = yp + c_r + c0;
+          if (np == 4)
+            nhwc_tile_nv<4, T, TW, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
+          else if (np == 2)
+            nhwc_tile_nv<2, T, TW, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
+          else
+            nhwc_tile_nv<1, T, TW, A, vec>(nv, xc, wp, xo.data(), ko.data(), nt, wo, st, yc);
+        }
+        for (int64_t p = 0; p < np; ++p)
+          for (int64_t c = c_r + Cv; c < c_r + run; ++c) {
+            const TW* wc = wp + p * st.w + c / Cg * ws[1];
+            const T* xp = x + p * st.x + c;
+            A sum = 0;
+            for (int64_t q = 0; q < nt; ++q)
+              sum += static_cast<A>(wc[ko[q]]) * static_cast<A>(xp[xo[q]]);
+            yp[p * st.y + c] = static_cast<T>(sum);
+          }
+      }
+    }
+  }
+};
+
+template <typename T>
+void aggregate_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w,
+                            const int64_t* ws, T* __restrict__ y, const Geometry& g) {
+  const int64_t grain = grain_for(g.Wo * g.K * g.K * g.C);
+  at::parallel_for(0, g.B * g.Ho, grain, [&](int64_t begin, int64_t end) {
+    NhwcRows<T> rows(g, ws);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / g.Ho, i = t % g.Ho;
+      rows.row(x, w + b * ws[0] + i * ws[4], y, b, i, 0, g.Wo);
     }
   });
 }

@@ -128,10 +128,27 @@ at::Tensor fused_involution_cpu(const at::Tensor& input, const at::Tensor& z,
                           g.s, g.p, g.d, "zeros")
         .contiguous(layout);
   }
-  const auto x = input.contiguous(), zc = z.contiguous(), S = span_weight.contiguous();
+  const auto S = span_weight.contiguous();
   const auto b = span_bias ? span_bias->contiguous() : at::Tensor();
+  const int64_t Cr = z.size(1);
+  if (nhwc) {
+    // In place: x and y channels-last, z in any layout (Inductor's
+    // convolutions leave both channels-last).
+    auto y = at::empty({g.B, g.C, g.Ho, g.Wo}, input.options().memory_format(layout));
+    const auto zs = z.strides();
+    const int64_t zst[4] = {zs[0], zs[1], zs[2], zs[3]};
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, input.scalar_type(),
+                                    "fused_involution_nhwc", [&] {
+      const scalar_t* bp = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
+      MMEVO_ISA_CALL(fused_forward_nhwc<scalar_t>(input.data_ptr<scalar_t>(),
+                                                  z.data_ptr<scalar_t>(), zst,
+                                                  S.data_ptr<scalar_t>(), bp,
+                                                  y.data_ptr<scalar_t>(), g, Cr));
+    });
+    return y;
+  }
+  const auto x = input.contiguous(), zc = z.contiguous();
   auto y = at::empty({g.B, g.C, g.Ho, g.Wo}, x.options());
-  const int64_t Cr = zc.size(1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_involution",
                                   [&] {
     const scalar_t* bp = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
@@ -139,7 +156,7 @@ at::Tensor fused_involution_cpu(const at::Tensor& input, const at::Tensor& z,
                                              S.data_ptr<scalar_t>(), bp,
                                              y.data_ptr<scalar_t>(), g, Cr));
   });
-  return y.contiguous(layout);
+  return y;
 }
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

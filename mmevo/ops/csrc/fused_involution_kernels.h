@@ -377,6 +377,104 @@ void fused_forward(const T* __restrict__ x, const T* __restrict__ z, const T* __
   });
 }
 
+// wb[p * Np + k0 + n * V + l] = bv[k] + sum_r St[r * Np + k] * z[r * zs1 +
+// p * zs3] (k = k0 + n * V + l) for the NP pixels p and NK tap vectors n.
+template <int NP, int NK, typename T, typename A, typename vec>
+__attribute__((always_inline)) inline void span_pixel_block(
+    A* __restrict__ wb, int64_t Np, const A* __restrict__ St, const A* __restrict__ bv,
+    const T* __restrict__ z, int64_t zs1, int64_t zs3, int64_t Cr, int64_t k0) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A), VB = sizeof(vec);
+  vec acc[NP][NK];
+#pragma GCC unroll 4
+  for (int n = 0; n < NK; ++n) {
+    vec b;
+    std::memcpy(&b, bv + k0 + n * V, VB);
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) acc[p][n] = b;
+  }
+  for (int64_t r = 0; r < Cr; ++r) {
+    vec sv[NK];
+#pragma GCC unroll 4
+    for (int n = 0; n < NK; ++n) std::memcpy(&sv[n], St + r * Np + k0 + n * V, VB);
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) {
+      const vec zv = splat<vec>(static_cast<A>(z[r * zs1 + p * zs3]));
+#pragma GCC unroll 4
+      for (int n = 0; n < NK; ++n) acc[p][n] += zv * sv[n];
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int n = 0; n < NK; ++n) std::memcpy(wb + p * Np + k0 + n * V, &acc[p][n], VB);
+}
+
+template <int NP, typename T, typename A, typename vec>
+void span_pixel_blocks(A* wb, int64_t Np, const A* St, const A* bv, const T* z, int64_t zs1,
+                       int64_t zs3, int64_t Cr) {
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  for (int64_t k0 = 0; k0 < Np; k0 += kMK * V) {
+    switch (std::min<int64_t>(kMK, (Np - k0) / V)) {
+      case 4: span_pixel_block<NP, 4, T, A, vec>(wb, Np, St, bv, z, zs1, zs3, Cr, k0); break;
+      case 3: span_pixel_block<NP, 3, T, A, vec>(wb, Np, St, bv, z, zs1, zs3, Cr, k0); break;
+      case 2: span_pixel_block<NP, 2, T, A, vec>(wb, Np, St, bv, z, zs1, zs3, Cr, k0); break;
+      default: span_pixel_block<NP, 1, T, A, vec>(wb, Np, St, bv, z, zs1, zs3, Cr, k0);
+    }
+  }
+}
+
+// The kernels of nj pixels of an output row, in the accumulation type:
+// wb[j * Np + k] = bias[k] + sum_r S[k][r] * z[r][j] for the G*K*K taps k
+// (St: S transposed, (Cr, Np), zero past G*K*K; bv the bias likewise), z of
+// any strides zs (its row's first pixel). Register tiles of 4 pixels x
+// kMK tap vectors, a z value broadcast per pixel.
+template <typename T, typename A, typename vec>
+void span_pixels(A* wb, int64_t Np, const A* St, const A* bv, const T* z, const int64_t* zs,
+                 int64_t Cr, int64_t nj) {
+  int64_t j = 0;
+  for (; j + 4 <= nj; j += 4)
+    span_pixel_blocks<4, T, A, vec>(wb + j * Np, Np, St, bv, z + j * zs[3], zs[1], zs[3], Cr);
+  for (; j < nj; ++j)
+    span_pixel_blocks<1, T, A, vec>(wb + j * Np, Np, St, bv, z + j * zs[3], zs[1], zs[3], Cr);
+}
+
+// Y = the involution of x with the kernel S z + bias, channels-last: x (B,
+// H, W, C) and y (B, Ho, Wo, C) dense, z of any strides zs (B, Cr, Ho, Wo).
+// Task: one output row, in blocks of columns whose kernels (all G*K*K taps
+// of a pixel, contiguous) fit a small buffer; aggregate_forward_nhwc's row
+// loop aggregates them from there. The kernel is never written to memory.
+template <typename T>
+void fused_forward_nhwc(const T* __restrict__ x, const T* __restrict__ z, const int64_t* zs,
+                        const T* __restrict__ S, const T* __restrict__ bias,
+                        T* __restrict__ y, const Geometry& g, int64_t Cr) {
+  using A = at::opmath_type<T>;
+  typedef A vec __attribute__((vector_size(kVecBytes)));
+  constexpr int64_t V = kVecBytes / sizeof(A);
+  const int64_t KK = g.K * g.K, GKK = g.G * KK, Np = round_up(GKK, V);
+  std::vector<A> St(Cr * Np, A(0)), bv(Np, A(0));
+  for (int64_t k = 0; k < GKK; ++k) {
+    for (int64_t r = 0; r < Cr; ++r) St[r * Np + k] = static_cast<A>(S[k * Cr + r]);
+    if (bias) bv[k] = static_cast<A>(bias[k]);
+  }
+  // Columns of a block: their kernels in about 32 KiB (L1), 4 at least.
+  const int64_t cols =
+      std::min(g.Wo, round_up(std::max<int64_t>(1, 8192 / Np), 4));
+  // The kernel's strides in the buffer, as aggregate_forward_nhwc takes them.
+  const int64_t ws[6] = {0, KK, g.K, 1, 0, Np};
+  const int64_t grain = grain_for(g.Wo * KK * (g.C + g.G * Cr));
+  at::parallel_for(0, g.B * g.Ho, grain, [&](int64_t begin, int64_t end) {
+    NhwcRows<T> rows(g, ws);
+    std::vector<A> wb(cols * Np);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / g.Ho, i = t % g.Ho;
+      for (int64_t j0 = 0; j0 < g.Wo; j0 += cols) {
+        const int64_t nj = std::min(cols, g.Wo - j0);
+        span_pixels<T, A, vec>(wb.data(), Np, St.data(), bv.data(),
+                               z + b * zs[0] + i * zs[2] + j0 * zs[3], zs, Cr, nj);
+        rows.row(x, wb.data(), y, b, i, j0, j0 + nj);
+      }
+    }
+  });
+}
+
 // How the backward splits its work, from the shapes alone (so the sums, and
 // their bits, do not depend on the thread count): each image's output rows
 // in `nstrips` strips of `rows` (a multiple of kFB, and tall enough that an
