@@ -35,6 +35,7 @@ from mmevo.ops import decompositions
 
 from .export import naming_failing_layer
 from .rewrites import AOTI_REWRITES, export_rewrites
+from .rewrites import fused_involution as rewrites_fused_involution
 from .runtime import InputSpec
 
 #: the package metadata entry that holds the input's :class:`InputSpec`
@@ -56,7 +57,12 @@ INLINE_OPS = decompositions.DECOMPOSITIONS
 
 
 def export_program(
-    model, x, dynamic=True, inline_ops=False, triton_kernels=None
+    model,
+    x,
+    dynamic=True,
+    inline_ops=False,
+    triton_kernels=None,
+    fused_involution=True,
 ):
     """``torch.export.export(model, (x, ))`` with H and W dynamic, under
     :func:`mmevo.deploy.export_rewrites` (with those of a package,
@@ -73,6 +79,12 @@ def export_program(
             AOTInductor compiles into a CUDA package. Default (None): on
             CUDA, unless ``inline_ops``. On CPU, the program a CUDA package
             would compile (Inductor compiles Triton kernels for GPUs only).
+        fused_involution (bool): on CPU, without ``inline_ops`` or
+            ``triton_kernels``, each ``Involution``'s span convolution and
+            aggregation as one ``mmevo::fused_involution``
+            (:func:`mmevo.deploy.rewrites.fused_involution`), which reads
+            Inductor's channels-last maps in place: RedNet-50's package
+            FUSED_PACKAGE_MEASURE. Default: True.
 
     Returns:
         torch.export.ExportedProgram: the program.
@@ -89,6 +101,15 @@ def export_program(
             'inline_ops and triton_kernels exclude each other: the ops as '
             'standard operators, or as their Triton kernels'
         )
+    rewrites = dict(AOTI_REWRITES)
+    if (
+        fused_involution
+        and x.device.type == 'cpu'
+        and not (inline_ops or triton_kernels)
+    ):
+        from mmevo.layers import Involution
+
+        rewrites[Involution] = rewrites_fused_involution
     shapes = None
     if dynamic:
         dim = torch.export.Dim.DYNAMIC
@@ -96,7 +117,7 @@ def export_program(
     with (
         naming_failing_layer(model, 'torch.export'),
         torch.no_grad(),
-        export_rewrites(model, AOTI_REWRITES),
+        export_rewrites(model, rewrites),
     ):
         program = torch.export.export(
             model, (x,), dynamic_shapes=shapes, strict=False
@@ -110,7 +131,15 @@ def export_program(
     return program
 
 
-def export_aoti(model, x, path, dynamic=True, inline_ops=False, prepack=False):
+def export_aoti(
+    model,
+    x,
+    path,
+    dynamic=True,
+    inline_ops=False,
+    prepack=False,
+    fused_involution=True,
+):
     """Compile ``model`` into an AOTInductor package at ``path``, its
     weights frozen (constants of the program, batch norms folded).
 
@@ -130,6 +159,7 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False, prepack=False):
             for ``x``'s size on this process's thread count (see
             :func:`compile_program`; a ``ValueError`` without ``dynamic``).
             Default: False.
+        fused_involution (bool): see :func:`export_program`. Default: True.
 
     Returns:
         str: ``path``.
@@ -141,7 +171,9 @@ def export_aoti(model, x, path, dynamic=True, inline_ops=False, prepack=False):
         >>> export_aoti(model, torch.randn(1, 3, 224, 224), 'rednet.pt2')
         >>> outputs = AotiModel('rednet.pt2')(torch.randn(1, 3, 160, 192))
     """
-    program = export_program(model, x, dynamic, inline_ops)
+    program = export_program(
+        model, x, dynamic, inline_ops, fused_involution=fused_involution
+    )
     return compile_program(program, path, prepack=prepack)
 
 

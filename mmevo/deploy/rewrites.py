@@ -154,6 +154,33 @@ def _ceil_pool(module, x, stock):
 AOTI_REWRITES = {nn.AvgPool2d: _ceil_pool}
 
 
+def fused_involution(module, x, stock):
+    """An ``Involution`` in a CPU package: its span convolution and
+    aggregation as one ``mmevo::fused_involution``, whose C++ kernel reads
+    the channels-last maps Inductor's convolutions leave in place and never
+    writes the kernel map (:func:`export_program`'s ``fused_involution``).
+    The same modules run before it (the pool and ``conv1``, its BN folded
+    by freezing); a layer with a kernel hook, or a hook on the span
+    convolution that the op replaces, keeps the stock graph."""
+    from mmevo.layers.fastpath import has_hooks
+
+    if module._kernel_hooks or has_hooks(module.conv2):
+        return stock(x)
+    module.check_input(x, module.channels)
+    z = module.conv1(module.avgpool(x) if module.stride > 1 else x)
+    span = module.conv2.conv
+    return torch.ops.mmevo.fused_involution(
+        x,
+        z,
+        span.weight,
+        span.bias,
+        module.kernel_size,
+        module.stride,
+        module.dilation,
+        module.groups,
+    )
+
+
 def _rewrites():
     """``{class: rewrite(module, x, stock)}``. mmseg's only when mmseg is
     imported: a model holding its modules has imported it, and exporting

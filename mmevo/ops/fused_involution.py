@@ -62,7 +62,11 @@ SCHEMAS = {
 
 if not cpp_backend.available():  # else the extension defined them
     for _name, _schema in SCHEMAS.items():
-        library.LIB.define(_name + _schema)
+        # as the C++ schema: Inductor may pass x and z channels-last
+        _tags = (
+            (torch.Tag.flexible_layout,) if _name == 'fused_involution' else ()
+        )
+        library.LIB.define(_name + _schema, tags=_tags)
 
 
 def check_fused_involution(

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 
 MMEVO_OPS = {
     'mmevo.evolution_aggregate.default',
+    'mmevo.fused_involution.default',
     'mmevo.local_correlation.default',
     'mmevo.local_attention_weights.default',
 }
@@ -191,6 +192,48 @@ def test_inlined_program_has_no_mmevo_ops(stride):
         assert_close(program.module()(x), model(x))
 
 
+def test_package_program_fuses_involutions():
+    """A CPU package's program computes each involution as one
+    ``mmevo::fused_involution`` (the kernel map never written), equal to
+    the eager layer at other sizes; ``fused_involution=False``, a CUDA or
+    inlined program and a layer with a kernel hook keep the stock graph."""
+    torch.manual_seed(0)
+    layers = [Involution(16, 7, stride=s, group_channels=8) for s in (1, 2)]
+    model = flat(torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3), *layers))
+    x = torch.randn(1, 16, 12, 11)
+    fused = export_program(model, x)
+    ops = [
+        str(n.target) for n in fused.graph.nodes if n.op == 'call_function'
+    ]
+    assert ops.count('mmevo.fused_involution.default') == 2
+    assert 'mmevo.evolution_aggregate.default' not in ops
+    for hw in [(12, 11), (9, 16), (30, 7)]:
+        x = torch.randn(1, 16, *hw)
+        with torch.no_grad():
+            assert_close(fused.module()(x), model(x))
+    stock = export_program(model, x, fused_involution=False)
+    assert 'mmevo.fused_involution.default' not in graph_ops(stock)
+    assert 'mmevo.evolution_aggregate.default' in graph_ops(stock)
+    handle = layers[1].register_kernel_hook(lambda *args: None)
+    try:
+        hooked = export_program(model, x)
+    finally:
+        handle.remove()
+    handle = layers[0].conv2.register_forward_hook(lambda *args: None)
+    try:
+        hooked_span = export_program(model, x)
+    finally:
+        handle.remove()
+    for program in (hooked, hooked_span):
+        hooked_ops = [
+            str(n.target)
+            for n in program.graph.nodes
+            if n.op == 'call_function'
+        ]
+        assert hooked_ops.count('mmevo.fused_involution.default') == 1
+        assert hooked_ops.count('mmevo.evolution_aggregate.default') == 1
+
+
 def test_export_error_names_the_layer(tmp_path):
 
     class Broken(Involution):
@@ -226,6 +269,9 @@ def test_layers_package_dynamic(tmp_path):
                 padding_mode='reflect',
                 rel_pos_bias=True,
             ),
+            # a convolution's channels-last output into the fused involution
+            torch.nn.Conv2d(16, 16, 3, padding=1),
+            Involution(16, 5, group_channels=4),
         )
     )
     path = str(tmp_path / 'layers.pt2')

@@ -199,11 +199,22 @@ def channels_last(tensors, z_layout):
     return x, z, S, b
 
 
+# CASES with output maps of 14² pixels or more, where the C++ kernel reads
+# channels-last maps in place and computes the kernel per row.
+LARGE_CASES = [
+    (2, 32, 19, 21, 3, 1, 1, 2, 8),
+    (1, 16, 29, 30, 7, 2, 2, 1, 5),
+    (1, 48, 14, 17, 5, 1, 1, 3, 3),
+    (2, 12, 16, 15, 1, 1, 1, 4, 2),
+    (1, 20, 45, 44, 3, 3, 2, 4, 1),
+]
+
+
 @pytest.mark.parametrize('z_layout', ['channels_last', 'contiguous', 'strided'])
-@pytest.mark.parametrize('case', CASES, ids=str)
+@pytest.mark.parametrize('case', CASES + LARGE_CASES, ids=str)
 def test_channels_last_equals_unfused_float64(case, z_layout):
     """A channels-last input is read in place, whatever z's layout (the C++
-    kernel's channels-last path; every case has a map larger than 1 x 1,
+    kernel's channels-last paths; every case has a map larger than 1 x 1,
     so the input is channels-last and not also contiguous)."""
     *shape, K, s, d, G, Cr = case
     tensors = channels_last(make(*shape, K, s, d, G, Cr), z_layout)
@@ -214,15 +225,19 @@ def test_channels_last_equals_unfused_float64(case, z_layout):
 
 def test_channels_last_seeded_sweep_odd_sizes():
     """Groups of any width (a vector's channels and a scalar tail), pixel
-    blocks cut by the map's edge, K = 1, strides past the window."""
+    blocks cut by the map's edge, K = 1, strides past the window, and
+    output maps on both sides of 14² pixels, below which the C++ kernel
+    takes the kernel map from one matmul."""
     rng = random.Random(1)
-    for seed in range(16):
+    pixels = []
+    for seed in range(20):
         G, K = rng.choice([1, 2, 3]), rng.choice([1, 3, 5, 7])
-        s, d = rng.choice([1, 2, 3]), rng.choice([1, 2])
+        s, d = rng.choice([1, 1, 2, 3]), rng.choice([1, 2])
         C = G * rng.choice([1, 3, 5, 8, 16, 20])
-        H, W = rng.randint(2, 14), rng.randint(2, 14)
+        H, W = rng.randint(2, 37), rng.randint(2, 37)
+        pixels.append(out_size(H, K, s, d) * out_size(W, K, s, d))
         tensors = make(
-            rng.randint(1, 3),
+            rng.randint(1, 2),
             C,
             H,
             W,
@@ -238,6 +253,7 @@ def test_channels_last_seeded_sweep_odd_sizes():
         assert_matches_unfused(
             channels_last(tensors, z_layout), (K, s, d, G)
         )
+    assert min(pixels) < 14 * 14 <= max(pixels)
 
 
 @pytest.mark.parametrize(
@@ -246,7 +262,8 @@ def test_channels_last_seeded_sweep_odd_sizes():
 )
 @pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
 def test_low_precision_against_float64(dtype, tol, layout):
-    tensors = make(2, 32, 10, 9, 7, 1, 1, 2, 8)
+    # 16 x 15 output pixels: channels-last, the fused kernel's path
+    tensors = make(2, 32, 16, 15, 7, 1, 1, 2, 8)
     if layout == 'channels_last':
         tensors = channels_last(tensors, 'channels_last')
     window = (7, 1, 1, 2)
@@ -377,15 +394,14 @@ import sys
 sys.path.insert(0, {here!r})
 from mmevo.ops import cpp_backend
 from test_fused_involution import (
-    CASES, assert_matches_unfused, channels_last, make
+    CASES, LARGE_CASES, assert_matches_unfused, channels_last, make
 )
 assert cpp_backend.isa() == {isa!r}, cpp_backend.isa()
 for *shape, K, s, d, G, Cr in CASES:
-    tensors = make(*shape, K, s, d, G, Cr)
+    assert_matches_unfused(make(*shape, K, s, d, G, Cr), (K, s, d, G))
+for *shape, K, s, d, G, Cr in CASES + LARGE_CASES:
+    tensors = channels_last(make(*shape, K, s, d, G, Cr), 'channels_last')
     assert_matches_unfused(tensors, (K, s, d, G))
-    assert_matches_unfused(
-        channels_last(tensors, 'channels_last'), (K, s, d, G)
-    )
 print('ok')
 """
 

@@ -1,5 +1,6 @@
 """tools/analysis/benchmark_ops.py --inference: a row per shape, each
-ratio that of its two times."""
+ratio that of its two times (the aggregation's layouts, the fused op against
+the span convolution and aggregation)."""
 
 import re
 import sys
@@ -24,17 +25,18 @@ def test_inference_rows(monkeypatch, capsys):
         monkeypatch,
         capsys,
         '--inference',
-        r'^\| (\d+)·(\d+)·(\d+)²·(\d+)·(\d+) \| ([\d.]+) \| ([\d.]+) \| '
-        r'([\d.]+) \|$',
+        r'^\| (\d+)·(\d+)·(\d+)²·(\d+)·(\d+)'
+        + r' \| ([\d.]+)' * 6
+        + r' \|$',
     )
     assert [tuple(int(v) for v in r[:5]) for r in rows] == [
         (B, C, H, tool.K, G) for B, C, H, G in tool.INFERENCE_SHAPES
     ]
-    for *_, nchw, cl, ratio in rows:
-        assert float(nchw) > 0 and float(cl) > 0
-        assert abs(float(ratio) - float(cl) / float(nchw)) <= 0.01 + 2e-3 * (
-            float(cl) / float(nchw)
-        )
+    for *_, nchw, cl, ratio, unfused, fused, fused_ratio in rows:
+        for num, den, shown in ((cl, nchw, ratio), (fused, unfused, fused_ratio)):
+            assert float(num) > 0 and float(den) > 0
+            exact = float(num) / float(den)
+            assert abs(float(shown) - exact) <= 0.01 + 2e-3 * exact
 
 
 def test_attention_rows(monkeypatch, capsys):

@@ -7,6 +7,7 @@ plain ``torch.onnx.export`` (:func:`mmevo.deploy.export_onnx`) and, with
 ``--runtimes ... aoti``, to an AOTInductor package
 (:func:`mmevo.deploy.export_aoti`, weights frozen, mmevo's kernels;
 ``aoti-inline``: the ops inlined as standard operators;
+``aoti-unfused``: without the fused involution;
 ``aoti-prepacked``: oneDNN's weights laid out at compile time for
 ``--size`` and this process's thread count). Then timed, at ``--size``
 or, with ``--run-size``, at another size of the dynamic exports: a
@@ -73,14 +74,10 @@ DEMO = osp.join(
     'demo',
     'retinanet_rednet26-tiny_fpn_1xb8-20e_synthetic-coco.py',
 )
-RUNTIMES = (
-    'torch',
-    'torch-onednn',
-    'onnxruntime',
-    'aoti',
-    'aoti-prepacked',
-    'aoti-inline',
-)
+#: the AOTInductor packages: plain, prepacked, inlined and without the
+#: fused involution (``export_aoti(..., fused_involution=False)``)
+AOTI_RUNTIMES = ('aoti', 'aoti-prepacked', 'aoti-inline', 'aoti-unfused')
+RUNTIMES = ('torch', 'torch-onednn', 'onnxruntime', *AOTI_RUNTIMES)
 
 
 def build(name, size):
@@ -155,7 +152,7 @@ def _exports(name, model, x, runtimes, tmp, exporter, dynamic):
                     return model(x)
 
         runs['torch-onednn'] = eager_onednn
-    for runtime in ('aoti', 'aoti-prepacked', 'aoti-inline'):
+    for runtime in AOTI_RUNTIMES:
         if runtime in runtimes:
             path = osp.join(tmp, f'{name}-{runtime}.pt2')
             export_aoti(
@@ -165,6 +162,7 @@ def _exports(name, model, x, runtimes, tmp, exporter, dynamic):
                 dynamic=dynamic,
                 inline_ops=runtime == 'aoti-inline',
                 prepack=runtime == 'aoti-prepacked',
+                fused_involution=runtime != 'aoti-unfused',
             )
             runs[runtime] = AotiModel(path)
             packages[runtime] = path
@@ -300,7 +298,7 @@ def _print(med, errs, args):
     if args.cpp_runner:
         runtimes += [
             f'{r} C++'
-            for r in ('aoti', 'aoti-prepacked', 'aoti-inline')
+            for r in AOTI_RUNTIMES
             if r in runtimes
         ]
     models = list(dict.fromkeys(n for n, _ in med))

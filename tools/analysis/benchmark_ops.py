@@ -22,7 +22,11 @@ per-thread scratch rows, a few KiB, are plain std::vector and not counted).
 batch 1 and the RedNet-50 stem (32 channels, 112²) and stage sizes, in the
 two layouts mmevo's aggregation reads: NCHW, and channels-last as in an
 AOTInductor package (the input, and the kernel map as a channels-last span
-convolution leaves it).
+convolution leaves it); then, channels-last, the span convolution (C/4 ->
+G*K*K) with that aggregation against ``mmevo::fused_involution``, which
+computes the kernel from the reduced map and never writes it (what a
+package runs with ``export_aoti(..., fused_involution=False)`` and by
+default).
 
 ``--involution`` times one ``Involution`` layer at the RedNet-50 stem (32
 channels, 112²) and stage shapes (K = 7, 16 channels per group, B8),
@@ -184,35 +188,48 @@ def forward_bandwidth(fn, x, w, device, repeat):
 
 def inference_layouts(device, dtype, repeat, clock):
     """Forward times of ``evolution_aggregate`` in NCHW and channels-last,
-    at :data:`INFERENCE_SHAPES`."""
+    and channels-last of the span convolution and aggregation against the
+    fused op, at :data:`INFERENCE_SHAPES`."""
+    import torch.nn.functional as F
+
+    from mmevo.ops import fused_involution
+
     print(
         '| shape (B·C·H²·K·G) | NCHW ms | channels-last ms | '
-        'channels-last / NCHW |\n|---|---|---|---|'
+        'channels-last / NCHW | span + aggregation ms | fused ms | '
+        'fused / span + aggregation |\n|---|---|---|---|---|---|---|'
     )
     for B, C, H, G in INFERENCE_SHAPES:
         x = torch.randn(B, C, H, H, device=device, dtype=dtype)
         k = torch.randn(B, G * K * K, H, H, device=device, dtype=dtype) / K
+        z = torch.randn(B, C // 4, H, H, device=device, dtype=dtype)
+        span = torch.nn.Conv2d(C // 4, G * K * K, 1).to(device, dtype)
         cl = torch.channels_last
+        x_cl, z_cl = x.to(memory_format=cl), z.to(memory_format=cl)
         inputs = {
             'nchw': (x, k.view(B, G, K, K, H, H)),
-            'cl': (
-                x.to(memory_format=cl),
-                k.to(memory_format=cl).view(B, G, K, K, H, H),
-            ),
+            'cl': (x_cl, k.to(memory_format=cl).view(B, G, K, K, H, H)),
         }
+        steps = {
+            name: lambda a=a: evolution_aggregate(*a, padding=K // 2)
+            for name, a in inputs.items()
+        }
+
+        def unfused():
+            kernel = F.conv2d(z_cl, span.weight, span.bias)
+            kernel = kernel.view(B, G, K, K, H, H)
+            return evolution_aggregate(x_cl, kernel, padding=K // 2)
+
+        steps['unfused'] = unfused
+        steps['fused'] = lambda: fused_involution(
+            x_cl, z_cl, span.weight, span.bias, K, 1, 1, G
+        )
         with torch.no_grad():
-            ms = time_ms(
-                {
-                    name: lambda a=a: evolution_aggregate(*a, padding=K // 2)
-                    for name, a in inputs.items()
-                },
-                device,
-                repeat,
-                clock,
-            )
+            ms = time_ms(steps, device, repeat, clock)
         print(
             f'| {B}·{C}·{H}²·{K}·{G} | {ms["nchw"]:.3f} | {ms["cl"]:.3f} | '
-            f'{ms["cl"] / ms["nchw"]:.2f} |',
+            f'{ms["cl"] / ms["nchw"]:.2f} | {ms["unfused"]:.3f} | '
+            f'{ms["fused"]:.3f} | {ms["fused"] / ms["unfused"]:.2f} |',
             flush=True,
         )
 

@@ -107,6 +107,13 @@ c10::TypedOperatorHandle<Fn> mmevo_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
 }
 
+// Channels-last output maps of fewer pixels take the kernel map from one
+// matmul: there the per-row kernels of the fused kernel stream all of S
+// once per row (RedNet-50's stage 4, 7², G*K*K = 1568: 1.26x the time of
+// the matmul and the aggregation at B1; 14²: 0.92x, 56²: 0.74x;
+// benchmark_ops.py --inference).
+constexpr int64_t kNhwcMinFusedPixels = 14 * 14;
+
 at::Tensor fused_involution_cpu(const at::Tensor& input, const at::Tensor& z,
                                 const at::Tensor& span_weight,
                                 const std::optional<at::Tensor>& span_bias, int64_t kernel_size,
@@ -120,10 +127,10 @@ at::Tensor fused_involution_cpu(const at::Tensor& input, const at::Tensor& z,
   const auto layout = nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   if (g.B == 0 || g.C == 0)
     return at::zeros({g.B, g.C, g.Ho, g.Wo}, input.options().memory_format(layout));
+  static const auto aggregate = mmevo_op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, c10::string_view)>(
+      "mmevo::evolution_aggregate");
   if (!tiled_fits(g)) {
-    static const auto aggregate = mmevo_op<at::Tensor(
-        const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, c10::string_view)>(
-        "mmevo::evolution_aggregate");
     return aggregate.call(input.contiguous(), span(z, span_weight, span_bias, g).contiguous(),
                           g.s, g.p, g.d, "zeros")
         .contiguous(layout);
@@ -131,6 +138,16 @@ at::Tensor fused_involution_cpu(const at::Tensor& input, const at::Tensor& z,
   const auto S = span_weight.contiguous();
   const auto b = span_bias ? span_bias->contiguous() : at::Tensor();
   const int64_t Cr = z.size(1);
+  if (nhwc && g.Ho * g.Wo < kNhwcMinFusedPixels) {
+    // The kernel map by one matmul, pixel-major as a channels-last span
+    // convolution leaves it, then the channels-last aggregation.
+    const auto z2 = z.permute({0, 2, 3, 1}).reshape({-1, Cr});
+    const auto S2 = S.view({g.G * g.K * g.K, Cr}).t();
+    const auto w = b.defined() ? at::addmm(b, z2, S2) : at::mm(z2, S2);
+    return aggregate.call(
+        input, w.view({g.B, g.Ho, g.Wo, g.G, g.K, g.K}).permute({0, 3, 4, 5, 1, 2}), g.s,
+        g.p, g.d, "zeros");
+  }
   if (nhwc) {
     // In place: x and y channels-last, z in any layout (Inductor's
     // convolutions leave both channels-last).
@@ -262,8 +279,11 @@ Grads fused_involution_backward_cpu(const at::Tensor& grad, const at::Tensor& in
 
 TORCH_LIBRARY_FRAGMENT(mmevo, m) {
   m.set_python_module("mmevo.ops.fused_involution");
+  // flexible_layout: Inductor passes x and z in the layout its convolutions
+  // left them (channels-last), which the CPU kernel reads in place.
   m.def("fused_involution(Tensor input, Tensor z, Tensor span_weight, Tensor? span_bias, "
-        "int kernel_size, int stride, int dilation, int groups) -> Tensor");
+        "int kernel_size, int stride, int dilation, int groups) -> Tensor",
+        {at::Tag::flexible_layout});
   m.def("fused_involution_backward(Tensor grad, Tensor input, Tensor z, Tensor span_weight, "
         "Tensor? span_bias, int kernel_size, int stride, int dilation, int groups) "
         "-> (Tensor, Tensor, Tensor, Tensor)");

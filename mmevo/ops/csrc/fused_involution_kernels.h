@@ -407,33 +407,37 @@ __attribute__((always_inline)) inline void span_pixel_block(
     for (int n = 0; n < NK; ++n) std::memcpy(wb + p * Np + k0 + n * V, &acc[p][n], VB);
 }
 
-template <int NP, typename T, typename A, typename vec>
-void span_pixel_blocks(A* wb, int64_t Np, const A* St, const A* bv, const T* z, int64_t zs1,
-                       int64_t zs3, int64_t Cr) {
-  constexpr int64_t V = sizeof(vec) / sizeof(A);
-  for (int64_t k0 = 0; k0 < Np; k0 += kMK * V) {
-    switch (std::min<int64_t>(kMK, (Np - k0) / V)) {
-      case 4: span_pixel_block<NP, 4, T, A, vec>(wb, Np, St, bv, z, zs1, zs3, Cr, k0); break;
-      case 3: span_pixel_block<NP, 3, T, A, vec>(wb, Np, St, bv, z, zs1, zs3, Cr, k0); break;
-      case 2: span_pixel_block<NP, 2, T, A, vec>(wb, Np, St, bv, z, zs1, zs3, Cr, k0); break;
-      default: span_pixel_block<NP, 1, T, A, vec>(wb, Np, St, bv, z, zs1, zs3, Cr, k0);
-    }
-  }
+// span_pixel_block over the nj pixels (4 at a time, then one by one), for
+// the NK tap vectors from k0.
+template <int NK, typename T, typename A, typename vec>
+void span_pixel_taps(A* wb, int64_t Np, const A* St, const A* bv, const T* z, int64_t zs1,
+                     int64_t zs3, int64_t Cr, int64_t nj, int64_t k0) {
+  int64_t j = 0;
+  for (; j + 4 <= nj; j += 4)
+    span_pixel_block<4, NK, T, A, vec>(wb + j * Np, Np, St, bv, z + j * zs3, zs1, zs3, Cr, k0);
+  for (; j < nj; ++j)
+    span_pixel_block<1, NK, T, A, vec>(wb + j * Np, Np, St, bv, z + j * zs3, zs1, zs3, Cr, k0);
 }
 
 // The kernels of nj pixels of an output row, in the accumulation type:
 // wb[j * Np + k] = bias[k] + sum_r S[k][r] * z[r][j] for the G*K*K taps k
 // (St: S transposed, (Cr, Np), zero past G*K*K; bv the bias likewise), z of
 // any strides zs (its row's first pixel). Register tiles of 4 pixels x
-// kMK tap vectors, a z value broadcast per pixel.
+// kMK tap vectors, a z value broadcast per pixel; the taps outer, so that
+// a block's columns of St (Cr x kMK vectors) stay in L1 while the pixels
+// pass (all of St is 800 KiB at RedNet-50's stage 4).
 template <typename T, typename A, typename vec>
 void span_pixels(A* wb, int64_t Np, const A* St, const A* bv, const T* z, const int64_t* zs,
                  int64_t Cr, int64_t nj) {
-  int64_t j = 0;
-  for (; j + 4 <= nj; j += 4)
-    span_pixel_blocks<4, T, A, vec>(wb + j * Np, Np, St, bv, z + j * zs[3], zs[1], zs[3], Cr);
-  for (; j < nj; ++j)
-    span_pixel_blocks<1, T, A, vec>(wb + j * Np, Np, St, bv, z + j * zs[3], zs[1], zs[3], Cr);
+  constexpr int64_t V = sizeof(vec) / sizeof(A);
+  for (int64_t k0 = 0; k0 < Np; k0 += kMK * V) {
+    switch (std::min<int64_t>(kMK, (Np - k0) / V)) {
+      case 4: span_pixel_taps<4, T, A, vec>(wb, Np, St, bv, z, zs[1], zs[3], Cr, nj, k0); break;
+      case 3: span_pixel_taps<3, T, A, vec>(wb, Np, St, bv, z, zs[1], zs[3], Cr, nj, k0); break;
+      case 2: span_pixel_taps<2, T, A, vec>(wb, Np, St, bv, z, zs[1], zs[3], Cr, nj, k0); break;
+      default: span_pixel_taps<1, T, A, vec>(wb, Np, St, bv, z, zs[1], zs[3], Cr, nj, k0);
+    }
+  }
 }
 
 // Y = the involution of x with the kernel S z + bias, channels-last: x (B,
