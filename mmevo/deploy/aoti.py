@@ -83,8 +83,10 @@ def export_program(
             ``triton_kernels``, each ``Involution``'s span convolution and
             aggregation as one ``mmevo::fused_involution``
             (:func:`mmevo.deploy.rewrites.fused_involution`), which reads
-            Inductor's channels-last maps in place: RedNet-50's package
-            FUSED_PACKAGE_MEASURE. Default: True.
+            Inductor's channels-last maps in place and never writes the
+            kernel map: RedNet-50's package in 0.97-1.00x the stock
+            graph's time (docs/deployment.md, Where the time goes).
+            Default: True.
 
     Returns:
         torch.export.ExportedProgram: the program.

@@ -7,8 +7,10 @@ exporting, :func:`export_rewrites` runs those modules as the same numbers on
 symbolic sizes: ``nn.AdaptiveAvgPool2d`` as :func:`adaptive_avg_pool2d`
 and mmseg's ``Upsample`` by its scale factor (:mod:`mmevo.deploy.mmseg`),
 so Semantic FPN and UPerNet (pyramid pooling) export with dynamic H and W.
-Only the instances inside the exported model change, and only until the
-export ends; their classes, and every other model, keep the stock forward.
+A CPU package also computes each ``Involution`` as one fused operator
+(:func:`fused_involution`). Only the instances inside the exported model
+change, and only until the export ends; their classes, and every other
+model, keep the stock forward.
 """
 
 import contextlib
@@ -160,11 +162,17 @@ def fused_involution(module, x, stock):
     the channels-last maps Inductor's convolutions leave in place and never
     writes the kernel map (:func:`export_program`'s ``fused_involution``).
     The same modules run before it (the pool and ``conv1``, its BN folded
-    by freezing); a layer with a kernel hook, or a hook on the span
-    convolution that the op replaces, keeps the stock graph."""
+    by freezing). A subclass (which may generate its kernel otherwise), a
+    layer with a kernel hook and one with a hook on the span convolution
+    that the op replaces keep the stock graph."""
+    from mmevo.layers import Involution
     from mmevo.layers.fastpath import has_hooks
 
-    if module._kernel_hooks or has_hooks(module.conv2):
+    if (
+        type(module) is not Involution
+        or module._kernel_hooks
+        or has_hooks(module.conv2)
+    ):
         return stock(x)
     module.check_input(x, module.channels)
     z = module.conv1(module.avgpool(x) if module.stride > 1 else x)

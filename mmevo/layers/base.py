@@ -11,6 +11,7 @@ validates it once at build time, and routes every generated kernel through
 
 import inspect
 import math
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -24,6 +25,23 @@ from mmevo.ops.checks import INT64_MAX
 
 InitCfg = dict | list[dict] | None
 KernelHook = Callable[['EvolutionLayer', torch.Tensor], None]
+
+
+class _KernelHookHandle(RemovableHandle):
+    """Removes its hook from the layer's kernel hooks as they are when
+    ``remove`` is called: ``torch.export`` (non-strict) puts a copy of each
+    module attribute back after tracing, and a handle holding the dict it
+    was made for would leave the hook on the layer after an export."""
+
+    def __init__(self, layer: 'EvolutionLayer') -> None:
+        super().__init__(layer._kernel_hooks)
+        self._layer = weakref.ref(layer)
+
+    def remove(self) -> None:
+        layer = self._layer()
+        if layer is not None:
+            layer._kernel_hooks.pop(self.id, None)
+        super().remove()
 
 
 def check_divisible(name, value, divisor_name, divisor):
@@ -215,7 +233,7 @@ class EvolutionLayer(BaseModule):
         Returns:
             torch.utils.hooks.RemovableHandle: ``handle.remove()`` detaches it.
         """
-        handle = RemovableHandle(self._kernel_hooks)
+        handle = _KernelHookHandle(self)
         self._kernel_hooks[handle.id] = hook
         return handle
 

@@ -124,6 +124,29 @@ def test_kernel_hook_sees_the_kernel(name):
     assert len(seen) == 1
 
 
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+def test_kernel_hook_removed_after_an_export(name):
+    """``torch.export`` (non-strict) puts back a copy of each module
+    attribute after tracing: the handle still removes the hook, and so does
+    leaving its ``with`` block."""
+    layer = build(name, stride=2).eval()
+    seen = []
+    x = torch.randn(1, IN_CHANNELS[name], 5, 6)
+    handle = layer.register_kernel_hook(lambda m, k: seen.append(k))
+    with torch.no_grad():
+        torch.export.export(layer, (x,), strict=False)
+    seen.clear()
+    layer(x)
+    assert len(seen) == 1
+    handle.remove()
+    layer(x)
+    assert len(seen) == 1
+    with layer.register_kernel_hook(lambda m, k: seen.append(k)):
+        torch.export.export(layer, (x,), strict=False)
+    layer(x)
+    assert len(seen) == 2  # the export's call only
+
+
 @pytest.mark.parametrize(
     'cfg, error, match',
     [

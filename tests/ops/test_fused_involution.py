@@ -210,7 +210,9 @@ LARGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize('z_layout', ['channels_last', 'contiguous', 'strided'])
+@pytest.mark.parametrize(
+    'z_layout', ['channels_last', 'contiguous', 'strided']
+)
 @pytest.mark.parametrize('case', CASES + LARGE_CASES, ids=str)
 def test_channels_last_equals_unfused_float64(case, z_layout):
     """A channels-last input is read in place, whatever z's layout (the C++
@@ -250,9 +252,7 @@ def test_channels_last_seeded_sweep_odd_sizes():
             seed=seed,
         )
         z_layout = rng.choice(['channels_last', 'contiguous', 'strided'])
-        assert_matches_unfused(
-            channels_last(tensors, z_layout), (K, s, d, G)
-        )
+        assert_matches_unfused(channels_last(tensors, z_layout), (K, s, d, G))
     assert min(pixels) < 14 * 14 <= max(pixels)
 
 

@@ -25,15 +25,16 @@ def test_inference_rows(monkeypatch, capsys):
         monkeypatch,
         capsys,
         '--inference',
-        r'^\| (\d+)·(\d+)·(\d+)²·(\d+)·(\d+)'
-        + r' \| ([\d.]+)' * 6
-        + r' \|$',
+        r'^\| (\d+)·(\d+)·(\d+)²·(\d+)·(\d+)' + r' \| ([\d.]+)' * 6 + r' \|$',
     )
     assert [tuple(int(v) for v in r[:5]) for r in rows] == [
         (B, C, H, tool.K, G) for B, C, H, G in tool.INFERENCE_SHAPES
     ]
     for *_, nchw, cl, ratio, unfused, fused, fused_ratio in rows:
-        for num, den, shown in ((cl, nchw, ratio), (fused, unfused, fused_ratio)):
+        for num, den, shown in (
+            (cl, nchw, ratio),
+            (fused, unfused, fused_ratio),
+        ):
             assert float(num) > 0 and float(den) > 0
             exact = float(num) / float(den)
             assert abs(float(shown) - exact) <= 0.01 + 2e-3 * exact

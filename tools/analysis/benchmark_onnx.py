@@ -296,11 +296,7 @@ def main(argv=None):
 def _print(med, errs, args):
     runtimes = [r for r in RUNTIMES if r in args.runtimes]
     if args.cpp_runner:
-        runtimes += [
-            f'{r} C++'
-            for r in AOTI_RUNTIMES
-            if r in runtimes
-        ]
+        runtimes += [f'{r} C++' for r in AOTI_RUNTIMES if r in runtimes]
     models = list(dict.fromkeys(n for n, _ in med))
     size = ' x '.join(map(str, args.run_size or [args.size] * 2))
     print(

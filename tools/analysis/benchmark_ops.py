@@ -186,44 +186,50 @@ def forward_bandwidth(fn, x, w, device, repeat):
     return nbytes / (ms * 1e-3), ms
 
 
-def inference_layouts(device, dtype, repeat, clock):
-    """Forward times of ``evolution_aggregate`` in NCHW and channels-last,
-    and channels-last of the span convolution and aggregation against the
-    fused op, at :data:`INFERENCE_SHAPES`."""
+def _inference_steps(B, C, H, G, device, dtype):
+    """The forwards :func:`inference_layouts` times at one shape."""
     import torch.nn.functional as F
 
     from mmevo.ops import fused_involution
 
+    x = torch.randn(B, C, H, H, device=device, dtype=dtype)
+    k = torch.randn(B, G * K * K, H, H, device=device, dtype=dtype) / K
+    z = torch.randn(B, C // 4, H, H, device=device, dtype=dtype)
+    span = torch.nn.Conv2d(C // 4, G * K * K, 1).to(device, dtype)
+    cl = torch.channels_last
+    x_cl, z_cl = x.to(memory_format=cl), z.to(memory_format=cl)
+    inputs = {
+        'nchw': (x, k.view(B, G, K, K, H, H)),
+        'cl': (x_cl, k.to(memory_format=cl).view(B, G, K, K, H, H)),
+    }
+    steps = {
+        name: lambda a=a: evolution_aggregate(*a, padding=K // 2)
+        for name, a in inputs.items()
+    }
+
+    def unfused():
+        kernel = F.conv2d(z_cl, span.weight, span.bias)
+        kernel = kernel.view(B, G, K, K, H, H)
+        return evolution_aggregate(x_cl, kernel, padding=K // 2)
+
+    steps['unfused'] = unfused
+    steps['fused'] = lambda: fused_involution(
+        x_cl, z_cl, span.weight, span.bias, K, 1, 1, G
+    )
+    return steps
+
+
+def inference_layouts(device, dtype, repeat, clock):
+    """Forward times of ``evolution_aggregate`` in NCHW and channels-last,
+    and channels-last of the span convolution and aggregation against the
+    fused op, at :data:`INFERENCE_SHAPES`."""
     print(
         '| shape (B·C·H²·K·G) | NCHW ms | channels-last ms | '
         'channels-last / NCHW | span + aggregation ms | fused ms | '
         'fused / span + aggregation |\n|---|---|---|---|---|---|---|'
     )
     for B, C, H, G in INFERENCE_SHAPES:
-        x = torch.randn(B, C, H, H, device=device, dtype=dtype)
-        k = torch.randn(B, G * K * K, H, H, device=device, dtype=dtype) / K
-        z = torch.randn(B, C // 4, H, H, device=device, dtype=dtype)
-        span = torch.nn.Conv2d(C // 4, G * K * K, 1).to(device, dtype)
-        cl = torch.channels_last
-        x_cl, z_cl = x.to(memory_format=cl), z.to(memory_format=cl)
-        inputs = {
-            'nchw': (x, k.view(B, G, K, K, H, H)),
-            'cl': (x_cl, k.to(memory_format=cl).view(B, G, K, K, H, H)),
-        }
-        steps = {
-            name: lambda a=a: evolution_aggregate(*a, padding=K // 2)
-            for name, a in inputs.items()
-        }
-
-        def unfused():
-            kernel = F.conv2d(z_cl, span.weight, span.bias)
-            kernel = kernel.view(B, G, K, K, H, H)
-            return evolution_aggregate(x_cl, kernel, padding=K // 2)
-
-        steps['unfused'] = unfused
-        steps['fused'] = lambda: fused_involution(
-            x_cl, z_cl, span.weight, span.bias, K, 1, 1, G
-        )
+        steps = _inference_steps(B, C, H, G, device, dtype)
         with torch.no_grad():
             ms = time_ms(steps, device, repeat, clock)
         print(
