@@ -57,12 +57,20 @@ def test_run_size_times_the_dynamic_exports_at_another_size(
     """``--run-size`` and ``--run-threads`` time (and check) every runtime
     at that size and thread count, the exports made at ``--size`` on the
     threads before; the AOTInductor runtimes compile with the weights
-    plain (``aoti``) or laid out for ``--size`` (``aoti-prepacked``)."""
+    plain (``aoti``) or laid out for ``--size`` (``aoti-prepacked``), and
+    without the fused involution (``aoti-unfused``)."""
     tool = load_tool('analysis/benchmark_onnx')
     compiled = {}
 
-    def export_aoti(model, x, path, dynamic, inline_ops, prepack):
-        compiled[os.path.basename(path)] = (tuple(x.shape), dynamic, prepack)
+    def export_aoti(
+        model, x, path, dynamic, inline_ops, prepack, fused_involution
+    ):
+        compiled[os.path.basename(path)] = (
+            tuple(x.shape),
+            dynamic,
+            prepack,
+            fused_involution,
+        )
         assert tool.torch.get_num_threads() == threads
         return path
 
@@ -88,6 +96,7 @@ def test_run_size_times_the_dynamic_exports_at_another_size(
                 '--runtimes',
                 'aoti',
                 'aoti-prepacked',
+                'aoti-unfused',
                 '--size',
                 '64',
                 '--run-size',
@@ -104,13 +113,17 @@ def test_run_size_times_the_dynamic_exports_at_another_size(
     finally:
         tool.torch.set_num_threads(threads)
     assert compiled == {
-        'rednet50-aoti.pt2': ((1, 3, 64, 64), True, False),
-        'rednet50-aoti-prepacked.pt2': ((1, 3, 64, 64), True, True),
+        'rednet50-aoti.pt2': ((1, 3, 64, 64), True, False, True),
+        'rednet50-aoti-prepacked.pt2': ((1, 3, 64, 64), True, True, True),
+        'rednet50-aoti-unfused.pt2': ((1, 3, 64, 64), True, False, False),
     }
     assert {shape for shape, _ in calls} == {(1, 3, 48, 40)}
     # the timed rounds: two calls of each runtime, the second timed
-    assert [n for _, n in calls[-4:]] == [threads + 1] * 4
-    assert set(med) == {('rednet50', 'aoti'), ('rednet50', 'aoti-prepacked')}
+    assert [n for _, n in calls[-6:]] == [threads + 1] * 6
+    assert set(med) == {
+        ('rednet50', runtime)
+        for runtime in ('aoti', 'aoti-prepacked', 'aoti-unfused')
+    }
     assert f'threads {threads + 1}, input 48 x 40' in capsys.readouterr().out
 
 
