@@ -63,7 +63,9 @@ class Involution(EvolutionLayer):
     (:func:`~mmevo.layers.fastpath.call_cpu_kernel`). It steps aside for a
     kernel hook (which must see the kernel) and where its C++ kernel cannot
     take the call (autocast, an input dtype other than the layer's, another
-    backend forced).
+    backend forced). A CPU AOTInductor package computes the layer with the
+    same op, on the channels-last maps of its convolutions
+    (:func:`mmevo.deploy.export_aoti`'s ``fused_involution``).
 
     Args:
         channels (int): input = output channels C.
