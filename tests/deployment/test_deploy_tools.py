@@ -227,6 +227,25 @@ def test_aoti_prepack_without_dynamic_is_one_line(setup, capsys):
     assert not out.exists()
 
 
+def test_aoti_unfused_involution_reaches_the_export(setup, monkeypatch):
+    """--unfused-involution exports each Involution as the stock graph
+    (``fused_involution=False``); by default the package fuses them."""
+    tmp, cfg, ckpt, _ = setup
+    tool = load_tool('deployment/pytorch2aoti')
+    seen = []
+
+    def export_program(model, x, **kwargs):
+        seen.append(kwargs['fused_involution'])
+        raise RuntimeError('stopped before the compile')
+
+    monkeypatch.setattr(tool, 'export_program', export_program)
+    for flags in ([], ['--unfused-involution']):
+        with pytest.raises(SystemExit):
+            tool.main([cfg, ckpt, '--out', str(tmp / 'u.pt2'), *flags])
+    assert seen == [True, False]
+    assert not (tmp / 'u.pt2').exists()
+
+
 def test_checkpoint_that_does_not_fit_is_refused(setup, capsys):
     tmp, cfg, ckpt, _ = setup
     state = torch.load(ckpt)['state_dict']

@@ -61,6 +61,13 @@ def parse_args(argv=None):
         "mmevo's op library (slower)",
     )
     parser.add_argument(
+        '--unfused-involution',
+        action='store_true',
+        help='on CPU, each Involution as its span convolution and '
+        'aggregation (the stock graph) rather than one '
+        'mmevo::fused_involution, which never writes the kernel map',
+    )
+    parser.add_argument(
         '--prepack',
         action='store_true',
         help="with --dynamic: oneDNN's convolution weights laid out at "
@@ -110,7 +117,11 @@ def main(argv=None):
     inputs = [torch.randn(1, 3, *hw, device=args.device) for hw in shapes]
     try:
         program = export_program(
-            model, inputs[0], dynamic=args.dynamic, inline_ops=args.inline_ops
+            model,
+            inputs[0],
+            dynamic=args.dynamic,
+            inline_ops=args.inline_ops,
+            fused_involution=not args.unfused_involution,
         )
     except Exception as e:  # torch.export's own errors
         size = ' '.join(map(str, args.shape))
