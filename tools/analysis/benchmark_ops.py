@@ -111,10 +111,12 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from mmevo.cli import device_arg, int_in_range
 from mmevo.ops import (
     evolution_aggregate,
+    fused_involution,
     fused_local_attention,
     local_attention_weights,
     local_correlation,
@@ -188,10 +190,6 @@ def forward_bandwidth(fn, x, w, device, repeat):
 
 def _inference_steps(B, C, H, G, device, dtype):
     """The forwards :func:`inference_layouts` times at one shape."""
-    import torch.nn.functional as F
-
-    from mmevo.ops import fused_involution
-
     x = torch.randn(B, C, H, H, device=device, dtype=dtype)
     k = torch.randn(B, G * K * K, H, H, device=device, dtype=dtype) / K
     z = torch.randn(B, C // 4, H, H, device=device, dtype=dtype)
@@ -364,8 +362,6 @@ def conv1x1_paths(device, dtype, repeat, clock):
     own choice of kernel), mmevo's matmul (``pointwise``) and
     ``conv1x1`` (oneDNN where ``MMEVO_CONV1X1`` takes it), at
     :data:`CONV1X1_SHAPES`."""
-    import torch.nn.functional as F
-
     from mmevo.layers.fastpath import conv1x1, pointwise
 
     paths = {'conv2d': F.conv2d, 'matmul': pointwise, 'conv1x1': conv1x1}
@@ -418,8 +414,6 @@ def acmix_conv_paths(device, dtype, repeat, clock):
     convolution of the channels-last buffer against ``mmevo::acmix_conv``
     (the same FLOPs; the buffer's channel order is each one's own), the
     forward alone and with the backward of the input and the weight."""
-    import torch.nn.functional as F
-
     ops = torch.ops.mmevo
     mask = [True, True, False]  # input and weight, no bias
     print(

@@ -110,8 +110,8 @@ c10::TypedOperatorHandle<Fn> mmevo_op(const char* name) {
 // Channels-last output maps of fewer pixels take the kernel map from one
 // matmul: there the per-row kernels of the fused kernel stream all of S
 // once per row (RedNet-50's stage 4, 7², G*K*K = 1568: 1.26x the time of
-// the matmul and the aggregation at B1; 14²: 0.92x, 56²: 0.74x;
-// benchmark_ops.py --inference).
+// the matmul and the aggregation at B1; 14²: 0.94x, 56²: 0.80x;
+// benchmark_ops.py --inference, docs/benchmarks.md).
 constexpr int64_t kNhwcMinFusedPixels = 14 * 14;
 
 at::Tensor fused_involution_cpu(const at::Tensor& input, const at::Tensor& z,
