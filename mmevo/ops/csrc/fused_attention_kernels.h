@@ -489,8 +489,13 @@ inline void backward_two(const BwdRow<A>* rows, const A* kb, const A* vb, int64_
 // zero on entry; partial (B, G, Cg*K*K + K*K) in A: each task's sums of
 // grad_rel_embed then grad_rel_bias. Task: one (b, g), which owns the
 // group's channels of every gradient: its scatters into grad_key and
-// grad_value go to buffers of the whole (padded) map, folded in at the end,
-// so there are no races and the bits do not depend on the thread count.
+// grad_value go to buffered (padded) rows, each folded into the map once no
+// later output row reads it, so there are no races and the bits do not
+// depend on the thread count. The key, value and gradient rows live in a
+// ring of the rows a pair of output rows reads (K + 1 at stride 1): 0.14
+// MiB a task at ACmix-ResNet-50's stage 1, where buffers of the whole map
+// took 1.1 MiB, a core's L2 or more. With two threads that layer's backward
+// took 0.92x the time (7 of 8 alternating runs faster), with one as long.
 template <typename T>
 void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __restrict__ out,
                         GroupStrides so, const at::opmath_type<T>* __restrict__ lse,
@@ -506,6 +511,7 @@ void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __re
   const int64_t Cg = a.C / a.G, Cvg = a.Cv / a.G, KK = a.K * a.K;
   const int64_t Wv = round_up(a.Wo, V), span = (a.K - 1) * a.d;
   const int64_t R = (a.Ho - 1) * a.s + span + 1;  // the rows any window reads
+  const int64_t RB = std::min(R, span + 1 + a.s);  // the ring's rows
   const AttnMaps maps(a, Wv);
   const int64_t Lrow = maps.Lrow, part = Cg * KK + KK;
   std::vector<int64_t> off(a.K);
@@ -513,8 +519,8 @@ void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __re
   const std::vector<A> ra = rel ? to_acc<T, A>(rel, a.C * KK) : std::vector<A>();
   const std::vector<A> ba = bias ? to_acc<T, A>(bias, a.G * KK) : std::vector<A>();
   at::parallel_for(0, a.B * a.G, 1, [&](int64_t begin, int64_t end) {
-    std::vector<A> kb(Cg * R * Lrow), vb(Cvg * R * Lrow), gkb(Cg * R * Lrow),
-        gvb(Cvg * R * Lrow);
+    std::vector<A> kb(Cg * RB * Lrow), vb(Cvg * RB * Lrow), gkb(Cg * RB * Lrow),
+        gvb(Cvg * RB * Lrow);
     // Per output row of a pair: q, grad_out, D, lse rows; a column
     // vector's q and grad_out (channel stride V), grad_q sums and q . r.
     std::vector<A> qb[2], gyb[2], Db[2], lb[2], qv[2], gv_[2], gqb[2], qr[2];
@@ -531,13 +537,27 @@ void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __re
       const A* bgp = bias ? ba.data() + grp * KK : nullptr;
       const T* kp = k + b * sk.b + grp * sk.g;
       const T* vp = val + b * sv.b + grp * sv.g;
-      for (int64_t rr = 0; rr < R; ++rr) {
-        const int64_t h = source_index(rr - a.p, a.H, a.reflect);
-        maps.load(kb.data() + rr * Lrow, R * Lrow, kp, sk.c, Cg, h, sk.h, sk.w);
-        maps.load(vb.data() + rr * Lrow, R * Lrow, vp, sv.c, Cvg, h, sv.h, sv.w);
-      }
-      std::fill(gkb.begin(), gkb.end(), A(0));
-      std::fill(gvb.begin(), gvb.end(), A(0));
+      // Buffered row rr (slot rr % RB): key and value in, zero gradients;
+      // out, its gradients folded into grad_key and grad_value.
+      auto load_row = [&](int64_t rr) {
+        const int64_t h = source_index(rr - a.p, a.H, a.reflect), at = rr % RB * Lrow;
+        maps.load(kb.data() + at, RB * Lrow, kp, sk.c, Cg, h, sk.h, sk.w);
+        maps.load(vb.data() + at, RB * Lrow, vp, sv.c, Cvg, h, sv.h, sv.w);
+        for (int64_t c = 0; c < Cg; ++c)
+          std::fill_n(gkb.data() + c * RB * Lrow + at, Lrow, A(0));
+        for (int64_t c = 0; c < Cvg; ++c)
+          std::fill_n(gvb.data() + c * RB * Lrow + at, Lrow, A(0));
+      };
+      auto fold_row = [&](int64_t rr) {
+        const int64_t h = source_index(rr - a.p, a.H, a.reflect), at = rr % RB * Lrow;
+        for (int64_t c = 0; c < Cg; ++c)
+          maps.fold(gk + (b * a.C + grp * Cg + c) * a.H * a.W, gkb.data() + c * RB * Lrow + at,
+                    h, a.W);
+        for (int64_t c = 0; c < Cvg; ++c)
+          maps.fold(gv + (b * a.Cv + grp * Cvg + c) * a.H * a.W,
+                    gvb.data() + c * RB * Lrow + at, h, a.W);
+      };
+      int64_t loaded = 0, folded = 0;  // rows [folded, loaded) in the ring
       std::fill(grel.begin(), grel.end(), A(0));
       std::fill(gbias.begin(), gbias.end(), A(0));
       // Rows in pairs at stride and dilation 1 (they share buffered rows).
@@ -545,6 +565,11 @@ void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __re
         constexpr bool kUnit = decltype(unit)::value;
         for (int64_t i0 = 0, nr; i0 < a.Ho; i0 += nr) {
           nr = kUnit && i0 + 1 < a.Ho ? 2 : 1;
+          // The rows [lo, hi) this pair reads; those before lo are done.
+          const int64_t lo = i0 * a.s, hi = (i0 + nr - 1) * a.s + span + 1;
+          for (; folded < lo; ++folded)
+            if (folded < loaded) fold_row(folded);
+          for (loaded = std::max(loaded, lo); loaded < hi; ++loaded) load_row(loaded);
           // The rows' q, grad_out, lse and D = sum_c grad_out * out; lanes
           // past Wo are zeros, so their dlogit and P * grad_out are zero.
           for (int64_t n = 0; n < nr; ++n) {
@@ -584,10 +609,11 @@ void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __re
               int64_t us[2], ns[2], na = 0;
               for (int64_t n = 0; n < nr; ++n)
                 if (e - n >= 0 && e - n < a.K) act[na] = row[n], ns[na] = n, us[na++] = e - n;
-              const A* kr = kb.data() + rr * Lrow + jv;
-              const A* vr = vb.data() + rr * Lrow + jv;
-              A* gkr = gkb.data() + rr * Lrow + jv;
-              A* gvr = gvb.data() + rr * Lrow + jv;
+              const int64_t at = rr % RB * Lrow + jv;
+              const A* kr = kb.data() + at;
+              const A* vr = vb.data() + at;
+              A* gkr = gkb.data() + at;
+              A* gvr = gvb.data() + at;
               for (int64_t v0 = 0; v0 < a.K; v0 += kTaps) {
                 const int64_t nt = std::min(kTaps, a.K - v0);
                 for (int64_t m = 0; m < na; ++m) {
@@ -598,11 +624,11 @@ void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __re
                   act[m].gbias = bias ? gbias.data() + tap * V : nullptr;
                 }
                 if (na == 2) {
-                  MMEVO_ATTN_CHUNK(backward_two, (A, vec, kUnit), nt, act, kr, vr, R * Lrow,
-                                   R * Lrow, off.data() + v0, Cg, Cvg, KK, gkr, gvr)
+                  MMEVO_ATTN_CHUNK(backward_two, (A, vec, kUnit), nt, act, kr, vr, RB * Lrow,
+                                   RB * Lrow, off.data() + v0, Cg, Cvg, KK, gkr, gvr)
                 } else {
-                  MMEVO_ATTN_CHUNK(backward_one, (A, vec, kUnit), nt, act, kr, vr, R * Lrow,
-                                   R * Lrow, off.data() + v0, Cg, Cvg, KK, gkr, gvr)
+                  MMEVO_ATTN_CHUNK(backward_one, (A, vec, kUnit), nt, act, kr, vr, RB * Lrow,
+                                   RB * Lrow, off.data() + v0, Cg, Cvg, KK, gkr, gvr)
                 }
               }
             }
@@ -618,18 +644,7 @@ void attention_backward(const T* __restrict__ gy, GroupStrides sg, const T* __re
         rows(std::true_type{});
       else
         rows(std::false_type{});
-      for (int64_t c = 0; c < Cg; ++c) {
-        A* plane = gk + (b * a.C + grp * Cg + c) * a.H * a.W;
-        for (int64_t rr = 0; rr < R; ++rr)
-          maps.fold(plane, gkb.data() + (c * R + rr) * Lrow,
-                    source_index(rr - a.p, a.H, a.reflect), a.W);
-      }
-      for (int64_t c = 0; c < Cvg; ++c) {
-        A* plane = gv + (b * a.Cv + grp * Cvg + c) * a.H * a.W;
-        for (int64_t rr = 0; rr < R; ++rr)
-          maps.fold(plane, gvb.data() + (c * R + rr) * Lrow,
-                    source_index(rr - a.p, a.H, a.reflect), a.W);
-      }
+      for (; folded < loaded; ++folded) fold_row(folded);
       // The lanes of each sum in their order.
       A* sums = partial + bg * part;
       for (int64_t e = 0; e < (rel ? Cg * KK : 0); ++e)
