@@ -334,6 +334,56 @@ def test_grouped_views_equal_stock_float64(case, backend):
         )
 
 
+def head_major(t, G, stride=1):
+    """``t`` (B, C, H, W) as ACmix reads its heads: a grouped view (B, G, C
+    / G, H, W) of a channels-last buffer in which each head's channels are
+    contiguous, every ``stride``-th pixel of a larger map."""
+    B, C, H, W = t.shape
+    buf = t.new_zeros(B, H * stride, W * stride, G, C // G)
+    view = buf.permute(0, 3, 4, 1, 2)[..., ::stride, ::stride]
+    return view.copy_(t.view(B, G, C // G, H, W))
+
+
+# Heads of 20, 16 and 17 channels, rows of 35 to 41 pixels: whole tiles of
+# V pixels by V channels (which the C++ kernels transpose in registers, V =
+# 2 to 16 by dtype and instruction set) and the pixels and channels past
+# them.
+HEAD_MAJOR_CASES = [
+    (2, 40, 40, 9, 37, 2, 5, 1, 2, 1, 'reflect', True, True),
+    (1, 32, 16, 11, 35, 2, 3, 2, 1, 1, 'zeros', False, True),
+    (1, 34, 34, 8, 41, 2, 3, 1, 2, 2, 'reflect', True, False),
+]
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+@pytest.mark.parametrize('case', HEAD_MAJOR_CASES, ids=str)
+def test_head_major_views_equal_stock(case, dtype):
+    """query (strided at stride 2), key and value as ACmix reads them:
+    the stock float64 numbers (float32 to its rounding), each gradient in
+    its view's shape."""
+    tensors, args = case_args(case)
+    G, s = args[0], args[2]
+    views = [
+        head_major(t.to(dtype), G, s if i == 0 else 1)
+        for i, t in enumerate(tensors[:3])
+    ]
+    extra = [None if t is None else t.to(dtype) for t in tensors[3:]]
+    y, grads = values_and_grads(fused, (*views, *extra), args)
+    y_ref, grads_ref = values_and_grads(stock, tensors, args)
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    scale = float(y_ref.detach().abs().max())
+    torch.testing.assert_close(y.double(), y_ref, rtol=tol, atol=tol * scale)
+    for name, g in grads.items():
+        ref = grads_ref[name]
+        torch.testing.assert_close(
+            g.double().reshape(ref.shape),
+            ref,
+            rtol=tol,
+            atol=tol * float(ref.abs().max()),
+            msg=name,
+        )
+
+
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
 @pytest.mark.parametrize('views', [False, True], ids=['maps', 'views'])
 def test_every_row_width_equals_stock(dtype, views):
@@ -705,10 +755,16 @@ ISA_SCRIPT = r"""
 import sys
 sys.path.insert(0, {here!r})
 from mmevo.ops import cpp_backend
-from test_fused_attention import CASES, assert_matches_stock, case_args
+import torch
+from test_fused_attention import (
+    CASES, HEAD_MAJOR_CASES, assert_matches_stock, case_args,
+    test_head_major_views_equal_stock)
 assert cpp_backend.isa() == {isa!r}, cpp_backend.isa()
 for case in CASES:
     assert_matches_stock(*case_args(case))
+for case in HEAD_MAJOR_CASES:
+    for dtype in (torch.float64, torch.float32):
+        test_head_major_views_equal_stock(case, dtype)
 print('ok')
 """
 
