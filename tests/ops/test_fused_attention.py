@@ -334,6 +334,25 @@ def test_grouped_views_equal_stock_float64(case, backend):
         )
 
 
+def assert_close_scaled(got, want, tol, msg=''):
+    """(y, grads) against the float64 (y, grads) of the stock ops, each to
+    ``tol`` of its largest magnitude; gradients in any view's shape."""
+    (y, grads), (y_ref, grads_ref) = got, want
+    scale = float(y_ref.detach().abs().max())
+    torch.testing.assert_close(
+        y.double(), y_ref, rtol=tol, atol=tol * scale, msg=msg or None
+    )
+    for name, g in grads.items():
+        ref = grads_ref[name]
+        torch.testing.assert_close(
+            g.double().reshape(ref.shape),
+            ref,
+            rtol=tol,
+            atol=tol * float(ref.abs().max()),
+            msg=f'{name} {msg}',
+        )
+
+
 def head_major(t, G, stride=1):
     """``t`` (B, C, H, W) as ACmix reads its heads: a grouped view (B, G, C
     / G, H, W) of a channels-last buffer in which each head's channels are
@@ -371,17 +390,7 @@ def test_head_major_views_equal_stock(case, dtype):
     y, grads = values_and_grads(fused, (*views, *extra), args)
     y_ref, grads_ref = values_and_grads(stock, tensors, args)
     tol = 1e-10 if dtype == torch.float64 else 2e-5
-    scale = float(y_ref.detach().abs().max())
-    torch.testing.assert_close(y.double(), y_ref, rtol=tol, atol=tol * scale)
-    for name, g in grads.items():
-        ref = grads_ref[name]
-        torch.testing.assert_close(
-            g.double().reshape(ref.shape),
-            ref,
-            rtol=tol,
-            atol=tol * float(ref.abs().max()),
-            msg=name,
-        )
+    assert_close_scaled((y, grads), (y_ref, grads_ref), tol)
 
 
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
@@ -404,19 +413,7 @@ def test_every_row_width_equals_stock(dtype, views):
         )
         y_ref, grads_ref = values_and_grads(stock, tensors, args)
         assert y.shape[-1] == W
-        scale = float(y_ref.detach().abs().max())
-        torch.testing.assert_close(
-            y.double(), y_ref, rtol=tol, atol=tol * scale, msg=f'W={W}'
-        )
-        for name, g in grads.items():
-            ref = grads_ref[name]
-            torch.testing.assert_close(
-                g.double().reshape(ref.shape),
-                ref,
-                rtol=tol,
-                atol=tol * float(ref.abs().max()),
-                msg=f'{name}, W={W}',
-            )
+        assert_close_scaled((y, grads), (y_ref, grads_ref), tol, f'W={W}')
 
 
 @needs_cpp
