@@ -221,10 +221,14 @@ def test_bad_arguments_name_the_argument(call, error, match):
         call(x, w)
 
 
+@pytest.mark.parametrize('shape', [(2, 6, 7, 5), (2, 37, 5, 35)], ids=str)
 @pytest.mark.parametrize('stride', [1, 2, 3])
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
-def test_add_heads_equals_strided_adds(stride, dtype):
-    B, C, H, W = 2, 6, 7, 5
+def test_add_heads_equals_strided_adds(shape, stride, dtype):
+    """Every element added once, exactly: the second shape has whole
+    tiles of V channels by V pixels (transposed in registers, V = 2 to 16
+    by dtype and instruction set) and channels and pixels past them."""
+    B, C, H, W = shape
     Ho, Wo = -(-H // stride), -(-W // stride)
     gen = torch.Generator().manual_seed(stride)
     grad = torch.randn(B, H, W, 3, C, generator=gen, dtype=dtype)
@@ -248,8 +252,11 @@ def test_add_heads_equals_strided_adds(stride, dtype):
 
 
 SCRIPT = r"""
+import sys
 import torch, torch.nn.functional as F
 from mmevo.ops import cpp_backend
+sys.path.insert(0, {here!r})
+from test_acmix_conv import test_add_heads_equals_strided_adds
 assert cpp_backend.isa() == {isa!r}, cpp_backend.isa()
 torch.manual_seed(0)
 for B, J, G, O, H, W, k, s in {geometries!r}:
@@ -266,6 +273,9 @@ for B, J, G, O, H, W, k, s in {geometries!r}:
                                                     [True, True]))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+for dtype in (torch.float64, torch.float32):
+    for stride in (1, 2, 3):
+        test_add_heads_equals_strided_adds((2, 37, 5, 35), stride, dtype)
 print('ok')
 """
 
@@ -275,14 +285,19 @@ print('ok')
 def test_every_instruction_set(isa):
     """Slow: a subprocess per instruction set (read once, when the library
     loads), ~5 s each. The AVX2 and baseline builds have their own register
-    tiles (2 pixels, 2 inputs of a weight-gradient tile)."""
+    tiles (2 pixels, 2 inputs of a weight-gradient tile) and transposes
+    (``acmix_add_heads_``)."""
     if cpp_backend.isa() == 'base' and isa == 'avx2':
         pytest.skip('the CPU has no AVX2')
     run = subprocess.run(
         [
             sys.executable,
             '-c',
-            SCRIPT.format(isa=isa, geometries=GEOMETRIES),
+            SCRIPT.format(
+                isa=isa,
+                geometries=GEOMETRIES,
+                here=os.path.dirname(os.path.abspath(__file__)),
+            ),
         ],
         capture_output=True,
         text=True,

@@ -129,9 +129,9 @@ std::tuple<at::Tensor, at::Tensor> acmix_conv_backward_cpu(
 // grad (B, H, W, 3, C), the gradient of ACmix's q/k/v buffer, += the
 // gradients of the attention's query (at stride s), key and value, (B, C,
 // Ho, Wo), (B, C, H, W), (B, C, H, W) (any views of those shapes), in place:
-// a transposing add of each, pixel by pixel, the channels inner, which
-// TensorIterator's strided add_ runs in 1.5-1.8x the time (ACmix-ResNet-50's
-// 56x56 and 28x28 layers, B4, one thread).
+// a transposing add of each (add_heads), which TensorIterator's strided
+// add_ runs in 1.5-1.8x the time of a scalar one (ACmix-ResNet-50's 56x56
+// and 28x28 layers, B4, one thread).
 void acmix_add_heads_cpu(const at::Tensor& grad, const at::Tensor& g_query,
                          const at::Tensor& g_key, const at::Tensor& g_value, int64_t stride) {
   TORCH_CHECK_VALUE(stride >= 1, "stride must be >= 1, got ", stride);
@@ -158,29 +158,9 @@ void acmix_add_heads_cpu(const at::Tensor& grad, const at::Tensor& g_query,
   const auto q = g_query.contiguous(), k = g_key.contiguous(), v = g_value.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad.scalar_type(),
                                   "acmix_add_heads_", [&] {
-    scalar_t* g = grad.data_ptr<scalar_t>();
     const scalar_t* src[3] = {q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
                               v.data_ptr<scalar_t>()};
-    const int64_t C3 = 3 * C;
-    at::parallel_for(0, B * H, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, 3 * C * W)),
-                     [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t b = t / H, y = t % H;
-        scalar_t* row = g + t * W * C3;
-        for (int64_t part = 0; part < 3; ++part) {
-          if (part == 0 && y % stride != 0) continue;
-          // The query's rows and columns are every stride-th of the map's.
-          const int64_t n = part == 0 ? Wo : W, step = part == 0 ? stride : 1;
-          const int64_t rows = part == 0 ? Ho : H, r = part == 0 ? y / stride : y;
-          const scalar_t* s = src[part] + (b * C * rows + r) * n;
-          const int64_t plane = rows * n;
-          for (int64_t x = 0; x < n; ++x) {
-            scalar_t* d = row + part * C + x * step * C3;
-            for (int64_t c = 0; c < C; ++c) d[c] += s[c * plane + x];
-          }
-        }
-      }
-    });
+    MMEVO_ISA_CALL(add_heads<scalar_t>(grad.data_ptr<scalar_t>(), src, B, C, H, W, stride));
   });
 }
 

@@ -385,3 +385,55 @@ void mix_backward_weight(const T* __restrict__ gt, const T* __restrict__ x, T* _
     }
   });
 }
+
+// d[x * dx + c] += s[c * plane + x] over whole tiles of V channels by V
+// pixels (c < nct, x < nt), transposed in registers; float and double.
+template <typename T>
+inline void add_head_tiles(T* __restrict__ d, const T* __restrict__ s, int64_t plane,
+                           int64_t dx, int64_t nt, int64_t nct) {
+  typedef T vec __attribute__((vector_size(kVecBytes)));
+  constexpr int V = kVecBytes / sizeof(T);
+  for (int64_t x0 = 0; x0 < nt; x0 += V)
+    for (int64_t c0 = 0; c0 < nct; c0 += V) {
+      vec v[V];
+      for (int k = 0; k < V; ++k) v[k] = load_v<T, vec>(s + (c0 + k) * plane + x0);
+      transpose(v);
+      for (int j = 0; j < V; ++j) add_v<T, vec>(d + (x0 + j) * dx + c0, v[j]);
+    }
+}
+
+// grad (B, H, W, 3, C), contiguous, += the gradients of the attention's
+// query (B, C, Ho, Wo) at every stride-th pixel, key and value (B, C, H,
+// W), all contiguous (src[0..2]): a transposing add, in tiles of V
+// channels by V pixels (add_head_tiles), the channels and pixels past them
+// one at a time. Each element gets one add: the same bits either way.
+// Task: one (b, y) row of the map.
+template <typename T>
+void add_heads(T* __restrict__ g, const T* const* src, int64_t B, int64_t C, int64_t H,
+               int64_t W, int64_t stride) {
+  constexpr int64_t V = kVecBytes / sizeof(T);
+  constexpr bool kTiles = std::is_floating_point_v<T>;  // not bf16 / fp16
+  const int64_t Ho = (H - 1) / stride + 1, Wo = (W - 1) / stride + 1, C3 = 3 * C;
+  const int64_t nct = kTiles ? C / V * V : 0;
+  at::parallel_for(0, B * H, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, C3 * W)),
+                   [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / H, y = t % H;
+      T* row = g + t * W * C3;
+      for (int64_t part = 0; part < 3; ++part) {
+        if (part == 0 && y % stride != 0) continue;
+        // The query's rows and columns are every stride-th of the map's.
+        const int64_t n = part == 0 ? Wo : W, step = part == 0 ? stride : 1;
+        const int64_t rows = part == 0 ? Ho : H, r = part == 0 ? y / stride : y;
+        const T* s = src[part] + (b * C * rows + r) * n;
+        const int64_t plane = rows * n, nt = kTiles ? n / V * V : 0;
+        T* d0 = row + part * C;
+        if constexpr (kTiles) add_head_tiles<T>(d0, s, plane, step * C3, nt, nct);
+        for (int64_t x = 0; x < n; ++x) {
+          T* d = d0 + x * step * C3;
+          for (int64_t c = x < nt ? nct : 0; c < C; ++c) d[c] += s[c * plane + x];
+        }
+      }
+    }
+  });
+}

@@ -39,6 +39,8 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace mmevo {

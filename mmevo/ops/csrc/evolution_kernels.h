@@ -40,6 +40,54 @@ __attribute__((always_inline)) inline vec splat(A s) {
   return s - vec{};
 }
 
+// Vector loads and stores of any alignment (memcpy: also a store that may
+// alias anything, so pointers read from memory are reloaded after it).
+template <typename A, typename vec>
+inline vec load_v(const A* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof(vec));
+  return v;
+}
+
+template <typename A, typename vec>
+inline void store_v(A* p, vec v) {
+  std::memcpy(p, &v, sizeof(vec));
+}
+
+template <typename A, typename vec>
+inline void add_v(A* p, vec v) {
+  store_v<A, vec>(p, load_v<A, vec>(p) + v);
+}
+
+// One stage of an in-register transpose: swaps bit S of the vector index
+// (a holds the vectors without it, b those with it) with bit S of the lane.
+template <int S, typename vec, size_t... L>
+__attribute__((always_inline)) inline void swap_bit(vec& a, vec& b, std::index_sequence<L...>) {
+  constexpr size_t V = sizeof...(L);
+  const vec lo = __builtin_shufflevector(a, b, ((L & S) ? V + L - S : L)...);
+  const vec hi = __builtin_shufflevector(a, b, ((L & S) ? V + L : L + S)...);
+  a = lo;
+  b = hi;
+}
+
+template <int S, typename vec, int V>
+__attribute__((always_inline)) inline void transpose_stage(vec (&r)[V]) {
+  if constexpr (S < V)
+    for (int i = 0; i < V; ++i)
+      if (!(i & S)) swap_bit<S, vec>(r[i], r[i + S], std::make_index_sequence<V>{});
+}
+
+// r[i][l] becomes r[l][i], V vectors of V lanes: log2 V stages of V
+// shuffles.
+template <typename vec, int V>
+__attribute__((always_inline)) inline void transpose(vec (&r)[V]) {
+  static_assert(V <= 16, "vectors of at most 16 lanes");
+  transpose_stage<8>(r);
+  transpose_stage<4>(r);
+  transpose_stage<2>(r);
+  transpose_stage<1>(r);
+}
+
 // Column phases of a buffered input row of length s * L: buffer column
 // ph * L + m holds input column m * s + ph - p (zero outside [0, W)), so tap
 // v of the output columns [j, j + V) is the slice at offset(v) + j.

@@ -26,41 +26,6 @@ inline vec vmax(vec a, vec b) {
   return a > b ? a : b;
 }
 
-template <typename A, typename vec>
-inline vec load_v(const A* p) {
-  vec v;
-  std::memcpy(&v, p, sizeof(vec));
-  return v;
-}
-
-template <typename A, typename vec>
-inline void store_v(A* p, vec v) {
-  std::memcpy(p, &v, sizeof(vec));
-}
-
-template <typename A, typename vec>
-inline void add_v(A* p, vec v) {
-  store_v<A, vec>(p, load_v<A, vec>(p) + v);
-}
-
-// One stage of an in-register transpose: swaps bit S of the vector index
-// (a holds the vectors without it, b those with it) with bit S of the lane.
-template <int S, typename vec, size_t... L>
-__attribute__((always_inline)) inline void swap_bit(vec& a, vec& b, std::index_sequence<L...>) {
-  constexpr size_t V = sizeof...(L);
-  const vec lo = __builtin_shufflevector(a, b, ((L & S) ? V + L - S : L)...);
-  const vec hi = __builtin_shufflevector(a, b, ((L & S) ? V + L : L + S)...);
-  a = lo;
-  b = hi;
-}
-
-template <int S, typename vec, int V>
-__attribute__((always_inline)) inline void transpose_stage(vec (&r)[V]) {
-  if constexpr (S < V)
-    for (int i = 0; i < V; ++i)
-      if (!(i & S)) swap_bit<S, vec>(r[i], r[i + S], std::make_index_sequence<V>{});
-}
-
 // Pixels to channel rows: dst[ch * ds + e] = channel ch of pixel e, for e <
 // n and ch < nc, where px(e) points at pixel e's channels (contiguous) or is
 // null for a zero pixel. Tiles of V pixels by V channels are transposed in
@@ -79,10 +44,7 @@ inline void pixels_to_rows(A* __restrict__ dst, int64_t ds, int64_t nc, int64_t 
     for (int64_t c0 = 0; c0 < nct; c0 += V) {
       vec r[V];
       for (int k = 0; k < V; ++k) r[k] = p[k] ? load_v<A, vec>(p[k] + c0) : vec{};
-      transpose_stage<8>(r);
-      transpose_stage<4>(r);
-      transpose_stage<2>(r);
-      transpose_stage<1>(r);
+      transpose(r);
       for (int ch = 0; ch < V; ++ch) store_v<A, vec>(dst + (c0 + ch) * ds + e0, r[ch]);
     }
   }

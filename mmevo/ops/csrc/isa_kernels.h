@@ -7,7 +7,8 @@
 // same targets, so the units share their instances.
 //
 // Include it once per unit, inside namespace mmevo, after <ATen/ATen.h>,
-// <c10/util/BFloat16.h>, <c10/util/Half.h>, <algorithm> and <cstring>.
+// <c10/util/BFloat16.h>, <c10/util/Half.h>, <algorithm>, <cstring>,
+// <type_traits> and <utility>.
 #pragma once
 
 // bf16 / fp16 accumulate in fp32; fp32 and fp64 in their own type.
