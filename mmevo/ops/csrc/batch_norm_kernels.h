@@ -10,13 +10,6 @@ constexpr int64_t kBnChunk = 1024;
 // Vector accumulators per sum: one would wait on the add's latency.
 constexpr int64_t kBnAcc = 4;
 
-template <typename V, typename T>
-inline V bn_load(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-
 // sum_k f(p[k]) over k < n, in T within chunks of kBnChunk and in double
 // across them; f takes T and T's vectors.
 template <typename T, typename F>
@@ -29,8 +22,8 @@ inline double bn_sum(const T* __restrict__ p, int64_t n, F f) {
     vec acc[kBnAcc] = {};
     int64_t k = k0;
     for (; k + kBnAcc * V <= k1; k += kBnAcc * V)
-      for (int64_t a = 0; a < kBnAcc; ++a) acc[a] += f(bn_load<vec>(p + k + a * V));
-    for (; k + V <= k1; k += V) acc[0] += f(bn_load<vec>(p + k));
+      for (int64_t a = 0; a < kBnAcc; ++a) acc[a] += f(load_v<T, vec>(p + k + a * V));
+    for (; k + V <= k1; k += V) acc[0] += f(load_v<T, vec>(p + k));
     T part = 0;
     for (; k < k1; ++k) part += f(p[k]);
     for (int64_t a = 1; a < kBnAcc; ++a) acc[0] += acc[a];
@@ -164,10 +157,10 @@ inline void bn_grad_sums(const T* __restrict__ dy, const T* __restrict__ x,
     vec a[kBnAcc] = {}, d[kBnAcc] = {}, e[kBnAcc] = {};
     // One vector at offset at into accumulator j.
     auto step = [&](int64_t at, int64_t j) {
-      vec g = bn_load<vec>(dy + at);
-      if (r) g = bn_load<vec>(r + at) > zero ? g : zero;
-      if (go) std::memcpy(go + at, &g, sizeof(vec));
-      const vec xm = bn_load<vec>(x + at) - m;
+      vec g = load_v<T, vec>(dy + at);
+      if (r) g = load_v<T, vec>(r + at) > zero ? g : zero;
+      if (go) store_v<T, vec>(go + at, g);
+      const vec xm = load_v<T, vec>(x + at) - m;
       a[j] += g;
       d[j] += g * xm;
       e[j] += xm;
