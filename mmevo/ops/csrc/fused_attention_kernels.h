@@ -27,31 +27,36 @@ inline vec vmax(vec a, vec b) {
 }
 
 // Pixels to channel rows: dst[ch * ds + e] = channel ch of pixel e, for e <
-// n and ch < nc, where px(e) points at pixel e's channels (contiguous) or is
-// null for a zero pixel. Tiles of V pixels by V channels are transposed in
+// n and ch < nc, where px(e) points at pixel e's channels (sc apart) or is
+// null for a zero pixel. Where the channels are contiguous and need no
+// conversion, tiles of V pixels by V channels are transposed in
 // registers (log2 V shuffles an element) rather than moved one at a time,
 // which took a third of the fused forward at ACmix's 16 channels a head: its
 // attention ops in ACmix-ResNet-50 took 0.93x (forward) and 0.98x
 // (backward) the time with one thread, 0.85x and 0.87x with two.
-template <typename A, typename PX>
-inline void pixels_to_rows(A* __restrict__ dst, int64_t ds, int64_t nc, int64_t n, PX px) {
+template <typename T, typename A, typename PX>
+inline void pixels_to_rows(A* __restrict__ dst, int64_t ds, int64_t nc, int64_t sc, int64_t n,
+                           PX px) {
   typedef A vec __attribute__((vector_size(kVecBytes)));
   constexpr int V = kVecBytes / sizeof(A);
-  const int64_t nct = nc / V * V, nt = n / V * V;
-  for (int64_t e0 = 0; e0 < nt; e0 += V) {
-    const A* p[V];
-    for (int k = 0; k < V; ++k) p[k] = px(e0 + k);
-    for (int64_t c0 = 0; c0 < nct; c0 += V) {
-      vec r[V];
-      for (int k = 0; k < V; ++k) r[k] = p[k] ? load_v<A, vec>(p[k] + c0) : vec{};
-      transpose(r);
-      for (int ch = 0; ch < V; ++ch) store_v<A, vec>(dst + (c0 + ch) * ds + e0, r[ch]);
+  const bool tiles = std::is_same_v<T, A> && sc == 1;
+  const int64_t nct = tiles ? nc / V * V : 0, nt = tiles ? n / V * V : 0;
+  if constexpr (std::is_same_v<T, A>)
+    for (int64_t e0 = 0; e0 < nt; e0 += V) {
+      const A* p[V];
+      for (int k = 0; k < V; ++k) p[k] = px(e0 + k);
+      for (int64_t c0 = 0; c0 < nct; c0 += V) {
+        vec r[V];
+        for (int k = 0; k < V; ++k) r[k] = p[k] ? load_v<A, vec>(p[k] + c0) : vec{};
+        transpose(r);
+        for (int ch = 0; ch < V; ++ch) store_v<A, vec>(dst + (c0 + ch) * ds + e0, r[ch]);
+      }
     }
-  }
-  // The channels and pixels past whole tiles.
+  // The channels and pixels past whole tiles, one at a time.
   for (int64_t e = 0; e < n; ++e) {
-    const A* pe = px(e);
-    for (int64_t ch = e < nt ? nct : 0; ch < nc; ++ch) dst[ch * ds + e] = pe ? pe[ch] : A(0);
+    const T* pe = px(e);
+    for (int64_t ch = e < nt ? nct : 0; ch < nc; ++ch)
+      dst[ch * ds + e] = pe ? static_cast<A>(pe[ch * sc]) : A(0);
   }
 }
 
@@ -82,8 +87,8 @@ struct AttnMaps {
   // nc planes of src (channel stride sc, strides sh, sw); zeros for a row
   // outside the map (zeros padding). Planes with contiguous rows are read
   // a row at a time, the plain run as one strided loop; channels-last ones
-  // a pixel at a time, its channels inner, so that each cache line of the
-  // map is fetched once rather than once per channel.
+  // by pixels (pixels_to_rows), so that each cache line of the map is
+  // fetched once rather than once per channel.
   template <typename T, typename A>
   void load(A* __restrict__ dst, int64_t ds, const T* __restrict__ src, int64_t sc, int64_t nc,
             int64_t h, int64_t sh, int64_t sw) const {
@@ -124,30 +129,13 @@ struct AttnMaps {
     // pixel (1.5 KiB at 3 * 128 channels: 30-75% slower forward).
     const int64_t span = ((nc - 1) * sc + 1) * int64_t(sizeof(T));
     constexpr int64_t kPrefetch = 6;
-    if constexpr (std::is_same_v<T, A>)
-      if (sc == 1) {
-        pixels_to_rows<A>(dst, ds, nc, Lrow, [&](int64_t e) -> const A* {
-          if (span <= 256 && e + kPrefetch < Lrow && cols[e + kPrefetch] >= 0) {
-            const char* ahead = reinterpret_cast<const char*>(row + cols[e + kPrefetch] * sw);
-            for (int64_t off = 0; off < span; off += 64) __builtin_prefetch(ahead + off);
-          }
-          return cols[e] < 0 ? nullptr : row + cols[e] * sw;
-        });
-        return;
-      }
-    for (int64_t e = 0; e < Lrow; ++e) {
-      const int64_t c = cols[e];
+    pixels_to_rows<T, A>(dst, ds, nc, sc, Lrow, [&](int64_t e) -> const T* {
       if (span <= 256 && e + kPrefetch < Lrow && cols[e + kPrefetch] >= 0) {
         const char* ahead = reinterpret_cast<const char*>(row + cols[e + kPrefetch] * sw);
         for (int64_t off = 0; off < span; off += 64) __builtin_prefetch(ahead + off);
       }
-      if (c < 0) {
-        for (int64_t ch = 0; ch < nc; ++ch) dst[ch * ds + e] = A(0);
-      } else {
-        const T* px = row + c * sw;
-        for (int64_t ch = 0; ch < nc; ++ch) dst[ch * ds + e] = static_cast<A>(px[ch * sc]);
-      }
-    }
+      return cols[e] < 0 ? nullptr : row + cols[e] * sw;
+    });
   }
 
   // The transpose of load: row h of the plane dst (contiguous, width W)
@@ -189,14 +177,7 @@ inline void load_rows(A* __restrict__ dst, int64_t ds, const T* __restrict__ src
         for (int64_t j = 0; j < n; ++j) d[j] = static_cast<A>(r[j * sw]);
     }
   } else {
-    bool done = false;
-    if constexpr (std::is_same_v<T, A>)
-      if (sc == 1) {
-        pixels_to_rows<A>(dst, ds, nc, n, [&](int64_t j) -> const A* { return src + j * sw; });
-        done = true;
-      }
-    for (int64_t j = 0; j < (done ? 0 : n); ++j)
-      for (int64_t ch = 0; ch < nc; ++ch) dst[ch * ds + j] = static_cast<A>(src[j * sw + ch * sc]);
+    pixels_to_rows<T, A>(dst, ds, nc, sc, n, [&](int64_t j) -> const T* { return src + j * sw; });
   }
   for (int64_t ch = 0; ch < nc; ++ch) std::fill(dst + ch * ds + n, dst + ch * ds + Wv, A(0));
 }
